@@ -1,0 +1,173 @@
+"""The analytical cost model: every op kind, one call shape.
+
+``predict(op) -> seconds`` and ``predict_many(frame) -> ndarray``. Rows are grouped by
+op family and priced by the vectorised models in this package; scalar calls go
+through the same code on length-1 arrays, so scalar and vectorised always agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from costmodels.attention import attention_work, decode_work
+from costmodels.collectives import collective_work
+from costmodels.common import Work
+from costmodels.elementwise import elementwise_work
+from costmodels.gemm import gemm_work
+from costmodels.params import ArchParams, arch_params
+from costmodels.profile import Profile, load_profile
+from hardware_specs.registry import Catalog, System, load_catalog
+from workloads.ops import (
+    COLLECTIVE_KINDS,
+    CSV_COLUMNS,
+    ELEMENTWISE_KINDS,
+    EXTRA_COLUMNS,
+    Op,
+    OpKind,
+    normalise_frame,
+)
+
+_ATTN_TILED = [
+    OpKind.attn_fwd.value,
+    OpKind.attn_bwd.value,
+    OpKind.attn_fwdbwd.value,
+    OpKind.attn_blocksparse_fwd.value,
+    OpKind.attn_blocksparse_bwd.value,
+]
+_ELEMENTWISE = [k.value for k in ELEMENTWISE_KINDS]
+_COLLECTIVES = [k.value for k in COLLECTIVE_KINDS]
+_STR_COLUMNS = ("op", "dtype", "backend")
+Columns = dict[str, np.ndarray]
+
+
+def frame_columns(frame: pd.DataFrame) -> Columns:
+    """A normalised ops frame as plain numpy arrays (strings as str arrays)."""
+    cols: Columns = {}
+    for c in (*CSV_COLUMNS, *EXTRA_COLUMNS):
+        if c in _STR_COLUMNS:
+            cols[c] = frame[c].to_numpy(dtype=str, na_value="")
+        elif c == "causal":
+            cols[c] = frame[c].to_numpy(dtype=bool)
+        else:
+            cols[c] = frame[c].to_numpy(dtype=float, na_value=np.nan)
+    return cols
+
+
+def op_columns(op: Op) -> Columns:
+    row = op.row()
+    cols: Columns = {}
+    for c in (*CSV_COLUMNS, *EXTRA_COLUMNS):
+        v = row[c]
+        if c in _STR_COLUMNS:
+            cols[c] = np.array([v or ""], dtype=str)
+        elif c == "causal":
+            cols[c] = np.array([bool(v)])
+        else:
+            cols[c] = np.array([np.nan if v is None else float(v)])
+    return cols
+
+
+class AnalyticalCostModel:
+    """Roofline-plus-efficiency models for one system (GPU type and its node)."""
+
+    def __init__(self, system: System, params: ArchParams | None = None, *, label: str = ""):
+        self.system = system
+        self.gpu = system.gpu
+        self.params = params if params is not None else arch_params(system.gpu.architecture)
+        self.label = label or f"analytical ({system.gpu.architecture} defaults)"
+
+    @classmethod
+    def for_gpu(
+        cls,
+        gpu_id: str,
+        *,
+        num_gpus: int | None = None,
+        catalog: Catalog | None = None,
+        hardware_file: str | Path | None = None,
+        profile: str | Path | Profile | None = None,
+    ) -> AnalyticalCostModel:
+        """The model for ``--gpu ID`` in its reference node, optionally with a profile."""
+        cat = catalog if catalog is not None else load_catalog(hardware_file)
+        system = cat.system(gpu_id, num_gpus)
+        if profile is None:
+            return cls(system)
+        prof = profile if isinstance(profile, Profile) else load_profile(profile)
+        prof.check_gpu(gpu_id)
+        params = arch_params(system.gpu.architecture, prof.params)
+        return cls(system, params, label=f"profile {prof.name}")
+
+    # --- prediction ------------------------------------------------------------------
+    def work_columns(self, cols: Columns) -> Work:
+        """Time, FLOPs and bytes for every row of a column dict."""
+        kind = cols["op"]
+        size = len(kind)
+        time_s, flops, nbytes = np.zeros(size), np.zeros(size), np.zeros(size)
+        gpu, p = self.gpu, self.params
+
+        def put(mask: np.ndarray, work: Work) -> None:
+            time_s[mask], flops[mask], nbytes[mask] = work.time_s, work.flops, work.bytes
+
+        def sub(mask: np.ndarray, *names: str) -> list[np.ndarray]:
+            return [cols[n][mask] for n in names]
+
+        mask = kind == OpKind.gemm.value
+        if mask.any():
+            put(mask, gemm_work(*sub(mask, "m", "n", "k", "batch", "dtype"), gpu, p.gemm))
+        mask = np.isin(kind, _ATTN_TILED)
+        if mask.any():
+            args = sub(
+                mask,
+                "op",
+                "batch",
+                "seq_q",
+                "seq_kv",
+                "heads_q",
+                "heads_kv",
+                "head_dim",
+                "causal",
+                "backend",
+                "dtype",
+                "density",
+                "block_size",
+            )
+            put(mask, attention_work(*args, gpu, p.attention))
+        mask = kind == OpKind.attn_decode.value
+        if mask.any():
+            args = sub(mask, "batch", "seq_q", "seq_kv", "heads_q", "heads_kv", "head_dim", "dtype")
+            put(mask, decode_work(*args, gpu, p.attention))
+        mask = np.isin(kind, _ELEMENTWISE)
+        if mask.any():
+            put(
+                mask,
+                elementwise_work(*sub(mask, "op", "m", "n", "bytes", "dtype"), gpu, p.elementwise),
+            )
+        mask = np.isin(kind, _COLLECTIVES)
+        if mask.any():
+            put(
+                mask,
+                collective_work(
+                    *sub(mask, "op", "bytes", "ranks", "nodes"), self.system, p.collectives
+                ),
+            )
+        return Work(time_s=time_s, flops=flops, bytes=nbytes)
+
+    def predict_many(self, frame: pd.DataFrame, *, validated: bool = False) -> np.ndarray:
+        """Seconds per row of an ops frame (validated first unless ``validated``)."""
+        if not validated:
+            frame = normalise_frame(frame)
+        return self.work_columns(frame_columns(frame)).time_s
+
+    def work_many(self, frame: pd.DataFrame, *, validated: bool = False) -> Work:
+        if not validated:
+            frame = normalise_frame(frame)
+        return self.work_columns(frame_columns(frame))
+
+    def predict(self, op: Op) -> float:
+        """Seconds for one op."""
+        return float(self.work_columns(op_columns(op)).time_s[0])
+
+    def work(self, op: Op) -> Work:
+        return self.work_columns(op_columns(op))

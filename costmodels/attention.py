@@ -1,0 +1,224 @@
+"""Attention kernels: FlashAttention-style tiling, split-KV decode, block-sparse.
+
+Forward FLOPs are 4 b hq sq skv d for full attention (Dao et al. 2022, sec. 3.1);
+the kernel does them tile by tile (block_m query rows x block_n keys), so time is
+counted in visited tiles, not FLOPs:
+
+- causal masks skip tiles above the diagonal; the count is exact (bottom-right
+  aligned, as FlashAttention does when sq != skv), summed in closed form;
+- per tile: 4 Bm Bn d matmul FLOPs at the backend's tensor-core efficiency plus
+  Bm Bn exponentials on the special-function units, partly hidden (FA3 overlaps them);
+- tiles are grouped into CTAs (one per query block and head in the forward pass, one
+  per key block in the backward pass) scheduled over SMs: the makespan is the longer
+  of total/SMs and the largest CTA (causal) or whole waves (uniform work);
+- backward = 2.5x the forward matmul FLOPs (5 matmuls instead of 2) plus the recomputed
+  exponentials and dQ accumulation traffic (Dao 2023, FlashAttention-2, sec. 3.2).
+
+Decode (seq_q new tokens over a KV cache) is memory-bound: it reads K and V once;
+split-KV (Flash-Decoding) spreads the cache over more CTAs when batch x heads cannot
+fill the GPU, with FlashAttention-2's num_splits heuristic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels.common import ELEMENT_BYTES, Work, by_dtype, cdiv, floor_sum, peak_flops
+from costmodels.params import AttentionBackendParams, AttentionParams
+from hardware_specs.schema import GpuSpec
+
+DECODE_BLOCK_N = 128  # keys per split-KV block (FlashAttention-2 splitkv kernels)
+
+
+def causal_tiles_per_head(
+    sq: np.ndarray, skv: np.ndarray, bm: np.ndarray, bn: np.ndarray
+) -> np.ndarray:
+    """Exact number of (query block, key block) tiles a causal kernel visits per head.
+
+    Query row r may attend keys 0 .. r + (skv - sq). Query block i covers rows
+    i*bm .. min((i+1)*bm, sq) - 1 and visits key blocks 0 .. floor((r_last + off)/bn),
+    clipped to [0, nk].
+    """
+    sq, skv, bm, bn = (np.asarray(x, dtype=float) for x in (sq, skv, bm, bn))
+    off = skv - sq
+    nq = cdiv(sq, bm)
+    nk = cdiv(skv, bn)
+
+    def blocks_for_last_row(r: np.ndarray) -> np.ndarray:
+        return np.clip(np.floor((r + off) / bn) + 1, 0, nk)
+
+    # Full query blocks j = 1 .. nq-1 end at row j*bm - 1; the last block ends at sq - 1.
+    last = blocks_for_last_row(sq - 1)
+    j_hi = nq - 1  # inclusive upper bound of the full blocks
+    # first j with any visible key: j*bm - 1 + off >= 0
+    j_lo = np.maximum(1.0, np.ceil((1.0 - off) / bm))
+    # first j whose blocks reach nk: j*bm - 1 + off >= (nk - 1) * bn
+    j_cap = np.maximum(j_lo, np.ceil(((nk - 1) * bn + 1.0 - off) / bm))
+    mid_hi = np.minimum(j_cap - 1, j_hi)
+    count_mid = np.maximum(mid_hi - j_lo + 1, 0)
+    # sum_{j=j_lo}^{mid_hi} (floor((j*bm - 1 + off)/bn) + 1)
+    start = j_lo * bm - 1 + off
+    mid = floor_sum(count_mid, bn, bm, np.maximum(start, 0)) + count_mid
+    capped = np.maximum(j_hi - np.maximum(j_cap, j_lo) + 1, 0) * nk
+    return mid + capped + last
+
+
+def _makespan_tiles(
+    ctas: np.ndarray,
+    total_tiles: np.ndarray,
+    max_cta_tiles: np.ndarray,
+    uniform: np.ndarray,
+    sm: float,
+) -> np.ndarray:
+    """Tiles on the busiest SM: whole waves for uniform CTAs, LPT bound otherwise."""
+    per_cta = total_tiles / np.maximum(ctas, 1)
+    waves = cdiv(ctas, sm) * per_cta
+    lpt = np.maximum(total_tiles / sm, max_cta_tiles)
+    return np.where(uniform, waves, lpt)
+
+
+def _backend_arrays(
+    backends: np.ndarray, p: AttentionParams, default: str
+) -> dict[str, np.ndarray]:
+    names = np.where(backends == "", default, backends)
+    fields = AttentionBackendParams.model_fields
+    out = {f: np.empty(len(names)) for f in fields}
+    for name in np.unique(names):
+        if name not in p.backends:
+            raise ValueError(
+                f"no attention parameters for backend {name!r}; known: {', '.join(p.backends)}"
+            )
+        bp = p.backends[name]
+        mask = names == name
+        for f in fields:
+            out[f][mask] = getattr(bp, f)
+    return out
+
+
+def attention_work(
+    kind: np.ndarray,
+    batch: np.ndarray,
+    sq: np.ndarray,
+    skv: np.ndarray,
+    hq: np.ndarray,
+    hkv: np.ndarray,
+    d: np.ndarray,
+    causal: np.ndarray,
+    backend: np.ndarray,
+    dtype: np.ndarray,
+    density: np.ndarray,
+    block_size: np.ndarray,
+    gpu: GpuSpec,
+    p: AttentionParams,
+) -> Work:
+    """Forward, backward, forward+backward and block-sparse attention.
+
+    ``kind`` holds op names: attn_fwd, attn_bwd, attn_fwdbwd, attn_blocksparse_fwd,
+    attn_blocksparse_bwd. Block-sparse rows visit ``density`` of all block_size^2 tiles
+    and default to the flex backend.
+    """
+    sparse = np.char.startswith(kind.astype(str), "attn_blocksparse")
+    do_fwd = np.isin(kind, ["attn_fwd", "attn_fwdbwd", "attn_blocksparse_fwd"])
+    do_bwd = np.isin(kind, ["attn_bwd", "attn_fwdbwd", "attn_blocksparse_bwd"])
+    bp = _backend_arrays(np.where(sparse & (backend == ""), "flex", backend), p, "flash")
+    elt = by_dtype(dtype, ELEMENT_BYTES, "attention")
+    sm = float(gpu.sm_count)
+    sm_rate = peak_flops(dtype, gpu) / sm
+    sfu_per_sm = gpu.sfu_ops_per_s / sm
+    hbm = gpu.hbm_bytes_per_s * p.memory_efficiency
+
+    bm = np.where(sparse, block_size, bp["block_m"])
+    bn = np.where(sparse, block_size, bp["block_n"])
+    nq, nk = cdiv(sq, bm), cdiv(skv, bn)
+    dense_causal = causal & ~sparse
+    per_head = np.where(dense_causal, causal_tiles_per_head(sq, skv, bm, bn), nq * nk)
+    per_head = np.where(sparse, np.maximum(np.ceil(np.nan_to_num(density) * nq * nk), 1), per_head)
+    bh = batch * hq
+    total = bh * per_head
+
+    exp_s = (1.0 - bp["exp_overlap"]) * bm * bn / sfu_per_sm
+    # Forward: one CTA per (query block, head); the longest is a full row of key blocks.
+    fwd_tile_s = 4.0 * bm * bn * d / (sm_rate * bp["fwd_efficiency"]) + exp_s
+    max_fwd = np.where(dense_causal, np.minimum(nk, per_head), per_head / nq)
+    fwd_span = _makespan_tiles(bh * nq, total, max_fwd, ~dense_causal, sm)
+    fwd_bytes = batch * elt * d * (2.0 * sq * hq + 2.0 * skv * hkv) + bh * sq * 4.0
+    fwd_s = bp["launch_s"] + np.maximum(fwd_span * fwd_tile_s, fwd_bytes / hbm)
+
+    # Backward: one CTA per (key block, head); recomputes P (exp) and does 5 matmuls.
+    bwd_tile_s = 10.0 * bm * bn * d / (sm_rate * bp["bwd_efficiency"]) + exp_s
+    max_bwd = np.where(dense_causal, np.minimum(nq, per_head), per_head / nk)
+    bwd_span = _makespan_tiles(bh * nk, total, max_bwd, ~dense_causal, sm)
+    # reads Q, O, dO, K, V, LSE; writes dQ, and dK, dV per query head (summed for GQA);
+    # dQ accumulates in fp32 and is converted at the end (FA2's dq_accum).
+    bwd_bytes = (
+        batch * d * (elt * (4.0 * sq * hq + 2.0 * skv * hkv + 2.0 * skv * hq) + 8.0 * sq * hq)
+    )
+    bwd_s = bp["launch_s"] + bp["bwd_launch_s"] + np.maximum(bwd_span * bwd_tile_s, bwd_bytes / hbm)
+
+    time_s = np.where(do_fwd, fwd_s, 0.0) + np.where(do_bwd, bwd_s, 0.0)
+    tile_flops = 4.0 * bm * bn * d
+    flops = total * tile_flops * (np.where(do_fwd, 1.0, 0.0) + np.where(do_bwd, 2.5, 0.0))
+    bytes_ = np.where(do_fwd, fwd_bytes, 0.0) + np.where(do_bwd, bwd_bytes, 0.0)
+    return Work(time_s=time_s, flops=flops, bytes=bytes_)
+
+
+def num_splits(
+    work_units: np.ndarray, n_blocks: np.ndarray, sm: int, max_splits: int
+) -> np.ndarray:
+    """FlashAttention-2's split-KV heuristic (flash_api.cpp, num_splits_heuristic).
+
+    Picks the fewest splits whose wave efficiency is within 85% of the best, and none
+    when batch x heads x query blocks already fills 80% of the SMs.
+    """
+    work_units = np.asarray(work_units, dtype=float)
+    n_blocks = np.asarray(n_blocks, dtype=float)
+    out = np.ones(len(work_units))
+    todo = np.flatnonzero(work_units < 0.8 * sm)
+    splits = np.arange(1, max_splits + 1, dtype=float)
+    for lo in range(0, len(todo), 16384):
+        idx = todo[lo : lo + 16384]
+        wu, nb = work_units[idx, None], n_blocks[idx, None]
+        cap = np.minimum(np.minimum(max_splits, sm), nb)
+        s = splits[None, :]
+        eligible = (s <= cap) & ((s == 1) | (cdiv(nb, s) != cdiv(nb, np.maximum(s - 1, 1))))
+        waves = wu * s / sm
+        eff = np.where(eligible, waves / np.ceil(waves), 0.0)
+        best = eff.max(axis=1, keepdims=True)
+        ok = eligible & (eff >= 0.85 * best)
+        out[idx] = np.argmax(ok, axis=1) + 1.0
+    return out
+
+
+def decode_work(
+    batch: np.ndarray,
+    sq: np.ndarray,
+    skv: np.ndarray,
+    hq: np.ndarray,
+    hkv: np.ndarray,
+    d: np.ndarray,
+    dtype: np.ndarray,
+    gpu: GpuSpec,
+    p: AttentionParams,
+) -> Work:
+    """seq_q (default 1) new tokens per sequence attending over a KV cache of seq_kv."""
+    sq = np.where(np.isnan(sq), 1.0, sq)
+    elt = by_dtype(dtype, ELEMENT_BYTES, "decode attention")
+    sm = gpu.sm_count
+    kv_bytes = batch * skv * hkv * d * 2.0 * elt
+    qo_bytes = batch * sq * hq * d * 2.0 * elt
+    flops = 4.0 * batch * hq * sq * skv * d
+    # GQA heads of one KV head share a CTA (query heads packed into the row dimension).
+    rows = sq * hq / hkv
+    units = batch * hkv * cdiv(rows, 64.0)
+    n_blocks = cdiv(skv, DECODE_BLOCK_N)
+    splits = num_splits(units, n_blocks, sm, p.decode_max_splits)
+    ctas = units * splits
+    occupancy = np.minimum(1.0, ctas / (sm * p.decode_ctas_per_sm))
+    bw = gpu.hbm_bytes_per_s * p.decode_memory_efficiency * occupancy
+    combine_bytes = np.where(splits > 1, splits * batch * sq * hq * (d + 1) * 4.0 * 2.0, 0.0)
+    mem_s = (kv_bytes + qo_bytes) / bw + combine_bytes / (gpu.hbm_bytes_per_s * p.memory_efficiency)
+    peak = peak_flops(dtype, gpu)
+    compute_s = flops / (peak * 0.25)  # tiny m-dimension tiles: tensor cores mostly idle
+    launches = np.where(splits > 1, 2.0, 1.0)
+    time_s = launches * p.decode_launch_s + np.maximum(mem_s, compute_s)
+    return Work(time_s=time_s, flops=flops, bytes=kv_bytes + qo_bytes)

@@ -1,0 +1,139 @@
+"""Efficiency parameters of the analytical models, per GPU architecture.
+
+The analytical models are physics (FLOPs, bytes, tiles, waves, link bandwidths);
+these parameters say how close real kernels get to the datasheet. Defaults per
+architecture live in ``data/efficiency.yaml`` with their justification; a
+calibration profile overrides them with values fitted on measurements.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hardware_specs.schema import Dtype
+
+
+class _P(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GemmParams(_P):
+    mma_efficiency: dict[Dtype, float] = Field(
+        description="fraction of dense peak a large, well-shaped tile reaches in its main loop"
+    )
+    tiles: list[tuple[int, int]] = Field(
+        description="CTA tile shapes (Tm, Tn) the library chooses among"
+    )
+    operand_feed_bytes_per_s: float = Field(
+        gt=0,
+        description="L2->SMEM operand bandwidth across the chip; small tiles become feed-bound",
+    )
+    k_overhead: int = Field(
+        ge=0, description="per-tile prologue/epilogue cost, in equivalent k elements"
+    )
+    max_split_k: int = Field(ge=1, description="largest split-K factor considered")
+    memory_efficiency: float = Field(gt=0, le=1, description="fraction of HBM peak for operands")
+    launch_s: float = Field(ge=0, description="fixed time per GEMM call (launch, heuristics)")
+
+
+class AttentionBackendParams(_P):
+    fwd_efficiency: float = Field(gt=0, le=1, description="tensor-core efficiency of fwd tiles")
+    bwd_efficiency: float = Field(gt=0, le=1, description="tensor-core efficiency of bwd tiles")
+    exp_overlap: float = Field(
+        ge=0, le=1, description="fraction of softmax exp time hidden under matmuls (FA3 ~1)"
+    )
+    block_m: int = Field(gt=0, description="query rows per tile")
+    block_n: int = Field(gt=0, description="key columns per tile")
+    launch_s: float = Field(ge=0)
+    bwd_launch_s: float = Field(ge=0, description="extra fixed cost of the backward kernels")
+
+
+class AttentionParams(_P):
+    backends: dict[str, AttentionBackendParams]
+    decode_memory_efficiency: float = Field(gt=0, le=1)
+    decode_ctas_per_sm: float = Field(
+        gt=0, description="CTAs per SM needed to saturate HBM in split-KV decode"
+    )
+    decode_launch_s: float = Field(ge=0)
+    decode_max_splits: int = Field(ge=1)
+    memory_efficiency: float = Field(gt=0, le=1)
+
+
+class ElementwiseParams(_P):
+    memory_efficiency: dict[str, float] = Field(
+        description="achieved fraction of HBM bandwidth per op kind (`default` for the rest)"
+    )
+    ramp_bytes: float = Field(
+        ge=0, description="bytes of extra traffic-equivalent before bandwidth saturates"
+    )
+    launch_s: float = Field(ge=0)
+
+
+class ProtocolParams(_P):
+    base_latency_s: float = Field(ge=0, description="per-call latency (NCCL baseLat)")
+    step_latency_s: float = Field(ge=0, description="per ring/tree step on NVLink (NCCL hwLat)")
+    net_step_latency_s: float = Field(ge=0, description="per step that crosses the network")
+    bandwidth_fraction: float = Field(
+        gt=0, le=1, description="payload share of the wire (LL 0.5, LL128 120/128, Simple 1)"
+    )
+
+
+class CollectiveParams(_P):
+    protocols: dict[str, ProtocolParams]
+    intra_node_efficiency: dict[str, float] = Field(
+        description="achieved fraction of the per-GPU fabric bandwidth per collective kind"
+    )
+    network_efficiency: float = Field(gt=0, le=1)
+    launch_s: float = Field(ge=0)
+
+
+class ArchParams(_P):
+    """All efficiency parameters for one architecture."""
+
+    source: str = Field(description="where these numbers come from")
+    gemm: GemmParams
+    attention: AttentionParams
+    elementwise: ElementwiseParams
+    collectives: CollectiveParams
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@lru_cache(maxsize=1)
+def _raw_defaults() -> dict[str, Any]:
+    path = Path(str(resources.files("costmodels") / "data" / "efficiency.yaml"))
+    return yaml.safe_load(path.read_text())
+
+
+def arch_params(architecture: str, overrides: dict[str, Any] | None = None) -> ArchParams:
+    """Parameters for an architecture: the shared base, its own entries, then ``overrides``."""
+    raw = _raw_defaults()
+    archs = raw["architectures"]
+    if architecture not in archs:
+        raise ValueError(
+            f"no efficiency parameters for architecture {architecture!r}; "
+            f"known: {', '.join(sorted(archs))}"
+        )
+    merged = _deep_merge(raw["base"], archs[architecture])
+    if overrides:
+        merged = _deep_merge(merged, overrides)
+    try:
+        return ArchParams.model_validate(merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ValueError(f"efficiency parameters for {architecture}: {loc}: {err['msg']}") from exc

@@ -1,0 +1,223 @@
+"""Built-in hardware catalogue, user spec files, and resolving ``--gpu ID --gpus N``.
+
+Built-in data lives in ``data/*.yaml`` in the same format as a user ``--hardware``
+file, so one schema validates both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+from pydantic import ValidationError
+
+from hardware_specs.schema import (
+    ClusterSpec,
+    FabricSpec,
+    GpuSpec,
+    HardwareFile,
+    LinkSpec,
+    NodeSpec,
+)
+
+
+class SpecError(ValueError):
+    """Unknown id or invalid spec file; the message is one line meant for users."""
+
+
+def _read_mapping(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read hardware file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"hardware file {path} is not valid JSON: {exc}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"hardware file {path} is not valid YAML{where}: {problem}") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"hardware file {path} must be a mapping with gpus/links/nodes/clusters")
+    return data
+
+
+def _validation_line(exc: ValidationError, where: str, data: dict | None = None) -> str:
+    """First error as one line, naming the entry by id rather than by list index."""
+    err = exc.errors()[0]
+    loc = list(err["loc"])
+    if data is not None and len(loc) >= 2 and isinstance(loc[1], int):
+        try:
+            entry = data[loc[0]][loc[1]]
+            ident = entry.get("id") or entry.get("name")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            ident = None
+        if ident:
+            loc[1] = f"[{ident}]"
+    text = ".".join(str(p) for p in loc).replace(".[", "[")
+    shown = err.get("input")
+    got = "" if err["type"] == "missing" or isinstance(shown, dict | list) else f" (got {shown!r})"
+    return f"{where}: {text}: {err['msg']}{got}"
+
+
+def load_hardware_file(path: str | Path) -> HardwareFile:
+    """Parse and validate a spec file; raises :class:`SpecError` with one line."""
+    path = Path(path)
+    data = _read_mapping(path)
+    try:
+        return HardwareFile.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_validation_line(exc, f"hardware file {path}", data)) from exc
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All known GPUs, links, nodes and clusters, keyed by id (read-only views)."""
+
+    gpus: Mapping[str, GpuSpec]
+    links: Mapping[str, LinkSpec]
+    nodes: Mapping[str, NodeSpec]
+    clusters: Mapping[str, ClusterSpec]
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "links", "nodes", "clusters"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+    def merged(self, extra: HardwareFile, where: str = "") -> Catalog:
+        """A new catalogue where ``extra``'s entries add to or replace ours by id."""
+        cat = Catalog(
+            gpus={**self.gpus, **{g.id: g for g in extra.gpus}},
+            links={**self.links, **{lk.id: lk for lk in extra.links}},
+            nodes={**self.nodes, **{n.id: n for n in extra.nodes}},
+            clusters={**self.clusters, **{c.name: c for c in extra.clusters}},
+        )
+        cat.check_references(where)
+        return cat
+
+    def check_references(self, where: str = "") -> None:
+        prefix = f"{where}: " if where else ""
+        for node in self.nodes.values():
+            if node.gpu not in self.gpus:
+                raise SpecError(f"{prefix}node {node.id} names unknown gpu {node.gpu!r}")
+            for field in ("intra_node_link", "nic", "host_link"):
+                link = getattr(node, field)
+                if link not in self.links:
+                    raise SpecError(f"{prefix}node {node.id} names unknown {field} {link!r}")
+        for cluster in self.clusters.values():
+            if cluster.node not in self.nodes:
+                raise SpecError(
+                    f"{prefix}cluster {cluster.name} names unknown node {cluster.node!r}"
+                )
+
+    def gpu(self, gpu_id: str) -> GpuSpec:
+        try:
+            return self.gpus[gpu_id]
+        except KeyError:
+            raise SpecError(
+                f"unknown GPU {gpu_id!r}; known: {', '.join(sorted(self.gpus))}"
+            ) from None
+
+    def link(self, link_id: str) -> LinkSpec:
+        try:
+            return self.links[link_id]
+        except KeyError:
+            raise SpecError(
+                f"unknown link {link_id!r}; known: {', '.join(sorted(self.links))}"
+            ) from None
+
+    def node(self, node_id: str) -> NodeSpec:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise SpecError(
+                f"unknown node {node_id!r}; known: {', '.join(sorted(self.nodes))}"
+            ) from None
+
+    def reference_node(self, gpu_id: str) -> NodeSpec:
+        """The vendor reference node for a GPU (first node listed with that GPU)."""
+        self.gpu(gpu_id)
+        for node in self.nodes.values():
+            if node.gpu == gpu_id:
+                return node
+        raise SpecError(f"no reference node describes GPU {gpu_id!r}; add one with --hardware")
+
+    def system(self, gpu_id: str, num_gpus: int | None = None) -> System:
+        """``--gpu ID --gpus N``: N GPUs in reference nodes on a non-blocking fat-tree."""
+        node = self.reference_node(gpu_id)
+        if num_gpus is None:
+            num_gpus = node.gpus_per_node
+        if num_gpus <= 0:
+            raise SpecError(f"--gpus must be positive, got {num_gpus}")
+        num_nodes = -(-num_gpus // node.gpus_per_node)
+        cluster = ClusterSpec(name=f"{num_nodes}x{node.id}", node=node.id, num_nodes=num_nodes)
+        return self.system_for_cluster(cluster, num_gpus)
+
+    def system_for_cluster(self, cluster: ClusterSpec, num_gpus: int | None = None) -> System:
+        node = self.node(cluster.node)
+        total = cluster.num_nodes * node.gpus_per_node
+        return System(
+            gpu=self.gpu(node.gpu),
+            node=node,
+            intra_link=self.link(node.intra_node_link),
+            nic=self.link(node.nic),
+            host_link=self.link(node.host_link),
+            num_nodes=cluster.num_nodes,
+            num_gpus=total if num_gpus is None else num_gpus,
+            fabric=cluster.fabric,
+        )
+
+
+@dataclass(frozen=True)
+class System:
+    """Everything a cost model needs to know about where an op runs."""
+
+    gpu: GpuSpec
+    node: NodeSpec
+    intra_link: LinkSpec
+    nic: LinkSpec
+    host_link: LinkSpec
+    num_nodes: int
+    num_gpus: int
+    fabric: FabricSpec
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.node.gpus_per_node
+
+
+def _builtin_file(name: str) -> HardwareFile:
+    path = resources.files("hardware_specs") / "data" / name
+    return load_hardware_file(Path(str(path)))
+
+
+@lru_cache(maxsize=1)
+def builtin_catalog() -> Catalog:
+    parts = [_builtin_file(n) for n in ("gpus.yaml", "links.yaml", "nodes.yaml")]
+    merged = HardwareFile(
+        gpus=[g for p in parts for g in p.gpus],
+        links=[lk for p in parts for lk in p.links],
+        nodes=[n for p in parts for n in p.nodes],
+        clusters=[c for p in parts for c in p.clusters],
+    )
+    cat = Catalog(gpus={}, links={}, nodes={}, clusters={}).merged(merged)
+    return cat
+
+
+def load_catalog(hardware_file: str | Path | None = None) -> Catalog:
+    """Built-ins, plus a user file's entries if given."""
+    cat = builtin_catalog()
+    if hardware_file is not None:
+        cat = cat.merged(load_hardware_file(hardware_file), f"hardware file {hardware_file}")
+    return cat
+
+
+def get_gpu(gpu_id: str, hardware_file: str | Path | None = None) -> GpuSpec:
+    return load_catalog(hardware_file).gpu(gpu_id)

@@ -1,0 +1,242 @@
+"""pydantic schemas for GPUs, links, nodes and clusters.
+
+Spec files carry friendly units in their key names (``_gb_per_s``, ``_tflops``,
+``_gib``); the properties ending in ``_bytes``, ``_bytes_per_s``, ``_flops_per_s``
+and ``_s`` convert them once into SI for the rest of the code (DESIGN.md, units).
+Every number in a spec must name its source in ``sources`` (a test enforces it).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+GIB = 1024**3
+MIB = 1024**2
+KIB = 1024
+GB = 1e9
+TERA = 1e12
+US = 1e-6
+
+
+class Dtype(StrEnum):
+    """Numeric formats a kernel can run in; ``tf32`` is fp32 storage on tensor cores."""
+
+    fp64 = "fp64"
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Sourced(_Frozen):
+    """A spec whose every numeric field cites where it came from."""
+
+    sources: dict[str, str] = Field(
+        default_factory=dict,
+        description="field name -> citation (datasheet, whitepaper, measurement)",
+    )
+
+    @model_validator(mode="after")
+    def _sources_name_fields(self) -> _Sourced:
+        unknown = set(self.sources) - set(type(self).model_fields)
+        if unknown:
+            raise ValueError(f"sources name unknown fields: {sorted(unknown)}")
+        return self
+
+    def unsourced_numbers(self) -> list[str]:
+        """Numeric fields set to a value but without a citation."""
+        missing = []
+        for name in type(self).model_fields:
+            if name == "sources" or name not in self.model_fields_set:
+                continue  # schema defaults are not claims a spec file makes
+            value = getattr(self, name)
+            numeric = isinstance(value, int | float | dict) and not isinstance(value, bool)
+            if numeric and value and name not in self.sources:
+                missing.append(name)
+        return missing
+
+
+class GpuSpec(_Sourced):
+    """One accelerator model. Peak rates are dense (no 2:4 sparsity) unless named sparse."""
+
+    id: str = Field(description="stable id, e.g. h100-sxm")
+    name: str
+    vendor: Literal["nvidia", "amd"]
+    architecture: Literal["ampere", "ada", "hopper", "blackwell", "cdna3"]
+    form_factor: Literal["sxm", "pcie", "oam"]
+    sm_count: int = Field(
+        gt=0, description="streaming multiprocessors (NVIDIA) or compute units (AMD)"
+    )
+    boost_clock_mhz: float = Field(gt=0, description="max boost clock the peak rates assume")
+    memory_gib: float = Field(gt=0, description="device memory capacity")
+    memory_type: str
+    memory_bandwidth_gb_per_s: float = Field(gt=0, description="peak DRAM bandwidth, decimal GB/s")
+    l2_cache_mib: float = Field(gt=0)
+    smem_per_sm_kib: float = Field(gt=0, description="max shared memory (configurable L1) per SM")
+    peak_dense_tflops: dict[Dtype, float] = Field(
+        description="dense peak TFLOP/s (TOP/s for int8) per dtype; fp64/fp32 on tensor cores "
+        "where the vendor quotes that as the headline rate"
+    )
+    sparse_speedup: float = Field(
+        default=1.0,
+        ge=1.0,
+        description="2:4 structured-sparsity speedup over dense (2.0 if supported)",
+    )
+    sfu_ops_per_clk_per_sm: float = Field(
+        gt=0, description="special-function (exp2) throughput per SM per clock, for softmax cost"
+    )
+    tdp_w: float = Field(gt=0)
+    nvlink_gb_per_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="total GPU-to-GPU bandwidth per direction (NVLink/xGMI), 0 if none",
+    )
+    pcie_gen: int = Field(ge=3, le=6)
+
+    @field_validator("peak_dense_tflops")
+    @classmethod
+    def _positive_rates(cls, rates: dict[Dtype, float]) -> dict[Dtype, float]:
+        for dtype, value in rates.items():
+            if value <= 0:
+                raise ValueError(f"peak_dense_tflops[{dtype}] must be > 0, got {value}")
+        if Dtype.bf16 not in rates and Dtype.fp16 not in rates:
+            raise ValueError("peak_dense_tflops needs at least bf16 or fp16")
+        return rates
+
+    # --- SI views -----------------------------------------------------------------------
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gb_per_s * GB
+
+    @property
+    def l2_bytes(self) -> float:
+        return self.l2_cache_mib * MIB
+
+    @property
+    def smem_per_sm_bytes(self) -> float:
+        return self.smem_per_sm_kib * KIB
+
+    @property
+    def clock_hz(self) -> float:
+        return self.boost_clock_mhz * 1e6
+
+    @property
+    def sfu_ops_per_s(self) -> float:
+        return self.sfu_ops_per_clk_per_sm * self.sm_count * self.clock_hz
+
+    @property
+    def nvlink_bytes_per_s(self) -> float:
+        return self.nvlink_gb_per_s * GB
+
+    def supports(self, dtype: Dtype | str) -> bool:
+        return Dtype(dtype) in self.peak_dense_tflops
+
+    def peak_flops_per_s(self, dtype: Dtype | str) -> float:
+        """Dense peak for ``dtype``; raises with the supported list if the GPU lacks it."""
+        dtype = Dtype(dtype)
+        if dtype not in self.peak_dense_tflops:
+            allowed = ", ".join(sorted(d.value for d in self.peak_dense_tflops))
+            raise ValueError(f"{self.id} has no {dtype.value} rate; supported: {allowed}")
+        return self.peak_dense_tflops[dtype] * TERA
+
+
+LinkKind = Literal["nvlink", "nvswitch", "xgmi", "pcie", "infiniband", "roce", "ethernet"]
+
+
+class LinkSpec(_Sourced):
+    """A point-to-point link or network port. Bandwidth is per direction, decimal GB/s."""
+
+    id: str
+    name: str
+    kind: LinkKind
+    bandwidth_gb_per_s: float = Field(gt=0, description="per direction, per port or per GPU")
+    latency_us: float = Field(gt=0, description="one-way small-message latency")
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_gb_per_s * GB
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * US
+
+
+class NodeSpec(_Sourced):
+    """A vendor reference node: GPUs, their intra-node fabric and NICs."""
+
+    id: str
+    name: str
+    gpu: str = Field(description="GpuSpec id")
+    gpus_per_node: int = Field(gt=0)
+    intra_node_link: str = Field(description="LinkSpec id of the GPU-to-GPU fabric")
+    intra_node_gb_per_s: float = Field(
+        gt=0, description="GPU-to-GPU bandwidth per GPU per direction through that fabric"
+    )
+    switched: bool = Field(description="True for NVSwitch/full crossbar, False for rings/meshes")
+    nic: str = Field(description="LinkSpec id of the scale-out NIC")
+    nics_per_gpu: float = Field(gt=0)
+    host_link: str = Field(description="LinkSpec id of the GPU-host link (PCIe gen)")
+
+    @property
+    def intra_node_bytes_per_s(self) -> float:
+        return self.intra_node_gb_per_s * GB
+
+
+class FabricSpec(_Frozen):
+    """Scale-out network between nodes."""
+
+    topology: Literal["fat-tree", "rail-optimized", "two-level"] = "fat-tree"
+    oversubscription: float = Field(default=1.0, ge=1.0, description="1.0 = non-blocking")
+    switch_hops: int = Field(default=3, ge=1, description="switch hops across the fabric")
+    switch_latency_us: float = Field(default=0.6, gt=0)
+
+    @property
+    def switch_latency_s(self) -> float:
+        return self.switch_latency_us * US
+
+
+class ClusterSpec(_Frozen):
+    """``num_nodes`` identical nodes on one fabric."""
+
+    name: str
+    node: str = Field(description="NodeSpec id")
+    num_nodes: int = Field(gt=0)
+    fabric: FabricSpec = FabricSpec()
+
+
+class HardwareFile(_Frozen):
+    """A user spec file (``--hardware FILE``): entries added to, or replacing, the built-ins."""
+
+    gpus: list[GpuSpec] = []
+    links: list[LinkSpec] = []
+    nodes: list[NodeSpec] = []
+    clusters: list[ClusterSpec] = []
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> HardwareFile:
+        for section, key in (
+            ("gpus", "id"),
+            ("links", "id"),
+            ("nodes", "id"),
+            ("clusters", "name"),
+        ):
+            seen: set[str] = set()
+            for entry in getattr(self, section):
+                ident = getattr(entry, key)
+                if ident in seen:
+                    raise ValueError(f"{section}: {key} {ident!r} appears more than once")
+                seen.add(ident)
+        return self

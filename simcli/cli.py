@@ -1,0 +1,41 @@
+"""The ``simcli`` command line: a thin layer over specs, workloads and cost models."""
+
+from __future__ import annotations
+
+import typer
+
+from simcli import __version__
+from simcli.commands import predict as predict_cmd
+from simcli.commands import specs as specs_cmd
+from simcli.errors import set_debug
+
+app = typer.Typer(
+    name="simcli",
+    help="Predict LLM training, serving and kernel times on GPUs you have not rented yet.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(specs_cmd.app, name="specs")
+app.add_typer(predict_cmd.app, name="predict")
+
+
+def _version(flag: bool) -> None:
+    if flag:
+        typer.echo(f"simcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    set_debug(debug)
+
+
+def main() -> None:
+    app()
+

@@ -1,0 +1,283 @@
+"""``simcli predict``: op-level time predictions, batch (CSV) or one op at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import typer
+
+from costmodels import AnalyticalCostModel
+from simcli.errors import fail, user_errors
+from simcli.output import Format, atomic_write_csv, emit_object, emit_records
+from workloads.ops import CSV_COLUMNS, Op, OpError, OpKind, normalise_frame
+
+app = typer.Typer(
+    help=(
+        "Predict op times. Batch: simcli predict --gpu ID --input ops.csv --output pred.csv. "
+        "One op: simcli predict gemm|attention|decode|blocksparse|collective|elementwise ..."
+    ),
+    invoke_without_command=True,
+)
+
+FormatOpt = typer.Option(Format.table, "--format", help="table | json | csv")
+GpuOpt = typer.Option(..., "--gpu", help="GPU id (see `simcli specs list`).")
+ProfileOpt = typer.Option(None, "--profile", help="Calibration profile overriding the defaults.")
+HardwareOpt = typer.Option(None, "--hardware", help="Extra hardware spec file (YAML/JSON).")
+DtypeOpt = typer.Option("bf16", "--dtype", help="fp64 | fp32 | tf32 | bf16 | fp16 | fp8 | int8")
+
+
+def read_ops_csv(path: Path) -> pd.DataFrame:
+    """Read an ops CSV as strings (values are validated by ``normalise_frame``)."""
+    try:
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except FileNotFoundError:
+        raise OSError(f"input CSV {path} does not exist") from None
+    except pd.errors.EmptyDataError:
+        raise OpError(f"input CSV {path} is empty (expected a header with at least 'op')") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise OpError(f"input CSV {path} is malformed: {first}") from None
+    except IsADirectoryError:
+        raise OSError(f"input CSV {path} is a directory") from None
+    raw.columns = [str(c).strip() for c in raw.columns]
+    if "op" not in raw.columns:
+        raise OpError(f"input CSV {path} has no 'op' column; columns are: {', '.join(CSV_COLUMNS)}")
+    return raw
+
+
+def _model(gpu: str, profile: Path | None, hardware: Path | None) -> AnalyticalCostModel:
+    return AnalyticalCostModel.for_gpu(gpu, profile=profile, hardware_file=hardware)
+
+
+@app.callback()
+def batch(
+    ctx: typer.Context,
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU id (see `simcli specs list`)."),
+    input_csv: Path | None = typer.Option(None, "--input", help="Ops CSV (contract columns)."),
+    output_csv: Path | None = typer.Option(
+        None, "--output", help="Where to write the input rows plus predicted_ms."
+    ),
+    profile: Path | None = ProfileOpt,
+    hardware: Path | None = HardwareOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """Batch mode: every row of --input priced on --gpu, written to --output."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with user_errors():
+        if input_csv is None or gpu is None:
+            raise fail(
+                "batch mode needs --gpu and --input (or use a subcommand: "
+                "gemm, attention, decode, blocksparse, collective, elementwise)"
+            )
+        model = _model(gpu, profile, hardware)
+        raw = read_ops_csv(input_csv)
+        frame = normalise_frame(raw)
+        work = model.work_many(frame, validated=True)
+        out = raw.copy()
+        out["predicted_ms"] = work.time_s * 1e3
+        summary = {
+            "gpu": gpu,
+            "model": model.label,
+            "rows": len(out),
+            "total_predicted_ms": float(np.sum(work.time_s) * 1e3),
+        }
+        if output_csv is not None:
+            atomic_write_csv(out, output_csv)
+            summary["output"] = str(output_csv)
+            emit_object(summary, fmt, title="simcli predict")
+        else:
+            records = out.to_dict(orient="records")
+            emit_records(records, fmt, title=f"predictions on {gpu}", json_wrapper=summary)
+
+
+def _report(model: AnalyticalCostModel, op: Op, fmt: Format) -> None:
+    work = model.work(op)
+    t = float(work.time_s[0])
+    flops, nbytes = float(work.flops[0]), float(work.bytes[0])
+    result = {
+        "op": op.op.value,
+        "gpu": model.gpu.id,
+        "dtype": op.dtype.value,
+        "predicted_ms": t * 1e3,
+        "flops": flops,
+        "bytes": nbytes,
+        "achieved_tflops": flops / t / 1e12 if t > 0 else 0.0,
+        "achieved_gb_per_s": nbytes / t / 1e9 if t > 0 else 0.0,
+        "model": model.label,
+    }
+    emit_object(result, fmt, title=f"{op.op.value} on {model.gpu.id}")
+
+
+@app.command("gemm")
+def gemm(
+    m: int = typer.Option(..., "--m", help="rows of A and C"),
+    n: int = typer.Option(..., "--n", help="columns of B and C"),
+    k: int = typer.Option(..., "--k", help="inner dimension"),
+    batch_count: int = typer.Option(1, "--batch", help="independent products (bmm)"),
+    dtype: str = DtypeOpt,
+    gpu: str = GpuOpt,
+    profile: Path | None = ProfileOpt,
+    hardware: Path | None = HardwareOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """C[m,n] = A[m,k] . B[k,n]."""
+    with user_errors():
+        op = Op(op=OpKind.gemm, m=m, n=n, k=k, batch=batch_count, dtype=dtype)
+        _report(_model(gpu, profile, hardware), op, fmt)
+
+
+@app.command("attention")
+def attention(
+    phase: str = typer.Option("fwd", "--phase", help="fwd | bwd | fwdbwd"),
+    batch_size: int = typer.Option(1, "--batch"),
+    seq_q: int = typer.Option(..., "--seq-q"),
+    seq_kv: int | None = typer.Option(None, "--seq-kv", help="defaults to --seq-q"),
+    heads_q: int = typer.Option(..., "--heads-q"),
+    heads_kv: int | None = typer.Option(None, "--heads-kv", help="defaults to --heads-q"),
+    head_dim: int = typer.Option(128, "--head-dim"),
+    causal: bool = typer.Option(True, "--causal/--no-causal"),
+    backend: str = typer.Option("", "--backend", help="flash | cudnn | flex | efficient"),
+    dtype: str = DtypeOpt,
+    gpu: str = GpuOpt,
+    profile: Path | None = ProfileOpt,
+    hardware: Path | None = HardwareOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """Dense attention (FlashAttention-style kernels)."""
+    with user_errors():
+        kinds = {"fwd": OpKind.attn_fwd, "bwd": OpKind.attn_bwd, "fwdbwd": OpKind.attn_fwdbwd}
+        if phase not in kinds:
+            raise OpError(f"unknown --phase {phase!r}; allowed: fwd, bwd, fwdbwd")
+        op = Op(
+            op=kinds[phase],
+            batch=batch_size,
+            seq_q=seq_q,
+            seq_kv=seq_kv or seq_q,
+            heads_q=heads_q,
+            heads_kv=heads_kv or heads_q,
+            head_dim=head_dim,
+            causal=causal,
+            backend=backend or None,
+            dtype=dtype,
+        )
+        _report(_model(gpu, profile, hardware), op, fmt)
+
+
+@app.command("decode")
+def decode(
+    batch_size: int = typer.Option(1, "--batch"),
+    context_len: int = typer.Option(..., "--context-len", help="KV-cache length (seq_kv)"),
+    new_tokens: int = typer.Option(1, "--seq-q", help="query tokens per sequence"),
+    heads_q: int = typer.Option(..., "--heads-q"),
+    heads_kv: int | None = typer.Option(None, "--heads-kv"),
+    head_dim: int = typer.Option(128, "--head-dim"),
+    dtype: str = DtypeOpt,
+    gpu: str = GpuOpt,
+    profile: Path | None = ProfileOpt,
+    hardware: Path | None = HardwareOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """Decode attention: new tokens over a KV cache (split-KV)."""
+    with user_errors():
+        op = Op(
+            op=OpKind.attn_decode,
+            batch=batch_size,
+            seq_q=new_tokens,
+            seq_kv=context_len,
+            heads_q=heads_q,
+            heads_kv=heads_kv or heads_q,
+            head_dim=head_dim,
+            dtype=dtype,
+        )
+        _report(_model(gpu, profile, hardware), op, fmt)
+
+
+@app.command("blocksparse")
+def blocksparse(
+    phase: str = typer.Option("fwd", "--phase", help="fwd | bwd"),
+    batch_size: int = typer.Option(1, "--batch"),
+    seq_len: int = typer.Option(..., "--seq-len"),
+    heads_q: int = typer.Option(..., "--heads-q"),
+    heads_kv: int | None = typer.Option(None, "--heads-kv"),
+    head_dim: int = typer.Option(128, "--head-dim"),
+    density: float = typer.Option(..., "--density", help="fraction of tiles visited, (0, 1]"),
+    block_size: int = typer.Option(128, "--block-size"),
+    backend: str = typer.Option("", "--backend", help="flex | flash"),
+    dtype: str = DtypeOpt,
+    gpu: str = GpuOpt,
+    profile: Path | None = ProfileOpt,
+    hardware: Path | None = HardwareOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """Block-sparse attention visiting `density` of the block_size x block_size tiles."""
+    with user_errors():
+        kinds = {"fwd": OpKind.attn_blocksparse_fwd, "bwd": OpKind.attn_blocksparse_bwd}
+        if phase not in kinds:
+            raise OpError(f"unknown --phase {phase!r}; allowed: fwd, bwd")
+        op = Op(
+            op=kinds[phase],
+            batch=batch_size,
+            seq_q=seq_len,
+            seq_kv=seq_len,
+            heads_q=heads_q,
+            heads_kv=heads_kv or heads_q,
+            head_dim=head_dim,
+            density=density,
+            block_size=block_size,
+            backend=backend or None,
+            dtype=dtype,
+        )
+        _report(_model(gpu, profile, hardware), op, fmt)
+
+
+@app.command("collective")
+def collective(
+    kind: str = typer.Option(
+        "all_reduce",
+        "--kind",
+        help="all_reduce | all_gather | reduce_scatter | all_to_all | send_recv",
+    ),
+    nbytes: int = typer.Option(..., "--bytes", help="nccl-tests size: buffer per rank"),
+    ranks: int = typer.Option(8, "--ranks"),
+    nodes: int = typer.Option(1, "--nodes", help="nodes the ranks span"),
+    gpu: str = GpuOpt,
+    profile: Path | None = ProfileOpt,
+    hardware: Path | None = HardwareOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """NCCL collective over `ranks` GPUs in `nodes` reference nodes."""
+    with user_errors():
+        allowed = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+        if kind not in allowed:
+            raise OpError(f"unknown --kind {kind!r}; allowed: {', '.join(allowed)}")
+        op = Op(op=OpKind(kind), bytes=nbytes, ranks=ranks, nodes=nodes)
+        _report(_model(gpu, profile, hardware), op, fmt)
+
+
+@app.command("elementwise")
+def elementwise(
+    kind: str = typer.Option(..., "--op", help="copy | rmsnorm | swiglu | rope | softmax | ..."),
+    m: int | None = typer.Option(None, "--m", help="tokens / rows"),
+    n: int | None = typer.Option(None, "--n", help="hidden / columns / parameters (adamw)"),
+    nbytes: int | None = typer.Option(None, "--bytes", help="bytes read (copy)"),
+    dtype: str = DtypeOpt,
+    gpu: str = GpuOpt,
+    profile: Path | None = ProfileOpt,
+    hardware: Path | None = HardwareOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """Memory-bound ops priced by bytes moved."""
+    with user_errors():
+        from workloads.ops import ELEMENTWISE_KINDS
+
+        allowed = sorted(k.value for k in ELEMENTWISE_KINDS)
+        if kind not in allowed:
+            raise OpError(f"unknown --op {kind!r}; allowed: {', '.join(allowed)}")
+        op = Op(op=OpKind(kind), m=m, n=n, bytes=nbytes, dtype=dtype)
+        _report(_model(gpu, profile, hardware), op, fmt)
+
+
+__all__ = ["app", "emit_records", "read_ops_csv"]

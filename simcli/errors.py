@@ -1,0 +1,63 @@
+"""One-line errors for users, tracebacks only with ``--debug``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from pydantic import ValidationError
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+
+_state = {"debug": False}
+
+
+def set_debug(flag: bool) -> None:
+    _state["debug"] = flag
+
+
+def debug_enabled() -> bool:
+    return _state["debug"]
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or exc.title
+        got = (
+            f" (got {err['input']!r})"
+            if "input" in err and not isinstance(err["input"], dict)
+            else ""
+        )
+        return f"{exc.title}: {loc}: {err['msg']}{got}"
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """Print ``error: message`` to stderr and return the Exit to raise."""
+    sys.stderr.write(f"error: {message}\n")
+    return typer.Exit(code)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn known failures into one line on stderr and a non-zero exit."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except (ValueError, OSError, KeyError) as exc:
+        if debug_enabled():
+            raise
+        raise fail(_one_line(exc)) from None
+    except Exception as exc:  # a bug: still one line, and a way to see more
+        if debug_enabled():
+            raise
+        raise fail(
+            f"internal error ({type(exc).__name__}: {_one_line(exc)}); rerun with --debug",
+            EXIT_INTERNAL,
+        ) from None

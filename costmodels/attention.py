@@ -16,7 +16,7 @@ counted in visited tiles, not FLOPs:
 
 Decode (seq_q new tokens over a KV cache) is memory-bound: it reads K and V once;
 split-KV (Flash-Decoding) spreads the cache over more CTAs when batch x heads cannot
-fill the GPU, with FlashAttention-2's num_splits heuristic.
+fill the GPU.
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def attention_work(
     nq, nk = cdiv(sq, bm), cdiv(skv, bn)
     dense_causal = causal & ~sparse
     per_head = np.where(dense_causal, causal_tiles_per_head(sq, skv, bm, bn), nq * nk)
-    per_head = np.where(sparse, np.maximum(np.ceil(np.nan_to_num(density) * nq * nk), 1), per_head)
+    # block-sparse: each query block visits ceil(density x key blocks) tiles (at least one)
+    per_head = np.where(sparse, nq * np.maximum(np.ceil(np.nan_to_num(density) * nk), 1), per_head)
     bh = batch * hq
     total = bh * per_head
 
@@ -146,8 +147,12 @@ def attention_work(
 
     # Backward: one CTA per (key block, head); recomputes P (exp) and does 5 matmuls.
     bwd_tile_s = 10.0 * bm * bn * d / (sm_rate * bp["bwd_efficiency"]) + exp_s
-    max_bwd = np.where(dense_causal, np.minimum(nq, per_head), per_head / nk)
-    bwd_span = _makespan_tiles(bh * nk, total, max_bwd, ~dense_causal, sm)
+    # block-sparse backward: each key block visits ceil(density x query blocks) tiles
+    dens = np.nan_to_num(density)
+    per_head_bwd = np.where(sparse, nk * np.maximum(np.ceil(dens * nq), 1), per_head)
+    total_bwd = bh * per_head_bwd
+    max_bwd = np.where(dense_causal, np.minimum(nq, per_head), per_head_bwd / nk)
+    bwd_span = _makespan_tiles(bh * nk, total_bwd, max_bwd, ~dense_causal, sm)
     # reads Q, O, dO, K, V, LSE; writes dQ, and dK, dV per query head (summed for GQA);
     # dQ accumulates in fp32 and is converted at the end (FA2's dq_accum).
     bwd_bytes = (
@@ -157,36 +162,9 @@ def attention_work(
 
     time_s = np.where(do_fwd, fwd_s, 0.0) + np.where(do_bwd, bwd_s, 0.0)
     tile_flops = 4.0 * bm * bn * d
-    flops = total * tile_flops * (np.where(do_fwd, 1.0, 0.0) + np.where(do_bwd, 2.5, 0.0))
+    flops = tile_flops * (np.where(do_fwd, total, 0.0) + np.where(do_bwd, 2.5 * total_bwd, 0.0))
     bytes_ = np.where(do_fwd, fwd_bytes, 0.0) + np.where(do_bwd, bwd_bytes, 0.0)
     return Work(time_s=time_s, flops=flops, bytes=bytes_)
-
-
-def num_splits(
-    work_units: np.ndarray, n_blocks: np.ndarray, sm: int, max_splits: int
-) -> np.ndarray:
-    """FlashAttention-2's split-KV heuristic (flash_api.cpp, num_splits_heuristic).
-
-    Picks the fewest splits whose wave efficiency is within 85% of the best, and none
-    when batch x heads x query blocks already fills 80% of the SMs.
-    """
-    work_units = np.asarray(work_units, dtype=float)
-    n_blocks = np.asarray(n_blocks, dtype=float)
-    out = np.ones(len(work_units))
-    todo = np.flatnonzero(work_units < 0.8 * sm)
-    splits = np.arange(1, max_splits + 1, dtype=float)
-    for lo in range(0, len(todo), 16384):
-        idx = todo[lo : lo + 16384]
-        wu, nb = work_units[idx, None], n_blocks[idx, None]
-        cap = np.minimum(np.minimum(max_splits, sm), nb)
-        s = splits[None, :]
-        eligible = (s <= cap) & ((s == 1) | (cdiv(nb, s) != cdiv(nb, np.maximum(s - 1, 1))))
-        waves = wu * s / sm
-        eff = np.where(eligible, waves / np.ceil(waves), 0.0)
-        best = eff.max(axis=1, keepdims=True)
-        ok = eligible & (eff >= 0.85 * best)
-        out[idx] = np.argmax(ok, axis=1) + 1.0
-    return out
 
 
 def decode_work(
@@ -200,25 +178,28 @@ def decode_work(
     gpu: GpuSpec,
     p: AttentionParams,
 ) -> Work:
-    """seq_q (default 1) new tokens per sequence attending over a KV cache of seq_kv."""
+    """seq_q (default 1) new tokens per sequence attending over a KV cache of seq_kv.
+
+    Split-KV spreads the cache over enough CTAs to fill the GPU: a continuous split
+    count s = clip(SMs x c / units, 1, seq_kv / 128) stands in for FlashAttention-2's
+    discrete num_splits heuristic, so time stays monotone in every size. HBM traffic is
+    K and V once, plus the fp32 partial outputs the combine step reads back; a decode
+    never beats one wave of 128-key blocks.
+    """
     sq = np.where(np.isnan(sq), 1.0, sq)
     elt = by_dtype(dtype, ELEMENT_BYTES, "decode attention")
-    sm = gpu.sm_count
+    slots = gpu.sm_count * p.decode_ctas_per_sm
     kv_bytes = batch * skv * hkv * d * 2.0 * elt
     qo_bytes = batch * sq * hq * d * 2.0 * elt
     flops = 4.0 * batch * hq * sq * skv * d
-    # GQA heads of one KV head share a CTA (query heads packed into the row dimension).
+    # GQA heads of one KV head share a CTA (query heads packed into 64-row tiles).
     rows = sq * hq / hkv
     units = batch * hkv * cdiv(rows, 64.0)
-    n_blocks = cdiv(skv, DECODE_BLOCK_N)
-    splits = num_splits(units, n_blocks, sm, p.decode_max_splits)
-    ctas = units * splits
-    occupancy = np.minimum(1.0, ctas / (sm * p.decode_ctas_per_sm))
-    bw = gpu.hbm_bytes_per_s * p.decode_memory_efficiency * occupancy
-    combine_bytes = np.where(splits > 1, splits * batch * sq * hq * (d + 1) * 4.0 * 2.0, 0.0)
-    mem_s = (kv_bytes + qo_bytes) / bw + combine_bytes / (gpu.hbm_bytes_per_s * p.memory_efficiency)
-    peak = peak_flops(dtype, gpu)
-    compute_s = flops / (peak * 0.25)  # tiny m-dimension tiles: tensor cores mostly idle
-    launches = np.where(splits > 1, 2.0, 1.0)
-    time_s = launches * p.decode_launch_s + np.maximum(mem_s, compute_s)
+    split_units = np.clip(slots, units, units * np.maximum(skv / DECODE_BLOCK_N, 1.0))
+    combine_bytes = split_units * np.minimum(rows, 64.0) * (d + 1) * 4.0 * 2.0
+    floor_bytes = slots * DECODE_BLOCK_N * d * 2.0 * elt
+    bw = gpu.hbm_bytes_per_s * p.decode_memory_efficiency
+    mem_s = (np.maximum(kv_bytes + qo_bytes, floor_bytes) + combine_bytes) / bw
+    compute_s = flops / (peak_flops(dtype, gpu) * 0.25)  # few query rows: tensor cores mostly idle
+    time_s = p.decode_launch_s + np.maximum(mem_s, compute_s)
     return Work(time_s=time_s, flops=flops, bytes=kv_bytes + qo_bytes)

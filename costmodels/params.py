@@ -60,8 +60,7 @@ class AttentionParams(_P):
     decode_ctas_per_sm: float = Field(
         gt=0, description="CTAs per SM needed to saturate HBM in split-KV decode"
     )
-    decode_launch_s: float = Field(ge=0)
-    decode_max_splits: int = Field(ge=1)
+    decode_launch_s: float = Field(ge=0, description="split-KV kernel plus combine kernel")
     memory_efficiency: float = Field(gt=0, le=1)
 
 

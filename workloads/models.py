@@ -1,0 +1,391 @@
+"""Decoder-only transformer architectures: built-ins and HuggingFace ``config.json`` files.
+
+A :class:`ModelConfig` holds the architecture numbers only (no parallelism, no costs).
+Parameter counts are exact (they reproduce the published counts of the HF checkpoints
+to the parameter), and model FLOPs follow Narayanan et al. 2021 eq. (3) / Chowdhery
+et al. 2022 (PaLM) appendix B; see :meth:`ModelConfig.flops_per_token`.
+
+Built-ins live in ``data/models.yaml``; :func:`load_model` takes a built-in id or a path
+to a HuggingFace-style ``config.json`` (or the folder holding one).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ModelError(ValueError):
+    """Unknown model id or invalid model file/config; the message is one line for users."""
+
+
+class ModelConfig(BaseModel):
+    """One decoder-only transformer (pre-norm, attention then MLP per layer).
+
+    Dense models have ``num_experts == 1``; for a mixture-of-experts model every layer's
+    MLP is replaced by ``num_experts`` experts of width ``moe_ffn_hidden_size`` (defaults
+    to ``ffn_hidden_size``) and a bias-free linear router, ``experts_per_token`` of which
+    each token visits (Mixtral's layout).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, description="stable id, e.g. llama3-8b")
+    name: str = Field(min_length=1)
+    family: str = Field(min_length=1, description="llama, mistral, mixtral, qwen2, gpt, ...")
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_heads: int = Field(gt=0, description="query heads")
+    num_kv_heads: int = Field(gt=0, description="key/value heads (GQA); = num_heads for MHA")
+    head_dim: int = Field(gt=0, description="per-head width; defaults to hidden_size / num_heads")
+    ffn_hidden_size: int = Field(gt=0, description="MLP intermediate width (per expert for MoE)")
+    vocab_size: int = Field(gt=0)
+    max_seq_len: int = Field(gt=0, description="max positions (learned table size for 'learned')")
+    activation: Literal["swiglu", "gelu"]
+    norm: Literal["rmsnorm", "layernorm"]
+    position: Literal["rope", "learned"]
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    out_proj_bias: bool = Field(
+        default=False, description="bias on the attention output projection"
+    )
+    mlp_bias: bool = Field(default=False, description="biases on the MLP linears (GPT-2/Megatron)")
+    num_experts: int = Field(default=1, gt=0, description="1 = dense")
+    experts_per_token: int = Field(default=1, gt=0, description="top-k routing")
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    source: str = Field(min_length=1, description="where the numbers come from")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_head_dim(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("head_dim") is None:
+            hidden, heads = data.get("hidden_size"), data.get("num_heads")
+            if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+                if hidden % heads:
+                    raise ValueError(
+                        f"hidden_size ({hidden}) is not a multiple of num_heads ({heads}); "
+                        "give head_dim explicitly"
+                    )
+                data = {**data, "head_dim": hidden // heads}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"experts_per_token ({self.experts_per_token}) must be <= num_experts "
+                f"({self.num_experts})"
+            )
+        if self.num_experts == 1 and self.moe_ffn_hidden_size is not None:
+            raise ValueError("moe_ffn_hidden_size is only for num_experts > 1")
+        return self
+
+    # --- shape helpers ---------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """Width of one expert's MLP (the dense MLP width for dense models)."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection output, num_heads * head_dim."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the key (or the value) projection output, num_kv_heads * head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+    # --- parameter counts ------------------------------------------------------------------
+    @property
+    def norm_params(self) -> int:
+        """One norm's parameters: RMSNorm has a scale, LayerNorm a scale and a bias."""
+        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def attention_params(self) -> int:
+        """Q, K, V and output projections of one layer, with their biases."""
+        h = self.hidden_size
+        n = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        if self.qkv_bias:
+            n += self.q_size + 2 * self.kv_size
+        if self.out_proj_bias:
+            n += h
+        return n
+
+    def _mlp_params(self, ffn: int) -> int:
+        h = self.hidden_size
+        if self.activation == "swiglu":  # gate, up, down
+            n = 3 * h * ffn + (2 * ffn + h if self.mlp_bias else 0)
+        else:  # up, down
+            n = 2 * h * ffn + (ffn + h if self.mlp_bias else 0)
+        return n
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's MLP (the dense MLP for dense models)."""
+        return self._mlp_params(self.expert_ffn_hidden_size)
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts if self.is_moe else 0
+
+    @property
+    def mlp_params(self) -> int:
+        """All MLP parameters of one layer: every expert plus the router for MoE."""
+        return self.num_experts * self.expert_params + self.router_params
+
+    @property
+    def layer_params(self) -> int:
+        """One transformer layer: attention, MLP (or experts + router), two norms."""
+        return self.attention_params + self.mlp_params + 2 * self.norm_params
+
+    @property
+    def embedding_params(self) -> int:
+        """Token embedding plus the learned position table, if any."""
+        pos = self.max_seq_len * self.hidden_size if self.position == "learned" else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Exact parameter count: embeddings, layers, final norm, untied LM head."""
+        return (
+            self.embedding_params
+            + self.num_layers * self.layer_params
+            + self.norm_params
+            + self.lm_head_params
+        )
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token touches: only ``experts_per_token`` experts per MoE layer."""
+        idle = (self.num_experts - self.experts_per_token) * self.expert_params
+        return self.num_params - self.num_layers * idle
+
+    @property
+    def matmul_params_per_token(self) -> int:
+        """Weights in matmuls one token goes through: the FLOP-relevant ``N``.
+
+        Layer weight matrices (active experts and router for MoE) and the LM head (it is a
+        matmul even when tied); not the embedding gathers, norms or biases. This is the
+        ``N`` that makes ``6N`` reproduce Narayanan et al. 2021 eq. (3) exactly.
+        """
+        h = self.hidden_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        per_matrix = 3 if self.activation == "swiglu" else 2
+        mlp = self.experts_per_token * per_matrix * h * self.expert_ffn_hidden_size
+        return self.num_layers * (attn + mlp + self.router_params) + self.vocab_size * h
+
+    # --- memory and FLOPs ------------------------------------------------------------------
+    def kv_cache_bytes_per_token(self, dtype_bytes: int | float) -> float:
+        """K and V of one token over all layers: 2 * layers * kv_heads * head_dim * bytes."""
+        if dtype_bytes <= 0:
+            raise ModelError(f"dtype_bytes must be > 0, got {dtype_bytes}")
+        return float(2 * self.num_layers * self.kv_size * dtype_bytes)
+
+    def flops_per_token(self, seq_len: int, causal: bool = True, training: bool = True) -> float:
+        """Model FLOPs per token for a sequence of ``seq_len`` tokens.
+
+        ``F = c * N + c * 2 * L * s * heads * head_dim * f`` with ``c = 6`` for training
+        (forward 2, backward 4) or ``c = 2`` for a forward pass, ``N`` =
+        :attr:`matmul_params_per_token`, and the attention-matmul term (``Q K^T`` and
+        ``P V``, 2 FLOPs per MAC each: ``4 s h`` per token per layer forward) scaled by
+        ``f = 1/2`` when ``causal`` (only the lower triangle is computed by causal
+        FlashAttention-style kernels), ``f = 1`` otherwise.
+
+        With ``causal=False`` and training this is PaLM's ``6N + 12 L H Q T``
+        (Chowdhery et al. 2022, appendix B) and, for GPT models, exactly Narayanan et
+        al. 2021 eq. (3) without the recomputation pass: ``72 B s l h^2 (1 + s/(6h) +
+        V/(12 l h))`` per iteration divided by ``B s`` tokens. Use ``causal=False`` to
+        reproduce those papers' published model FLOPs / MFU; the default counts the work
+        a causal kernel really does. Recomputation is never counted (model FLOPs, not
+        hardware FLOPs).
+        """
+        if seq_len <= 0:
+            raise ModelError(f"seq_len must be > 0, got {seq_len}")
+        c = 6 if training else 2
+        attn = 2 * self.num_layers * seq_len * self.q_size * (0.5 if causal else 1.0)
+        return float(c * self.matmul_params_per_token + c * attn)
+
+
+# --- built-ins -------------------------------------------------------------------------------
+
+
+def _validation_line(exc: ValidationError, where: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    where_loc = f"{where}: {loc}" if loc else where
+    got = f" (got {err['input']!r})" if loc and "input" in err else ""
+    return f"{where_loc}: {msg}{got}"
+
+
+def model_from_dict(data: dict[str, Any], where: str = "model") -> ModelConfig:
+    """Validate a mapping into a :class:`ModelConfig`; raises :class:`ModelError` (one line)."""
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ModelError(_validation_line(exc, where)) from exc
+
+
+@lru_cache(maxsize=1)
+def _builtins() -> dict[str, ModelConfig]:
+    path = Path(str(resources.files("workloads") / "data" / "models.yaml"))
+    data = yaml.safe_load(path.read_text())
+    out: dict[str, ModelConfig] = {}
+    for entry in data["models"]:
+        model = model_from_dict(entry, f"{path.name} entry {entry.get('id', '?')!r}")
+        if model.id in out:
+            raise ModelError(f"{path.name}: duplicate model id {model.id!r}")
+        out[model.id] = model
+    return out
+
+
+def list_models() -> list[ModelConfig]:
+    """Built-in models in file order."""
+    return list(_builtins().values())
+
+
+def model_ids() -> list[str]:
+    return list(_builtins())
+
+
+def get_model(model_id: str) -> ModelConfig:
+    """A built-in model by id; the error lists the known ids."""
+    try:
+        return _builtins()[model_id]
+    except KeyError:
+        raise ModelError(
+            f"unknown model {model_id!r}; known: {', '.join(model_ids())} "
+            "(or give a path to a HuggingFace config.json)"
+        ) from None
+
+
+def load_model(id_or_path: str | Path) -> ModelConfig:
+    """A built-in id, or a path to a HuggingFace ``config.json`` (or its folder)."""
+    text = str(id_or_path)
+    if isinstance(id_or_path, str) and text in _builtins():
+        return _builtins()[text]
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.exists() or path.suffix == ".json":
+        return load_hf_config(path)
+    return get_model(text)
+
+
+# --- HuggingFace config.json -----------------------------------------------------------------
+
+SUPPORTED_HF_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2")
+
+
+def _require(cfg: dict[str, Any], key: str, where: str) -> Any:
+    value = cfg.get(key)
+    if value is None:
+        raise ModelError(f"{where}: missing key {key!r}")
+    return value
+
+
+def load_hf_config(path: str | Path) -> ModelConfig:
+    """Map a HuggingFace ``config.json`` (llama, mistral, mixtral, qwen2, gpt2) to a model.
+
+    Llama-family keys: ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+    ``num_key_value_heads`` (HF default: = heads), ``intermediate_size``, ``vocab_size``,
+    ``max_position_embeddings``, ``tie_word_embeddings`` (default false), ``head_dim`` if
+    present; SwiGLU, RMSNorm, RoPE. ``attention_bias`` (llama) adds Q/K/V/O biases,
+    ``mlp_bias`` MLP biases; qwen2 always has Q/K/V biases. mixtral adds
+    ``num_local_experts`` and ``num_experts_per_tok``. gpt2: ``n_layer``, ``n_embd``,
+    ``n_head``, ``n_inner`` (default 4 * n_embd), ``n_positions``, ``vocab_size``; GELU,
+    LayerNorm, learned positions, biases on every linear, tied embeddings.
+    Sliding-window attention (mistral) is not modelled: attention spans the full context.
+    """
+    path = Path(path)
+    where = f"config {path}"
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ModelError(f"cannot read {where}: {exc.strerror or exc}") from exc
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ModelError(f"{where} must be a JSON object")
+    model_type = _require(cfg, "model_type", where)
+    if model_type not in SUPPORTED_HF_TYPES:
+        raise ModelError(
+            f"{where}: unsupported model_type {model_type!r}; "
+            f"supported: {', '.join(SUPPORTED_HF_TYPES)}"
+        )
+    name = str(cfg.get("_name_or_path") or path.resolve().parent.name or path.stem)
+    common = {
+        "id": name,
+        "name": name,
+        "family": model_type,
+        "source": f"HuggingFace config.json ({path})",
+    }
+
+    def req(key: str) -> Any:
+        return _require(cfg, key, where)
+
+    if model_type == "gpt2":
+        hidden = req("n_embd")
+        fields = {
+            "num_layers": req("n_layer"),
+            "hidden_size": hidden,
+            "num_heads": req("n_head"),
+            "num_kv_heads": req("n_head"),
+            "ffn_hidden_size": cfg.get("n_inner") or 4 * hidden,
+            "vocab_size": req("vocab_size"),
+            "max_seq_len": req("n_positions"),
+            "activation": "gelu",
+            "norm": "layernorm",
+            "position": "learned",
+            "tie_embeddings": cfg.get("tie_word_embeddings", True),
+            "qkv_bias": True,
+            "out_proj_bias": True,
+            "mlp_bias": True,
+        }
+    else:
+        heads = req("num_attention_heads")
+        attention_bias = bool(cfg.get("attention_bias", False))
+        fields = {
+            "num_layers": req("num_hidden_layers"),
+            "hidden_size": req("hidden_size"),
+            "num_heads": heads,
+            "num_kv_heads": cfg.get("num_key_value_heads") or heads,
+            "head_dim": cfg.get("head_dim"),
+            "ffn_hidden_size": req("intermediate_size"),
+            "vocab_size": req("vocab_size"),
+            "max_seq_len": req("max_position_embeddings"),
+            "activation": "swiglu",
+            "norm": "rmsnorm",
+            "position": "rope",
+            "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+            "qkv_bias": model_type == "qwen2" or attention_bias,
+            "out_proj_bias": attention_bias,
+            "mlp_bias": bool(cfg.get("mlp_bias", False)),
+        }
+        if model_type == "mixtral":
+            fields["num_experts"] = req("num_local_experts")
+            fields["experts_per_token"] = req("num_experts_per_tok")
+    return model_from_dict({**common, **fields}, where)

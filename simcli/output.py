@@ -78,7 +78,7 @@ def emit_records(
             table.add_column(col, overflow="fold")
         for rec in records:
             table.add_row(*(_fmt_cell(rec.get(c)) for c in columns))
-        Console().print(table)
+        _console().print(table)
 
 
 def emit_object(obj: dict[str, Any], fmt: Format, *, title: str = "") -> None:
@@ -94,7 +94,12 @@ def emit_object(obj: dict[str, Any], fmt: Format, *, title: str = "") -> None:
         table.add_column("value", overflow="fold")
         for key, value in obj.items():
             table.add_row(key, _fmt_cell(value))
-        Console().print(table)
+        _console().print(table)
+
+
+def _console() -> Console:
+    """A terminal-width console, or a wide one when piped so ids are not wrapped."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _fmt_cell(value: Any) -> str:

@@ -220,6 +220,31 @@ def ops_frame(ops: list[Op] | tuple[Op, ...]) -> pd.DataFrame:
     )
 
 
+def _clean_text(series: pd.Series) -> np.ndarray:
+    """Strip and lower-case a text column; done on its distinct values only (fast)."""
+    codes, uniques = pd.factorize(series.astype(object), use_na_sentinel=True)
+    cleaned = np.array([str(u).strip().lower() for u in uniques] + [""], dtype=object)
+    return cleaned[codes]  # code -1 (missing) picks the trailing ""
+
+
+def _parse_numbers(series: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, empty, unparsable) for a column of numbers, numeric or text."""
+    if pd.api.types.is_numeric_dtype(series.dtype) and not pd.api.types.is_bool_dtype(series.dtype):
+        values = series.to_numpy(dtype="float64", na_value=np.nan)
+        empty = np.isnan(values)
+        return values, empty, np.zeros(len(values), dtype=bool)
+    values = pd.to_numeric(series, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    missing = np.isnan(values)
+    empty = missing.copy()
+    if missing.any():
+        # only cells that failed to parse need a closer look: blank, or junk
+        idx = np.flatnonzero(missing)
+        text = series.iloc[idx].astype(object)
+        blank = text.isna().to_numpy() | (text.astype(str).str.strip() == "").to_numpy()
+        empty[idx] = blank
+    return values, empty, missing & ~empty
+
+
 def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame:
     """Validate an ops table (e.g. a CSV) and return it with canonical dtypes.
 
@@ -237,110 +262,93 @@ def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame
         )
     if "op" not in frame.columns:
         raise OpError("missing column 'op'")
-    out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
     n_rows = len(frame)
+    out: dict[str, np.ndarray] = {}
 
-    def where(mask: np.ndarray) -> int:
-        return int(np.flatnonzero(mask)[0]) + 1 + row_offset
+    def first_bad(mask: np.ndarray, column: str, message: str) -> None:
+        if mask.any():
+            j = int(np.flatnonzero(mask)[0])
+            value = frame[column].iloc[j]
+            raise OpError(message.format(row=j + 1 + row_offset, value=repr(value)))
 
-    def raw_at(series: pd.Series, row: int) -> object:
-        return series.iloc[row - 1 - row_offset]
+    valid_ops = sorted(k.value for k in OpKind)
+    out["op"] = _clean_text(frame["op"])
+    first_bad(
+        ~np.isin(out["op"], valid_ops),
+        "op",
+        "row {row}: unknown op {value}; allowed: " + ", ".join(valid_ops),
+    )
 
-    # op
-    op_raw = frame["op"].astype("string").str.strip().str.lower()
-    valid_ops = {k.value for k in OpKind}
-    bad = ~op_raw.isin(valid_ops).to_numpy(dtype=bool)
-    if bad.any():
-        i = where(bad)
-        raise OpError(
-            f"row {i}: unknown op {raw_at(frame['op'], i)!r}; "
-            f"allowed: {', '.join(sorted(valid_ops))}"
-        )
-    out["op"] = op_raw.astype(object).to_numpy()
-
-    # dtype
+    valid_dt = sorted(d.value for d in Dtype)
     if "dtype" in frame.columns:
-        dt = frame["dtype"].astype("string").str.strip().str.lower().fillna("")
-        dt = dt.mask(dt == "", DEFAULT_DTYPE.value)
-    else:
-        dt = pd.Series([DEFAULT_DTYPE.value] * n_rows, dtype="string")
-    valid_dt = {d.value for d in Dtype}
-    bad = ~dt.isin(valid_dt).to_numpy(dtype=bool)
-    if bad.any():
-        i = where(bad)
-        raise OpError(
-            f"row {i}: unknown dtype {raw_at(dt, i)!r}; allowed: {', '.join(sorted(valid_dt))}"
+        dt = _clean_text(frame["dtype"])
+        dt[dt == ""] = DEFAULT_DTYPE.value
+        first_bad(
+            ~np.isin(dt, valid_dt),
+            "dtype",
+            "row {row}: unknown dtype {value}; allowed: " + ", ".join(valid_dt),
         )
-    out["dtype"] = dt.astype(object).to_numpy()
+        out["dtype"] = dt
+    else:
+        out["dtype"] = np.full(n_rows, DEFAULT_DTYPE.value, dtype=object)
 
-    # integer columns
     for col in INT_COLUMNS:
         if col not in frame.columns:
             out[col] = np.full(n_rows, np.nan)
             continue
-        raw = frame[col]
-        as_str = raw.astype("string").str.strip()
-        empty = as_str.isna() | (as_str == "")
-        num = pd.to_numeric(as_str.mask(empty), errors="coerce")
-        not_number = (~empty & num.isna()).to_numpy(dtype=bool)
+        values, empty, junk = _parse_numbers(frame[col])
+        first_bad(junk, col, f"row {{row}}: column {col!r} must be an integer > 0, got {{value}}")
         with np.errstate(invalid="ignore"):
-            not_int = (~empty & num.notna() & (num != np.floor(num))).to_numpy(dtype=bool)
-            non_pos = (~empty & num.notna() & (num <= 0)).to_numpy(dtype=bool)
-        for mask, what in (
-            (not_number, "an integer"),
-            (not_int, "an integer"),
-            (non_pos, "positive"),
-        ):
-            if mask.any():
-                i = where(mask)
-                raise OpError(f"row {i}: column {col!r} must be {what} > 0, got {raw_at(raw, i)!r}")
-        too_big = (num > 2**62).to_numpy(dtype=bool, na_value=False)
-        if too_big.any():
-            i = where(too_big)
-            raise OpError(f"row {i}: column {col!r} value {raw_at(raw, i)!r} is too large")
-        out[col] = num.to_numpy(dtype="float64", na_value=np.nan)
-
-    # causal
-    if "causal" in frame.columns:
-        c = frame["causal"].astype("string").str.strip().str.lower().fillna("")
-        truthy, falsy = {"1", "true", "yes", "y", "t"}, {"", "0", "false", "no", "n", "f"}
-        bad = ~c.isin(truthy | falsy).to_numpy(dtype=bool)
-        if bad.any():
-            i = where(bad)
-            raise OpError(
-                f"row {i}: column 'causal' must be true/false/1/0, "
-                f"got {raw_at(frame['causal'], i)!r}"
+            first_bad(
+                ~empty & (values != np.floor(values)),
+                col,
+                f"row {{row}}: column {col!r} must be an integer > 0, got {{value}}",
             )
-        out["causal"] = c.isin(truthy).to_numpy(dtype=bool)
+            first_bad(
+                ~empty & (values <= 0),
+                col,
+                f"row {{row}}: column {col!r} must be positive > 0, got {{value}}",
+            )
+            first_bad(
+                ~empty & (values > 2**53),
+                col,
+                f"row {{row}}: column {col!r} value {{value}} is too large",
+            )
+        out[col] = values
+
+    if "causal" in frame.columns:
+        c = _clean_text(frame["causal"])
+        truthy, falsy = (
+            ["1", "true", "yes", "y", "t", "1.0"],
+            ["", "0", "false", "no", "n", "f", "0.0"],
+        )
+        first_bad(
+            ~np.isin(c, truthy + falsy),
+            "causal",
+            "row {row}: column 'causal' must be true/false/1/0, got {value}",
+        )
+        out["causal"] = np.isin(c, truthy)
     else:
         out["causal"] = np.zeros(n_rows, dtype=bool)
 
-    # backend
-    if "backend" in frame.columns:
-        b = frame["backend"].astype("string").str.strip().str.lower().fillna("")
-        out["backend"] = b.astype(object).to_numpy()
-    else:
-        out["backend"] = np.array([""] * n_rows, dtype=object)
+    out["backend"] = (
+        _clean_text(frame["backend"])
+        if "backend" in frame.columns
+        else np.full(n_rows, "", dtype=object)
+    )
 
-    # density
     if "density" in frame.columns:
-        raw = frame["density"]
-        s = raw.astype("string").str.strip()
-        empty = s.isna() | (s == "")
-        dens = pd.to_numeric(s.mask(empty), errors="coerce")
-        bad = (~empty & (dens.isna() | (dens <= 0) | (dens > 1))).to_numpy(
-            dtype=bool, na_value=True
-        )
-        if bad.any():
-            i = where(bad)
-            raise OpError(f"row {i}: column 'density' must be in (0, 1], got {raw_at(raw, i)!r}")
-        out["density"] = dens.astype("float64").to_numpy(na_value=np.nan)
+        dens, empty, junk = _parse_numbers(frame["density"])
+        with np.errstate(invalid="ignore"):
+            bad = junk | (~empty & ((dens <= 0) | (dens > 1)))
+        first_bad(bad, "density", "row {row}: column 'density' must be in (0, 1], got {value}")
+        out["density"] = dens
     else:
         out["density"] = np.full(n_rows, np.nan)
 
-    out = out[[*CSV_COLUMNS, *EXTRA_COLUMNS]]
-    _check_kinds(out, row_offset)
-    return out
+    result = pd.DataFrame({c: out[c] for c in (*CSV_COLUMNS, *EXTRA_COLUMNS)})
+    _check_kinds(result, row_offset)
+    return result
 
 
 def _check_kinds(out: pd.DataFrame, row_offset: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +32,17 @@ DtypeOpt = typer.Option("bf16", "--dtype", help="fp64 | fp32 | tf32 | bf16 | fp1
 def read_ops_csv(path: Path) -> pd.DataFrame:
     """Read an ops CSV as strings (values are validated by ``normalise_frame``)."""
     try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+        with warnings.catch_warnings():
+            # rows longer than the header would silently become an index: refuse them
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            raw = pd.read_csv(
+                path, dtype=str, keep_default_na=False, skipinitialspace=True, index_col=False
+            )
     except FileNotFoundError:
         raise OSError(f"input CSV {path} does not exist") from None
     except pd.errors.EmptyDataError:
         raise OpError(f"input CSV {path} is empty (expected a header with at least 'op')") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+    except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise OpError(f"input CSV {path} is malformed: {first}") from None
     except IsADirectoryError:

@@ -21,8 +21,20 @@ def mixed_ops(rows: int, seed: int = 0) -> pd.DataFrame:
     """A realistic mix: GEMMs, attention, decode, block-sparse, collectives, elementwise."""
     rng = np.random.default_rng(seed)
     kinds = np.array(
-        ["gemm", "attn_fwd", "attn_fwdbwd", "attn_decode", "attn_blocksparse_fwd", "all_reduce",
-         "all_gather", "send_recv", "copy", "rmsnorm", "swiglu", "rope"]
+        [
+            "gemm",
+            "attn_fwd",
+            "attn_fwdbwd",
+            "attn_decode",
+            "attn_blocksparse_fwd",
+            "all_reduce",
+            "all_gather",
+            "send_recv",
+            "copy",
+            "rmsnorm",
+            "swiglu",
+            "rope",
+        ]
     )
     weights = np.array([30, 8, 6, 10, 4, 6, 4, 2, 4, 10, 10, 6], dtype=float)
     op = rng.choice(kinds, rows, p=weights / weights.sum())

@@ -43,7 +43,9 @@ def test_wave_quantisation_with_one_tile_shape():
     k = np.array([4096.0])
 
     def t(m, n):
-        return gemm_work(np.array([m]), np.array([n]), k, np.array([1.0]), np.array(["bf16"]), gpu, p).time_s[0]
+        return gemm_work(
+            np.array([m]), np.array([n]), k, np.array([1.0]), np.array(["bf16"]), gpu, p
+        ).time_s[0]
 
     one_wave = t(128 * 12, 256 * 11)  # 132 tiles = one wave on 132 SMs
     two_waves = t(128 * 12 + 1, 256 * 11)  # 11 more tiles need a second wave
@@ -96,7 +98,9 @@ def test_causal_tiles_exact_against_brute_force():
 
 def test_causal_is_not_a_flat_half():
     # square tiles, n blocks: n(n+1)/2 visited of n^2 -> (n+1)/2n, not 1/2
-    tiles = causal_tiles_per_head(np.array([1024.0]), np.array([1024.0]), np.array([128.0]), np.array([128.0]))
+    tiles = causal_tiles_per_head(
+        np.array([1024.0]), np.array([1024.0]), np.array([128.0]), np.array([128.0])
+    )
     assert tiles[0] == 8 * 9 / 2
 
 
@@ -149,7 +153,9 @@ def test_decode_gqa_reads_less(h100):
 
 def test_blocksparse_density_one_equals_dense_tiles(h100):
     common = dict(batch=1, seq_q=16384, seq_kv=16384, heads_q=16, heads_kv=16, head_dim=128)
-    sparse = h100.work(Op(op="attn_blocksparse_fwd", density=1.0, block_size=128, backend="flex", **common))
+    sparse = h100.work(
+        Op(op="attn_blocksparse_fwd", density=1.0, block_size=128, backend="flex", **common)
+    )
     dense = h100.work(Op(op="attn_fwd", backend="flex", **common))
     assert sparse.flops[0] == dense.flops[0]
     assert sparse.time_s[0] == pytest.approx(dense.time_s[0])
@@ -165,14 +171,21 @@ def test_copy_at_measured_bandwidth(h100):
 
 
 def test_tiny_elementwise_is_launch_bound(h100):
-    assert h100.predict(Op(op="rmsnorm", m=1, n=128)) == pytest.approx(3e-6 + 4e6 / (3.35e12 * 0.75), rel=0.01)
+    assert h100.predict(Op(op="rmsnorm", m=1, n=128)) == pytest.approx(
+        3e-6 + 4e6 / (3.35e12 * 0.75), rel=0.01
+    )
 
 
 # --- collectives ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kind", "factor"),
-    [("all_reduce", 2 * 7 / 8), ("all_gather", 7 / 8), ("reduce_scatter", 7 / 8), ("all_to_all", 7 / 8),
-     ("send_recv", 1.0)],
+    [
+        ("all_reduce", 2 * 7 / 8),
+        ("all_gather", 7 / 8),
+        ("reduce_scatter", 7 / 8),
+        ("all_to_all", 7 / 8),
+        ("send_recv", 1.0),
+    ],
 )
 def test_bus_bandwidth_factors(h100, kind, factor):
     ranks = 2 if kind == "send_recv" else 8

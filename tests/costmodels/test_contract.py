@@ -7,7 +7,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costmodels import AnalyticalCostModel
-from workloads.ops import Op, ops_frame
 from tests.costmodels.strategies import (
     any_op,
     attention_ops,
@@ -17,17 +16,45 @@ from tests.costmodels.strategies import (
     elementwise_ops,
     gemm_ops,
 )
+from workloads.ops import Op, ops_frame
 
 BASE_OPS = [
     Op(op="gemm", m=4096, n=4096, k=4096),
     Op(op="gemm", m=1, n=8192, k=8192, dtype="fp16"),
     Op(op="gemm", m=2048, n=2048, k=2048, dtype="fp32"),
-    Op(op="attn_fwd", batch=2, seq_q=4096, seq_kv=4096, heads_q=32, heads_kv=8, head_dim=128, causal=True),
+    Op(
+        op="attn_fwd",
+        batch=2,
+        seq_q=4096,
+        seq_kv=4096,
+        heads_q=32,
+        heads_kv=8,
+        head_dim=128,
+        causal=True,
+    ),
     Op(op="attn_fwdbwd", batch=1, seq_q=8192, seq_kv=8192, heads_q=16, heads_kv=16, head_dim=64),
-    Op(op="attn_bwd", batch=1, seq_q=2048, seq_kv=2048, heads_q=8, heads_kv=8, head_dim=128, backend="cudnn"),
+    Op(
+        op="attn_bwd",
+        batch=1,
+        seq_q=2048,
+        seq_kv=2048,
+        heads_q=8,
+        heads_kv=8,
+        head_dim=128,
+        backend="cudnn",
+    ),
     Op(op="attn_decode", batch=32, seq_kv=4096, heads_q=32, heads_kv=8, head_dim=128),
-    Op(op="attn_blocksparse_fwd", batch=1, seq_q=16384, seq_kv=16384, heads_q=16, heads_kv=16,
-       head_dim=128, density=0.2, block_size=128),
+    Op(
+        op="attn_blocksparse_fwd",
+        batch=1,
+        seq_q=16384,
+        seq_kv=16384,
+        heads_q=16,
+        heads_kv=16,
+        head_dim=128,
+        density=0.2,
+        block_size=128,
+    ),
     Op(op="all_reduce", bytes=2**26, ranks=8),
     Op(op="all_gather", bytes=2**20, ranks=4),
     Op(op="reduce_scatter", bytes=2**24, ranks=16, nodes=2),
@@ -49,7 +76,9 @@ def test_every_gpu_prices_every_base_op(any_gpu_model):
         assert np.isfinite(t) and t > 0, (any_gpu_model.gpu.id, op)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(op=any_op)
 def test_random_ops_finite_and_positive(h100, op):
     t = h100.predict(op)
@@ -57,7 +86,9 @@ def test_random_ops_finite_and_positive(h100, op):
     assert t > 0
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=st.lists(any_op, min_size=1, max_size=40))
 def test_vectorised_equals_scalar(h100, ops):
     many = h100.predict_many(ops_frame(ops))
@@ -113,13 +144,17 @@ def _check_monotone(model: AnalyticalCostModel, op: Op, fields: list[str], facto
 factors = st.sampled_from([1.001, 1.1, 1.5, 2.0, 3.0])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(op=gemm_ops(), factor=factors)
 def test_gemm_monotone(h100, op, factor):
     _check_monotone(h100, op, SIZE_FIELDS["gemm"], factor)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(op=attention_ops(), factor=factors)
 def test_attention_monotone(h100, op, factor):
     fields = list(SIZE_FIELDS["attn"])
@@ -134,19 +169,25 @@ def test_attention_monotone(h100, op, factor):
         assert h100.predict(longer) >= h100.predict(op) * (1 - 1e-12)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(op=decode_ops(), factor=factors)
 def test_decode_monotone(h100, op, factor):
     _check_monotone(h100, op, SIZE_FIELDS["decode"], factor)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(op=blocksparse_ops(), factor=factors)
 def test_blocksparse_monotone(h100, op, factor):
     _check_monotone(h100, op, SIZE_FIELDS["sparse"], factor)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(op=collective_ops(), factor=factors)
 def test_collective_monotone_in_bytes(h100, op, factor):
     _check_monotone(h100, op, SIZE_FIELDS["collective"], factor)
@@ -158,7 +199,9 @@ def test_collective_monotone_in_ranks_within_a_node(h100, kind):
     assert all(b >= a for a, b in zip(times, times[1:], strict=False)), times
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(op=elementwise_ops(), factor=factors)
 def test_elementwise_monotone(h100, op, factor):
     _check_monotone(h100, op, SIZE_FIELDS["elementwise"], factor)

@@ -15,8 +15,14 @@ def _write(tmp_path, data, name="p.json"):
 
 
 def test_profile_overrides_parameters(tmp_path, h100):
-    path = _write(tmp_path, {"name": "test", "gpu": "h100-sxm",
-                             "params": {"elementwise": {"memory_efficiency": {"copy": 0.45}}}})
+    path = _write(
+        tmp_path,
+        {
+            "name": "test",
+            "gpu": "h100-sxm",
+            "params": {"elementwise": {"memory_efficiency": {"copy": 0.45}}},
+        },
+    )
     slow = AnalyticalCostModel.for_gpu("h100-sxm", profile=path)
     assert slow.label == "profile test"
     base = h100.params.elementwise
@@ -51,7 +57,9 @@ def test_bad_profiles_give_one_line(tmp_path, content, message):
 
 
 def test_bad_override_values_are_rejected(tmp_path):
-    path = _write(tmp_path, {"name": "x", "gpu": "h100-sxm", "params": {"gemm": {"memory_efficiency": 3}}})
+    path = _write(
+        tmp_path, {"name": "x", "gpu": "h100-sxm", "params": {"gemm": {"memory_efficiency": 3}}}
+    )
     with pytest.raises(ValueError, match="gemm.memory_efficiency"):
         AnalyticalCostModel.for_gpu("h100-sxm", profile=path)
 

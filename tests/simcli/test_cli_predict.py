@@ -58,8 +58,17 @@ def test_batch_predict_subset_of_columns_and_json_summary(run, tmp_path):
     src = write_csv(tmp_path / "ops.csv", ["gemm,128,256,512", "copy,,,"], header="op,m,n,k")
     src.write_text("op,m,n,k,bytes\ngemm,128,256,512,\ncopy,,,,1024\n")
     out = tmp_path / "pred.csv"
-    result = run("predict", "--gpu", "a100-sxm-80gb", "--input", str(src), "--output", str(out),
-                 "--format", "json")
+    result = run(
+        "predict",
+        "--gpu",
+        "a100-sxm-80gb",
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["rows"] == 2 and summary["output"] == str(out)
@@ -86,11 +95,18 @@ BAD_CASES = {
     "non-integer": ("op,m,n,k\ngemm,1.5,2,3\n", "column 'm' must be an integer"),
     "text size": ("op,m,n,k\ngemm,big,2,3\n", "column 'm' must be an integer"),
     "gqa mismatch": (
-        f"{HEADER}\nattn_fwd,bf16,,,,1,128,128,32,6,128,,,,,,\n", "heads_q (32) must be a multiple of heads_kv (6)"
+        f"{HEADER}\nattn_fwd,bf16,,,,1,128,128,32,6,128,,,,,,\n",
+        "heads_q (32) must be a multiple of heads_kv (6)",
     ),
     "bad dtype": ("op,dtype,m,n,k\ngemm,fp4,1,2,3\n", "unknown dtype 'fp4'"),
-    "bad backend": (f"{HEADER}\nattn_fwd,bf16,,,,1,128,128,8,8,64,,triton,,,,\n", "no backend 'triton'"),
-    "bad density": (f"{HEADER}\nattn_blocksparse_fwd,bf16,,,,1,128,128,8,8,64,,,1.5,64,,\n", "density"),
+    "bad backend": (
+        f"{HEADER}\nattn_fwd,bf16,,,,1,128,128,8,8,64,,triton,,,,\n",
+        "no backend 'triton'",
+    ),
+    "bad density": (
+        f"{HEADER}\nattn_blocksparse_fwd,bf16,,,,1,128,128,8,8,64,,,1.5,64,,\n",
+        "density",
+    ),
     "bad causal": (f"{HEADER}\nattn_fwd,bf16,,,,1,128,128,8,8,64,maybe,,,,,\n", "causal"),
     "ragged": ("op,m,n,k\ngemm,1,2,3,4,5\n", "malformed"),
     "empty file": ("", "is empty"),
@@ -115,13 +131,17 @@ def test_bad_input_gives_one_line_and_no_output(run, tmp_path, case):
 def test_unknown_gpu_lists_valid_ids(run, tmp_path):
     src = write_csv(tmp_path / "ops.csv", ROWS[:1])
     out = tmp_path / "pred.csv"
-    line = one_error_line(run("predict", "--gpu", "h900", "--input", str(src), "--output", str(out)))
+    line = one_error_line(
+        run("predict", "--gpu", "h900", "--input", str(src), "--output", str(out))
+    )
     assert "unknown GPU 'h900'" in line and "h100-sxm" in line and "mi300x" in line
     assert not out.exists()
 
 
 def test_missing_and_directory_inputs(run, tmp_path):
-    line = one_error_line(run("predict", "--gpu", "h100-sxm", "--input", str(tmp_path / "nope.csv")))
+    line = one_error_line(
+        run("predict", "--gpu", "h100-sxm", "--input", str(tmp_path / "nope.csv"))
+    )
     assert "does not exist" in line
     line = one_error_line(run("predict", "--gpu", "h100-sxm", "--input", str(tmp_path)))
     assert "directory" in line
@@ -130,7 +150,15 @@ def test_missing_and_directory_inputs(run, tmp_path):
 def test_output_folder_missing(run, tmp_path):
     src = write_csv(tmp_path / "ops.csv", ROWS[:1])
     line = one_error_line(
-        run("predict", "--gpu", "h100-sxm", "--input", str(src), "--output", str(tmp_path / "no" / "p.csv"))
+        run(
+            "predict",
+            "--gpu",
+            "h100-sxm",
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "no" / "p.csv"),
+        )
     )
     assert "does not exist" in line
 
@@ -145,15 +173,30 @@ def test_debug_shows_the_exception(tmp_path):
 
     from simcli.cli import app
 
-    result = CliRunner().invoke(app, ["--debug", "predict", "gemm", "--m", "1", "--n", "1", "--k", "1",
-                                      "--gpu", "nope"])
+    result = CliRunner().invoke(
+        app, ["--debug", "predict", "gemm", "--m", "1", "--n", "1", "--k", "1", "--gpu", "nope"]
+    )
     assert result.exit_code != 0
     assert result.exception is not None and "unknown GPU" in str(result.exception)
 
 
 def test_single_gemm_command(run):
-    result = run("predict", "gemm", "--m", "8192", "--n", "8192", "--k", "8192", "--dtype", "bf16",
-                 "--gpu", "h100-sxm", "--format", "json")
+    result = run(
+        "predict",
+        "gemm",
+        "--m",
+        "8192",
+        "--n",
+        "8192",
+        "--k",
+        "8192",
+        "--dtype",
+        "bf16",
+        "--gpu",
+        "h100-sxm",
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert 760 < data["achieved_tflops"] < 830
@@ -167,7 +210,17 @@ def test_single_gemm_command(run):
         ["attention", "--seq-q", "4096", "--heads-q", "16", "--no-causal", "--backend", "cudnn"],
         ["decode", "--batch", "32", "--context-len", "4096", "--heads-q", "32", "--heads-kv", "8"],
         ["blocksparse", "--seq-len", "32768", "--heads-q", "16", "--density", "0.05"],
-        ["collective", "--kind", "all_gather", "--bytes", "1048576", "--ranks", "16", "--nodes", "2"],
+        [
+            "collective",
+            "--kind",
+            "all_gather",
+            "--bytes",
+            "1048576",
+            "--ranks",
+            "16",
+            "--nodes",
+            "2",
+        ],
         ["elementwise", "--op", "rmsnorm", "--m", "8192", "--n", "4096"],
         ["elementwise", "--op", "copy", "--bytes", "1073741824"],
     ],
@@ -182,7 +235,10 @@ def test_single_op_commands(run, args):
     ("args", "message"),
     [
         (["gemm", "--m", "0", "--n", "1", "--k", "1"], "m"),
-        (["attention", "--seq-q", "128", "--heads-q", "32", "--heads-kv", "5"], "multiple of heads_kv"),
+        (
+            ["attention", "--seq-q", "128", "--heads-q", "32", "--heads-kv", "5"],
+            "multiple of heads_kv",
+        ),
         (["attention", "--seq-q", "128", "--heads-q", "8", "--phase", "sideways"], "--phase"),
         (["collective", "--kind", "broadcast", "--bytes", "8"], "--kind"),
         (["collective", "--bytes", "8", "--ranks", "6", "--nodes", "4"], "multiple of nodes"),
@@ -195,12 +251,18 @@ def test_single_op_bad_input(run, args, message):
     assert message in line, line
 
 
-int_or_junk = st.one_of(st.integers(-5, 10**6).map(str), st.sampled_from(["", "x", "1.5", "1e3", " 7 "]))
+int_or_junk = st.one_of(
+    st.integers(-5, 10**6).map(str), st.sampled_from(["", "x", "1.5", "1e3", " 7 "])
+)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
-    op=st.sampled_from(["gemm", "attn_fwd", "attn_decode", "copy", "all_reduce", "rmsnorm", "nope"]),
+    op=st.sampled_from(
+        ["gemm", "attn_fwd", "attn_decode", "copy", "all_reduce", "rmsnorm", "nope"]
+    ),
     cells=st.lists(int_or_junk, min_size=16, max_size=16),
 )
 def test_random_rows_never_crash(run, tmp_path, op, cells):

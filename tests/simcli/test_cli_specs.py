@@ -8,7 +8,16 @@ def test_specs_list_json_has_every_gpu(run):
     assert result.exit_code == 0, result.output
     ids = {g["id"] for g in json.loads(result.stdout)["gpus"]}
     assert ids == set(builtin_catalog().gpus)
-    assert {"h100-sxm", "h100-pcie", "h200-sxm", "a100-sxm-80gb", "a100-sxm-40gb", "l40s", "b200", "mi300x"} <= ids
+    assert {
+        "h100-sxm",
+        "h100-pcie",
+        "h200-sxm",
+        "a100-sxm-80gb",
+        "a100-sxm-40gb",
+        "l40s",
+        "b200",
+        "mi300x",
+    } <= ids
 
 
 def test_specs_list_csv_and_table(run):
@@ -58,8 +67,22 @@ def test_user_hardware_file(run, tmp_path):
     result = run("specs", "show", "h100-custom", "--hardware", str(path), "--format", "json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["reference_node"] == "custom-node"
-    pred = run("predict", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "h100-custom",
-               "--hardware", str(path), "--format", "json")
+    pred = run(
+        "predict",
+        "gemm",
+        "--m",
+        "4096",
+        "--n",
+        "4096",
+        "--k",
+        "4096",
+        "--gpu",
+        "h100-custom",
+        "--hardware",
+        str(path),
+        "--format",
+        "json",
+    )
     assert pred.exit_code == 0, pred.output
 
 

@@ -17,7 +17,8 @@ Latency: NCCL's tuning model (src/graph/tuning.cc): a base latency per protocol 
 a per-step hardware latency, NVLink steps and network steps priced separately; ring
 all-reduce has 2(n-1) steps, all-gather / reduce-scatter n-1; a tree all-reduce across
 nodes has 2 log2(nodes) network steps. NCCL picks the fastest algorithm and protocol
-(LL, LL128, Simple) per size; so does this model.
+(LL, LL128, Simple) per size; so does this model, over ring, tree and a hierarchical
+(intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather) all-reduce.
 """
 
 from __future__ import annotations
@@ -91,6 +92,25 @@ def collective_work(
         )
         t_tree = tree_lat + bus_bytes / (ring_bw * proto.bandwidth_fraction)
         best = np.where(is_ar & multi, np.minimum(best, t_tree), best)
+
+    # hierarchical all-reduce across nodes: reduce-scatter inside each node, all-reduce of
+    # each GPU's 1/rpn shard across nodes over its own NIC(s), all-gather inside the node
+    # (the 2D scheme of Jia et al. 2018 / NCCL's CollNet chain shape).
+    hier = is_ar & multi & (rpn > 1)
+    if hier.any():
+        shard = nbytes / rpn
+        intra_bus = 2.0 * (rpn - 1) / rpn * nbytes  # RS + AG inside the node
+        inter_bus = 2.0 * (nodes - 1) / nodes * shard
+        for proto in p.protocols.values():
+            bw = proto.bandwidth_fraction
+            t_hier = (
+                2.0 * proto.base_latency_s
+                + 2.0 * (rpn - 1) * proto.step_latency_s
+                + 2.0 * (nodes - 1) * proto.net_step_latency_s
+                + intra_bus / (fabric * bw)
+                + inter_bus / (nic_bw * bw)
+            )
+            best = np.where(hier, np.minimum(best, t_hier), best)
 
     # all-to-all: on-node and off-node shares move concurrently over different links
     a2a = kind == "all_to_all"

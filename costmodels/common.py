@@ -6,18 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hardware_specs.schema import Dtype, GpuSpec
+from hardware_specs.schema import DTYPE_BYTES, Dtype, GpuSpec
 
-# Storage bytes per element; tf32 is fp32 storage.
-ELEMENT_BYTES: dict[str, float] = {
-    Dtype.fp64: 8,
-    Dtype.fp32: 4,
-    Dtype.tf32: 4,
-    Dtype.bf16: 2,
-    Dtype.fp16: 2,
-    Dtype.fp8: 1,
-    Dtype.int8: 1,
-}
+ELEMENT_BYTES: dict[str, float] = {d.value: float(b) for d, b in DTYPE_BYTES.items()}
 # GEMM output bytes: fp8 scaled matmuls write bf16, int8 accumulates into int32.
 GEMM_OUT_BYTES: dict[str, float] = {**ELEMENT_BYTES, Dtype.fp8: 2, Dtype.int8: 4}
 

@@ -33,6 +33,18 @@ class Dtype(StrEnum):
     int8 = "int8"
 
 
+# Storage bytes per element (tf32 is fp32 storage on tensor cores).
+DTYPE_BYTES: dict[Dtype, int] = {
+    Dtype.fp64: 8,
+    Dtype.fp32: 4,
+    Dtype.tf32: 4,
+    Dtype.bf16: 2,
+    Dtype.fp16: 2,
+    Dtype.fp8: 1,
+    Dtype.int8: 1,
+}
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -34,19 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hardware_specs.schema import Dtype
+from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.models import ModelConfig, ModelError
 from workloads.ops import BACKENDS, ELEMENTWISE_KINDS, Op, OpKind
-
-DTYPE_BYTES: dict[Dtype, int] = {
-    Dtype.fp64: 8,
-    Dtype.fp32: 4,
-    Dtype.tf32: 4,
-    Dtype.bf16: 2,
-    Dtype.fp16: 2,
-    Dtype.fp8: 1,
-    Dtype.int8: 1,
-}
 
 # Backward of an elementwise op: the op kinds have no backward variants, so the backward
 # is the same kind over ``ceil(m * ratio)`` rows, where ``ratio`` is the backward's HBM

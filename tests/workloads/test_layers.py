@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hardware_specs.schema import DTYPE_BYTES
 from workloads.flops import op_flops, total_flops
 from workloads.layers import (
-    DTYPE_BYTES,
     LayerOp,
     decode_step_ops,
     layer_backward_ops,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from simcli import __version__
+from simcli.commands import models as models_cmd
 from simcli.commands import predict as predict_cmd
 from simcli.commands import specs as specs_cmd
 from simcli.errors import set_debug
@@ -17,6 +18,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(specs_cmd.app, name="specs")
+app.add_typer(models_cmd.app, name="models")
 app.add_typer(predict_cmd.app, name="predict")
 
 
@@ -38,4 +40,3 @@ def _root(
 
 def main() -> None:
     app()
-

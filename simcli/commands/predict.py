@@ -12,7 +12,7 @@ import typer
 from costmodels import AnalyticalCostModel
 from simcli.errors import fail, user_errors
 from simcli.output import Format, atomic_write_csv, emit_object, emit_records
-from workloads.ops import CSV_COLUMNS, Op, OpError, OpKind, normalise_frame
+from workloads.ops import CSV_COLUMNS, Op, OpError, OpKind, normalise_frame, ops_frame
 
 app = typer.Typer(
     help=(
@@ -284,6 +284,76 @@ def elementwise(
             raise OpError(f"unknown --op {kind!r}; allowed: {', '.join(allowed)}")
         op = Op(op=OpKind(kind), m=m, n=n, bytes=nbytes, dtype=dtype)
         _report(_model(gpu, profile, hardware), op, fmt)
+
+
+@app.command("layer")
+def layer(
+    model: str = typer.Option(..., "--model", help="Built-in model id or a config.json path."),
+    batch_size: int = typer.Option(1, "--batch", help="sequences per micro-batch"),
+    seq_len: int = typer.Option(..., "--seq-len"),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel degree"),
+    phase: str = typer.Option("fwd", "--phase", help="fwd | bwd | fwdbwd"),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel/--no-sequence-parallel"),
+    backend: str = typer.Option("", "--backend", help="attention backend: flash | cudnn | flex"),
+    dtype: str = DtypeOpt,
+    gpu: str = GpuOpt,
+    profile: Path | None = ProfileOpt,
+    hardware: Path | None = HardwareOpt,
+    fmt: Format = FormatOpt,
+) -> None:
+    """Every op of one transformer layer on one TP rank, priced; the sum times the layers."""
+    with user_errors():
+        from workloads.layers import layer_backward_ops, layer_forward_ops
+        from workloads.models import load_model
+
+        if phase not in ("fwd", "bwd", "fwdbwd"):
+            raise OpError(f"unknown --phase {phase!r}; allowed: fwd, bwd, fwdbwd")
+        arch = load_model(model)
+        cost = _model(gpu, profile, hardware)
+        args = (arch, batch_size, seq_len, tp, sequence_parallel, dtype, backend)
+        named = []
+        if phase in ("fwd", "fwdbwd"):
+            named += [("fwd", lo) for lo in layer_forward_ops(*args)]
+        if phase in ("bwd", "fwdbwd"):
+            named += [("bwd", lo) for lo in layer_backward_ops(*args)]
+        per_node = cost.system.gpus_per_node
+        ops = [
+            lo.op.model_copy(update={"nodes": -(-tp // per_node)}) if lo.op.ranks else lo.op
+            for _, lo in named
+        ]
+        seconds = cost.predict_many(ops_frame(ops), validated=True)
+        rows = []
+        for (ph, lo), t in zip(named, seconds, strict=True):
+            rows.append(
+                {
+                    "phase": ph,
+                    "name": lo.name,
+                    "op": lo.op.op.value,
+                    "count": lo.count,
+                    "predicted_ms": t * lo.count * 1e3,
+                }
+            )
+        layer_ms = sum(r["predicted_ms"] for r in rows)
+        summary = {
+            "model": arch.id,
+            "gpu": gpu,
+            "tp": tp,
+            "batch": batch_size,
+            "seq_len": seq_len,
+            "phase": phase,
+            "layer_ms": layer_ms,
+            "all_layers_ms": layer_ms * arch.num_layers,
+            "cost_model": cost.label,
+        }
+        if fmt == Format.json:
+            emit_records(rows, fmt, json_wrapper=summary, json_key="ops")
+        else:
+            emit_records(
+                rows,
+                fmt,
+                title=f"{arch.id} layer on {gpu}: {layer_ms:.3f} ms "
+                f"({arch.num_layers} layers: {layer_ms * arch.num_layers:.1f} ms)",
+            )
 
 
 __all__ = ["app", "emit_records", "read_ops_csv"]

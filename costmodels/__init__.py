@@ -25,11 +25,33 @@ __all__ = [
 ]
 
 
-def predict(op, gpu_id: str, **kwargs) -> float:
-    """Seconds for one op on ``gpu_id`` (see :meth:`AnalyticalCostModel.for_gpu`)."""
-    return AnalyticalCostModel.for_gpu(gpu_id, **kwargs).predict(op)
+def _model_for(hw, **kwargs) -> AnalyticalCostModel:
+    """``hw`` may be a GPU id, a GpuSpec (placed in its reference node), a System or a model."""
+    from hardware_specs.registry import System, builtin_catalog
+    from hardware_specs.schema import GpuSpec
+
+    if isinstance(hw, AnalyticalCostModel):
+        return hw
+    if isinstance(hw, System):
+        return AnalyticalCostModel(hw)
+    if isinstance(hw, GpuSpec):
+        cat = builtin_catalog()
+        if hw.id not in cat.gpus or cat.gpus[hw.id] != hw:
+            from hardware_specs.schema import HardwareFile
+
+            node = cat.reference_node(hw.id) if hw.id in cat.gpus else None
+            if node is None:
+                raise ValueError(f"GPU {hw.id!r} has no reference node; pass a System instead")
+            cat = cat.merged(HardwareFile(gpus=[hw]))
+        return AnalyticalCostModel.for_gpu(hw.id, catalog=cat, **kwargs)
+    return AnalyticalCostModel.for_gpu(str(hw), **kwargs)
 
 
-def predict_many(frame, gpu_id: str, **kwargs):
-    """Seconds per row of an ops frame on ``gpu_id``."""
-    return AnalyticalCostModel.for_gpu(gpu_id, **kwargs).predict_many(frame)
+def predict(op, hw, **kwargs) -> float:
+    """Seconds for one op on ``hw`` (GPU id, GpuSpec, System or cost model)."""
+    return _model_for(hw, **kwargs).predict(op)
+
+
+def predict_many(frame, hw, **kwargs):
+    """Seconds per row of an ops frame on ``hw`` (GPU id, GpuSpec, System or cost model)."""
+    return _model_for(hw, **kwargs).predict_many(frame)

@@ -228,3 +228,20 @@ def test_mi300x_mesh_pair_uses_one_link():
     pair = mi.work(Op(op="all_gather", bytes=2**30, ranks=2))
     eight = mi.work(Op(op="all_gather", bytes=2**30, ranks=8))
     assert pair.bytes[0] / pair.time_s[0] < 0.3 * eight.bytes[0] / eight.time_s[0]
+
+
+def test_module_level_predict_accepts_id_spec_and_system():
+    import costmodels
+    from hardware_specs.registry import builtin_catalog
+    from workloads.ops import ops_frame
+
+    op = Op(op="gemm", m=4096, n=4096, k=4096)
+    cat = builtin_catalog()
+    by_id = costmodels.predict(op, "h100-sxm")
+    assert costmodels.predict(op, cat.gpu("h100-sxm")) == by_id
+    assert costmodels.predict(op, cat.system("h100-sxm", 16)) == by_id
+    slower = cat.gpu("h100-sxm").model_copy(
+        update={"boost_clock_mhz": 915.0, "peak_dense_tflops": {"bf16": 494.7}}
+    )
+    assert costmodels.predict(op, slower) > by_id
+    assert costmodels.predict_many(ops_frame([op, op]), "h100-sxm").tolist() == [by_id, by_id]

@@ -240,8 +240,8 @@ def test_module_level_predict_accepts_id_spec_and_system():
     by_id = costmodels.predict(op, "h100-sxm")
     assert costmodels.predict(op, cat.gpu("h100-sxm")) == by_id
     assert costmodels.predict(op, cat.system("h100-sxm", 16)) == by_id
-    slower = cat.gpu("h100-sxm").model_copy(
-        update={"boost_clock_mhz": 915.0, "peak_dense_tflops": {"bf16": 494.7}}
-    )
+    data = cat.gpu("h100-sxm").model_dump()
+    data.update(boost_clock_mhz=915.0, peak_dense_tflops={"bf16": 494.7})
+    slower = type(cat.gpu("h100-sxm")).model_validate(data)
     assert costmodels.predict(op, slower) > by_id
     assert costmodels.predict_many(ops_frame([op, op]), "h100-sxm").tolist() == [by_id, by_id]

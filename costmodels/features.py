@@ -1,0 +1,108 @@
+"""Features the learned corrections see, and op classes they are fitted per.
+
+One feature vector for every op, built from the op's own sizes and the analytical
+model's view of it (its time, FLOPs, bytes): trees ignore what does not matter for a
+class. The same function serves fitting (calibrate) and prediction (run time), so the
+two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels.common import Work
+from hardware_specs.schema import Dtype
+
+DTYPES = [d.value for d in Dtype]
+BACKENDS = ["", "flash", "cudnn", "flex", "efficient"]
+ELEMENTWISE = [
+    "copy", "rmsnorm", "layernorm", "swiglu", "gelu", "rope", "softmax", "cross_entropy",
+    "embedding", "residual_add", "adamw",
+]  # fmt: skip
+COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+
+# Op classes: each gets its own learned correction and its own fidelity line.
+OP_CLASSES = {
+    "gemm_half": "GEMM bf16/fp16",
+    "gemm_fp32": "GEMM fp32/tf32",
+    "gemm_fp8": "GEMM fp8/int8",
+    "gemm_fp64": "GEMM fp64",
+    "attn": "dense attention fwd / fwd+bwd",
+    "decode": "decode attention",
+    "blocksparse": "block-sparse attention",
+    "elementwise": "memory-bound ops",
+    "collective": "NCCL collectives",
+}
+
+
+def op_class(op: np.ndarray, dtype: np.ndarray) -> np.ndarray:
+    """The op class of every row (see :data:`OP_CLASSES`)."""
+    out = np.full(len(op), "", dtype=object)
+    gemm = op == "gemm"
+    out[gemm & np.isin(dtype, ["bf16", "fp16"])] = "gemm_half"
+    out[gemm & np.isin(dtype, ["fp32", "tf32"])] = "gemm_fp32"
+    out[gemm & np.isin(dtype, ["fp8", "int8"])] = "gemm_fp8"
+    out[gemm & (dtype == "fp64")] = "gemm_fp64"
+    out[np.isin(op, ["attn_fwd", "attn_bwd", "attn_fwdbwd"])] = "attn"
+    out[op == "attn_decode"] = "decode"
+    out[np.isin(op, ["attn_blocksparse_fwd", "attn_blocksparse_bwd"])] = "blocksparse"
+    out[np.isin(op, ELEMENTWISE)] = "elementwise"
+    out[np.isin(op, COLLECTIVES)] = "collective"
+    return out
+
+
+def _log(x: np.ndarray) -> np.ndarray:
+    return np.log2(np.where(np.isnan(x), 1.0, np.maximum(x, 1.0)))
+
+
+def _aligned(x: np.ndarray, to: int) -> np.ndarray:
+    return np.where(np.isnan(x), 1.0, (np.mod(x, to) == 0).astype(float))
+
+
+FEATURE_NAMES: list[str] = [
+    "log_time", "log_flops", "log_bytes", "log_intensity",
+    "log_m", "log_n", "log_k", "log_batch", "log_seq_q", "log_seq_kv", "log_heads_q",
+    "log_group", "log_head_dim", "causal", "density", "log_block", "log_bytes_col",
+    "ranks", "nodes", "align8", "align64", "align128", "phase_bwd", "phase_fwdbwd",
+    *[f"dtype_{d}" for d in DTYPES],
+    *[f"backend_{b or 'default'}" for b in BACKENDS],
+    *[f"ew_{e}" for e in ELEMENTWISE],
+    *[f"coll_{c}" for c in COLLECTIVES],
+]  # fmt: skip
+
+
+def feature_matrix(cols: dict[str, np.ndarray], work: Work) -> np.ndarray:
+    """Rows x len(FEATURE_NAMES) float matrix."""
+    op = cols["op"]
+    t = np.maximum(work.time_s, 1e-9)
+    m, n, k = cols["m"], cols["n"], cols["k"]
+    hq, hkv = cols["heads_q"], cols["heads_kv"]
+    group = np.where(np.isnan(hq) | np.isnan(hkv), 1.0, hq / np.where(np.isnan(hkv), 1.0, hkv))
+    dims = np.stack([np.where(np.isnan(x), 1.0, x) for x in (m, n, k)])
+    gemm_rows = op == "gemm"
+    align = [
+        np.where(gemm_rows, np.prod([_aligned(d, a) for d in dims], axis=0), 1.0)
+        for a in (8, 64, 128)
+    ]
+    parts = [
+        np.log2(t * 1e9),
+        _log(work.flops),
+        _log(work.bytes),
+        _log(work.flops) - _log(work.bytes),
+        _log(m), _log(n), _log(k), _log(cols["batch"]), _log(cols["seq_q"]), _log(cols["seq_kv"]),
+        _log(hq), np.log2(group), _log(cols["head_dim"]),
+        cols["causal"].astype(float),
+        np.nan_to_num(cols["density"], nan=1.0),
+        _log(cols["block_size"]),
+        _log(cols["bytes"]),
+        np.nan_to_num(cols["ranks"], nan=1.0),
+        np.nan_to_num(cols["nodes"], nan=1.0),
+        *align,
+        np.isin(op, ["attn_bwd", "attn_blocksparse_bwd"]).astype(float),
+        (op == "attn_fwdbwd").astype(float),
+        *[(cols["dtype"] == d).astype(float) for d in DTYPES],
+        *[(cols["backend"] == b).astype(float) for b in BACKENDS],
+        *[(op == e).astype(float) for e in ELEMENTWISE],
+        *[(op == c).astype(float) for c in COLLECTIVES],
+    ]  # fmt: skip
+    return np.column_stack(parts)

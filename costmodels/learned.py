@@ -1,0 +1,291 @@
+"""Learned corrections on top of the analytical model (scikit-learn fit/predict contract).
+
+Per op class, a regressor predicts the log-ratio log(measured / analytical) from
+:mod:`costmodels.features`, clipped to +-``bound``: predictions stay within a bounded
+factor of the physics and are never negative or non-finite, so they extrapolate sanely
+outside the calibrated range. Fitted regressors are exported to plain arrays (tree
+nodes or linear coefficients) and evaluated with numpy, so a shipped profile loads
+with any scikit-learn version, or none.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from costmodels.analytical import AnalyticalCostModel, frame_columns, op_columns
+from costmodels.features import FEATURE_NAMES, feature_matrix, op_class
+from workloads.ops import Op, normalise_frame
+
+FAMILIES = ("none", "linear", "trees")
+
+
+class NotFittedError(RuntimeError):
+    """Predicting with a learned model before ``fit``."""
+
+
+@dataclass(frozen=True)
+class TreeEnsemble:
+    """Gradient-boosted regression trees as arrays: init + lr * sum(tree leaves)."""
+
+    init: float
+    learning_rate: float
+    left: list[np.ndarray]
+    right: list[np.ndarray]
+    feature: list[np.ndarray]
+    threshold: list[np.ndarray]
+    value: list[np.ndarray]
+
+    @classmethod
+    def from_sklearn(cls, est: Any) -> TreeEnsemble:
+        trees = [e.tree_ for e in est.estimators_[:, 0]]
+        return cls(
+            init=float(np.ravel(est.init_.constant_)[0]),
+            learning_rate=float(est.learning_rate),
+            left=[t.children_left.copy() for t in trees],
+            right=[t.children_right.copy() for t in trees],
+            feature=[t.feature.copy() for t in trees],
+            threshold=[t.threshold.copy() for t in trees],
+            value=[t.value[:, 0, 0].copy() for t in trees],
+        )
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        out = np.full(len(x), self.init)
+        rows = np.arange(len(x))
+        for left, right, feat, thr, val in zip(
+            self.left, self.right, self.feature, self.threshold, self.value, strict=True
+        ):
+            node = np.zeros(len(x), dtype=np.int64)
+            while True:
+                inner = left[node] >= 0
+                if not inner.any():
+                    break
+                go_left = x[rows, np.maximum(feat[node], 0)] <= thr[node]
+                node = np.where(inner, np.where(go_left, left[node], right[node]), node)
+            out += self.learning_rate * val[node]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        arrays = zip(self.left, self.right, self.feature, self.threshold, self.value, strict=True)
+        keys = ("left", "right", "feature", "threshold", "value")
+        return {
+            "init": self.init,
+            "learning_rate": self.learning_rate,
+            "trees": [{k: a.tolist() for k, a in zip(keys, tree, strict=True)} for tree in arrays],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TreeEnsemble:
+        trees = d["trees"]
+        return cls(
+            init=float(d["init"]),
+            learning_rate=float(d["learning_rate"]),
+            left=[np.asarray(t["left"], dtype=np.int64) for t in trees],
+            right=[np.asarray(t["right"], dtype=np.int64) for t in trees],
+            feature=[np.asarray(t["feature"], dtype=np.int64) for t in trees],
+            threshold=[np.asarray(t["threshold"], dtype=float) for t in trees],
+            value=[np.asarray(t["value"], dtype=float) for t in trees],
+        )
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One op class's correction: family, its arrays, and the clip bound."""
+
+    family: str
+    bound: float
+    linear: tuple[np.ndarray, float, np.ndarray, np.ndarray] | None = None  # coef, b, mean, scale
+    trees: TreeEnsemble | None = None
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        if self.family == "linear" and self.linear is not None:
+            coef, intercept, mean, scale = self.linear
+            raw = ((x - mean) / scale) @ coef + intercept
+        elif self.family == "trees" and self.trees is not None:
+            raw = self.trees.predict(x)
+        else:
+            raw = np.zeros(len(x))
+        return np.clip(raw, -self.bound, self.bound)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"family": self.family, "bound": self.bound}
+        if self.linear is not None:
+            coef, intercept, mean, scale = self.linear
+            d["linear"] = {"coef": coef.tolist(), "intercept": intercept, "mean": mean.tolist(),
+                           "scale": scale.tolist()}  # fmt: skip
+        if self.trees is not None:
+            d["trees"] = self.trees.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Residual:
+        lin = d.get("linear")
+        return cls(
+            family=d["family"],
+            bound=float(d["bound"]),
+            linear=(
+                np.asarray(lin["coef"], dtype=float), float(lin["intercept"]),
+                np.asarray(lin["mean"], dtype=float), np.asarray(lin["scale"], dtype=float),
+            ) if lin else None,
+            trees=TreeEnsemble.from_dict(d["trees"]) if d.get("trees") else None,
+        )  # fmt: skip
+
+
+def _fit_family(family: str, x: np.ndarray, y: np.ndarray, bound: float, seed: int) -> Residual:
+    if family == "linear":
+        from sklearn.linear_model import Ridge
+
+        mean, scale = x.mean(axis=0), x.std(axis=0)
+        scale = np.where(scale > 0, scale, 1.0)
+        reg = Ridge(alpha=1.0).fit((x - mean) / scale, y)
+        return Residual(
+            "linear", bound, linear=(reg.coef_.copy(), float(reg.intercept_), mean, scale)
+        )
+    if family == "trees":
+        from sklearn.ensemble import GradientBoostingRegressor
+
+        reg = GradientBoostingRegressor(
+            loss="huber", n_estimators=300, max_depth=4, learning_rate=0.05, subsample=0.8,
+            min_samples_leaf=5, random_state=seed,
+        ).fit(x, y)  # fmt: skip
+        return Residual("trees", bound, trees=TreeEnsemble.from_sklearn(reg))
+    return Residual("none", bound)
+
+
+def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured) * 100.0)
+
+
+class LearnedCostModel:
+    """Analytical model x exp(learned log-ratio), one correction per op class.
+
+    ``fit(frame)`` takes an ops frame with a ``measured_s`` column (and optionally
+    ``family`` for grouped model selection) and returns self; fitted state lives in
+    ``residuals_`` and ``selection_``.
+    """
+
+    def __init__(
+        self,
+        base: AnalyticalCostModel,
+        *,
+        families: tuple[str, ...] = FAMILIES,
+        bound: float = math.log(4.0),
+        folds: int = 4,
+        seed: int = 0,
+    ):
+        self.base = base
+        self.families = families
+        self.bound = bound
+        self.folds = folds
+        self.seed = seed
+
+    @property
+    def system(self):
+        return self.base.system
+
+    @property
+    def gpu(self):
+        return self.base.gpu
+
+    @property
+    def label(self) -> str:
+        return self.base.label + " + learned"
+
+    # --- fitting -----------------------------------------------------------------------
+    def fit(self, frame: pd.DataFrame) -> LearnedCostModel:
+        if "measured_s" not in frame.columns:
+            raise ValueError("fit needs a 'measured_s' column of measured seconds")
+        measured = frame["measured_s"].to_numpy(dtype=float)
+        if not np.all(np.isfinite(measured) & (measured > 0)):
+            raise ValueError("measured_s must be finite and positive")
+        groups = frame["family"].astype(str).to_numpy() if "family" in frame.columns else None
+        ops = normalise_frame(frame.drop(columns=[c for c in frame.columns if c not in _OP_COLS]))
+        cols = frame_columns(ops)
+        work = self.base.work_columns(cols)
+        x = feature_matrix(cols, work)
+        y = np.log(measured / work.time_s)
+        classes = op_class(cols["op"], cols["dtype"])
+        self.residuals_: dict[str, Residual] = {}
+        self.selection_: dict[str, dict[str, float]] = {}
+        for cls in np.unique(classes):
+            mask = classes == cls
+            grp = groups[mask] if groups is not None else np.arange(mask.sum()) % self.folds
+            family, scores = self._select(x[mask], y[mask], grp)
+            self.selection_[str(cls)] = scores
+            self.residuals_[str(cls)] = _fit_family(family, x[mask], y[mask], self.bound, self.seed)
+        return self
+
+    def _select(
+        self, x: np.ndarray, y: np.ndarray, groups: np.ndarray
+    ) -> tuple[str, dict[str, float]]:
+        """Pick the family with the lowest grouped-CV MAPE (groups never straddle folds)."""
+        uniq = np.unique(groups)
+        if len(uniq) < 2 or len(y) < 20:
+            return "none", {"none": float("nan")}
+        rng = np.random.default_rng(self.seed)
+        fold_of = dict(
+            zip(uniq, rng.permutation(len(uniq)) % min(self.folds, len(uniq)), strict=True)
+        )
+        fold = np.array([fold_of[g] for g in groups])
+        scores = {}
+        for family in self.families:
+            errs = []
+            for f in np.unique(fold):
+                tr, te = fold != f, fold == f
+                res = _fit_family(family, x[tr], y[tr], self.bound, self.seed)
+                errs.append(np.abs(np.exp(y[te] - res.predict(x[te])) - 1.0))
+            scores[family] = float(np.mean(np.concatenate(errs)) * 100.0)
+        return min(scores, key=scores.get), scores
+
+    # --- prediction --------------------------------------------------------------------
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "residuals_"):
+            raise NotFittedError("LearnedCostModel is not fitted: call fit() or load a profile")
+
+    def predict_columns(self, cols: dict[str, np.ndarray]) -> np.ndarray:
+        self._check_fitted()
+        work = self.base.work_columns(cols)
+        x = feature_matrix(cols, work)
+        classes = op_class(cols["op"], cols["dtype"])
+        log_ratio = np.zeros(len(classes))
+        for cls, res in self.residuals_.items():
+            mask = classes == cls
+            if mask.any():
+                log_ratio[mask] = res.predict(x[mask])
+        return work.time_s * np.exp(log_ratio)
+
+    def predict_many(self, frame: pd.DataFrame, *, validated: bool = False) -> np.ndarray:
+        if not validated:
+            frame = normalise_frame(frame)
+        return self.predict_columns(frame_columns(frame))
+
+    def predict(self, op: Op) -> float:
+        return float(self.predict_columns(op_columns(op))[0])
+
+    # --- persistence -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        self._check_fitted()
+        return {
+            "features": FEATURE_NAMES,
+            "residuals": {k: r.to_dict() for k, r in self.residuals_.items()},
+            "selection": self.selection_,
+        }
+
+    @classmethod
+    def from_dict(cls, base: AnalyticalCostModel, d: dict[str, Any]) -> LearnedCostModel:
+        if list(d.get("features", [])) != FEATURE_NAMES:
+            raise ValueError("learned model was fitted on another feature set; refit the profile")
+        model = cls(base)
+        model.residuals_ = {k: Residual.from_dict(v) for k, v in d["residuals"].items()}
+        model.selection_ = d.get("selection", {})
+        return model
+
+
+_OP_COLS = {
+    "op", "dtype", "m", "n", "k", "batch", "seq_q", "seq_kv", "heads_q", "heads_kv", "head_dim",
+    "causal", "backend", "density", "block_size", "bytes", "ranks", "nodes",
+}  # fmt: skip

@@ -1,0 +1,241 @@
+"""Fit the analytical model's efficiency parameters to measurements.
+
+Each parameter group (GEMM, attention per backend, decode, memory-bound ops,
+collectives) owns some op rows and some parameters; least squares on log(time)
+errors (scipy's bounded trust-region solver) moves those parameters only. The
+learned correction then fits what the physics still misses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from costmodels.analytical import AnalyticalCostModel, Columns
+from costmodels.params import ArchParams
+from hardware_specs.registry import System
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter path into the efficiency tree, with bounds (fitted in log space)."""
+
+    path: tuple[str, ...]
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    rows: Callable[[Columns], np.ndarray]  # mask of the rows this group explains
+    params: tuple[Param, ...]
+
+
+def _ops(*names: str) -> Callable[[Columns], np.ndarray]:
+    return lambda cols: np.isin(cols["op"], names)
+
+
+def _attn_backend(backend: str, default: str) -> Callable[[Columns], np.ndarray]:
+    dense = ("attn_fwd", "attn_bwd", "attn_fwdbwd")
+    sparse = ("attn_blocksparse_fwd", "attn_blocksparse_bwd")
+
+    def rows(cols: Columns) -> np.ndarray:
+        chosen = cols["backend"]
+        is_dense = np.isin(cols["op"], dense) & (np.where(chosen == "", "flash", chosen) == backend)
+        is_sparse = np.isin(cols["op"], sparse) & (
+            np.where(chosen == "", "flex", chosen) == backend
+        )
+        return is_dense | is_sparse
+
+    return rows
+
+
+def _eff(*path: str) -> Param:
+    return Param(path, 0.05, 1.0)
+
+
+def _attn_group(backend: str) -> Group:
+    b = ("attention", "backends", backend)
+    return Group(
+        f"attention:{backend}",
+        _attn_backend(backend, "flash"),
+        (
+            _eff(*b, "fwd_efficiency"),
+            _eff(*b, "bwd_efficiency"),
+            Param((*b, "launch_s"), 1e-7, 1e-4),
+            Param((*b, "bwd_launch_s"), 1e-7, 1e-4),
+        ),
+    )
+
+
+GROUPS: tuple[Group, ...] = (
+    Group(
+        "gemm",
+        _ops("gemm"),
+        (
+            *(
+                _eff("gemm", "mma_efficiency", d)
+                for d in ("bf16", "fp16", "fp32", "tf32", "fp8", "int8", "fp64")
+            ),
+            Param(("gemm", "operand_feed_bytes_per_s"), 1e12, 1e14),
+            Param(("gemm", "memory_efficiency"), 0.3, 1.0),
+            Param(("gemm", "launch_s"), 1e-7, 5e-5),
+        ),
+    ),
+    *(_attn_group(b) for b in ("flash", "cudnn", "flex", "efficient")),
+    Group(
+        "decode",
+        _ops("attn_decode"),
+        (
+            Param(("attention", "decode_memory_efficiency"), 0.2, 1.0),
+            Param(("attention", "decode_ctas_per_sm"), 0.25, 16.0),
+            Param(("attention", "decode_launch_s"), 1e-7, 1e-4),
+        ),
+    ),
+    Group(
+        "elementwise",
+        _ops(
+            "copy",
+            "rmsnorm",
+            "layernorm",
+            "swiglu",
+            "gelu",
+            "rope",
+            "softmax",
+            "cross_entropy",
+            "embedding",
+            "residual_add",
+            "adamw",
+        ),  # fmt: skip
+        (
+            *(
+                Param(("elementwise", "memory_efficiency", k), 0.05, 1.0)
+                for k in (
+                    "copy",
+                    "rmsnorm",
+                    "layernorm",
+                    "swiglu",
+                    "gelu",
+                    "rope",
+                    "softmax",
+                    "cross_entropy",
+                    "embedding",
+                    "residual_add",
+                    "adamw",
+                )  # fmt: skip
+            ),
+            Param(("elementwise", "ramp_bytes"), 1e3, 1e9),
+            Param(("elementwise", "launch_s"), 1e-7, 5e-5),
+        ),
+    ),
+    Group(
+        "collectives",
+        _ops("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"),
+        (
+            *(
+                Param(("collectives", "intra_node_efficiency", k), 0.05, 1.0)
+                for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+            ),
+            Param(("collectives", "protocols", "LL", "base_latency_s"), 1e-7, 1e-4),
+            Param(("collectives", "protocols", "LL", "step_latency_s"), 1e-8, 1e-5),
+            Param(("collectives", "protocols", "LL", "bandwidth_fraction"), 0.02, 1.0),
+            Param(("collectives", "protocols", "LL128", "base_latency_s"), 1e-7, 1e-4),
+            Param(("collectives", "protocols", "Simple", "base_latency_s"), 1e-7, 1e-4),
+        ),
+    ),
+)
+
+
+def _get(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = tree
+    for key in path:
+        node = node[key]
+    return node
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: float) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+def _relevant(cols: Columns, mask: np.ndarray, params: list[Param]) -> list[Param]:
+    """Drop parameters the rows cannot inform (e.g. fp8 efficiency without fp8 rows)."""
+    per_dtype = ("gemm", "mma_efficiency")
+    per_op = (("elementwise", "memory_efficiency"), ("collectives", "intra_node_efficiency"))
+    keep = []
+    for prm in params:
+        if prm.path[:2] == per_dtype and not np.any(mask & (cols["dtype"] == prm.path[2])):
+            continue
+        if prm.path[:2] in per_op and not np.any(mask & (cols["op"] == prm.path[2])):
+            continue
+        keep.append(prm)
+    return keep
+
+
+@dataclass
+class GroupFit:
+    name: str
+    rows: int
+    values: dict[str, float]
+    train_mape_before: float
+    train_mape_after: float
+
+
+def _fit_group(
+    system: System, tree: dict[str, Any], params: list[Param], sub: Columns, target: np.ndarray
+) -> tuple[np.ndarray, float, float]:
+    """Solve one group; returns (log-values, train MAPE before, after)."""
+
+    def model_at(x: np.ndarray) -> np.ndarray:
+        trial = _tree_copy(tree)
+        for prm, v in zip(params, x, strict=True):
+            _set(trial, prm.path, float(np.exp(v)))
+        model = AnalyticalCostModel(system, ArchParams.model_validate(trial))
+        return np.log(model.work_columns(sub).time_s)
+
+    x0 = np.array([np.log(np.clip(_get(tree, p.path), p.lo, p.hi)) for p in params])
+    bounds = (np.log([p.lo for p in params]), np.log([p.hi for p in params]))
+    sol = least_squares(
+        lambda x: model_at(x) - target, x0, bounds=bounds, loss="soft_l1", f_scale=0.1,
+        max_nfev=60 * (len(params) + 1),
+    )  # fmt: skip
+    return sol.x, _mape(target, model_at(x0)), _mape(target, model_at(sol.x))
+
+
+def fit_params(
+    system: System, start: ArchParams, cols: Columns, measured_s: np.ndarray
+) -> tuple[dict[str, Any], list[GroupFit]]:
+    """Overrides (nested dict, same shape as efficiency.yaml) fitted group by group."""
+    tree = start.model_dump(mode="json")
+    overrides: dict[str, Any] = {}
+    report: list[GroupFit] = []
+    for group in GROUPS:
+        mask = group.rows(cols)
+        if mask.sum() < 3:
+            continue
+        params = _relevant(cols, mask, list(group.params))
+        sub = {k: v[mask] for k, v in cols.items()}
+        x, before, after = _fit_group(system, tree, params, sub, np.log(measured_s[mask]))
+        values = {}
+        if after < before:
+            for prm, v in zip(params, x, strict=True):
+                _set(tree, prm.path, float(np.exp(v)))
+                _set(overrides, prm.path, float(np.exp(v)))
+                values[".".join(prm.path)] = float(np.exp(v))
+        report.append(GroupFit(group.name, int(mask.sum()), values, before, min(before, after)))
+    return overrides, report
+
+
+def _tree_copy(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: _tree_copy(v) if isinstance(v, dict) else v for k, v in tree.items()}
+
+
+def _mape(log_measured: np.ndarray, log_pred: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.exp(log_pred - log_measured) - 1.0)) * 100.0)

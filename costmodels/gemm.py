@@ -6,9 +6,11 @@ as choosing, per shape, the fastest of a few CTA tile shapes and split-K factors
 
 - tiles = ceil(m/Tm) ceil(n/Tn) batch split, run in waves of one CTA per SM;
   a partial last wave costs a whole wave (wave quantisation).
+- each wave pays a fixed latency (operands' first trip from HBM, the epilogue's stores);
 - each tile computes 2 Tm Tn (k/split + k_overhead) FLOPs at the smaller of the SM's
   tensor rate and what the L2->SMEM operand feed sustains: a k-step of a Tm x Tn tile
   brings (Tm+Tn) Tk elements for 2 Tm Tn Tk FLOPs, so small tiles are feed-bound.
+- shapes whose rows are not 16-byte aligned (k or n) run slower kernels;
 - split-K adds an fp32 partial-sum round trip; HBM traffic of the operands gives a
   memory floor (the GEMV regime for small m or n).
 """
@@ -39,6 +41,11 @@ def gemm_work(
     out_b = by_dtype(dtype, GEMM_OUT_BYTES, "GEMM")
     eff = by_dtype(dtype, {str(d): v for d, v in p.mma_efficiency.items()}, "GEMM efficiency")
     sm = float(gpu.sm_count)
+    # rows of A (k elements) and of B and C (n elements) must be 16-byte aligned for the
+    # fastest kernels; misaligned shapes fall back to slower ones
+    # (fp32 without TF32 runs SIMT kernels, which do not use TMA)
+    aligned = ((np.mod(k * in_b, 16) == 0) & (np.mod(n * in_b, 16) == 0)) | (dtype == "fp32")
+    eff = np.where(aligned, eff, eff * p.misaligned_efficiency)
     sm_rate = peak_flops(dtype, gpu) * eff / sm
     feed_per_sm = p.operand_feed_bytes_per_s / sm
     hbm = gpu.hbm_bytes_per_s * p.memory_efficiency
@@ -57,7 +64,7 @@ def gemm_work(
                 break
             waves = cdiv(tiles * split, sm)
             k_per = cdiv(k, split)
-            t = waves * 2.0 * tm * tn * (k_per + p.k_overhead) / tile_rate
+            t = waves * (2.0 * tm * tn * (k_per + p.k_overhead) / tile_rate + p.wave_latency_s)
             if split > 1:
                 # each split writes and the reduction reads an fp32 m x n partial
                 t = t + 2.0 * split * m * n * batch * 4.0 / hbm

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from costmodels.analytical import AnalyticalCostModel, frame_columns, op_columns
+from costmodels.common import Work
 from costmodels.features import FEATURE_NAMES, feature_matrix, op_class
 from workloads.ops import Op, normalise_frame
 
@@ -237,7 +238,8 @@ class LearnedCostModel:
             for f in np.unique(fold):
                 tr, te = fold != f, fold == f
                 res = _fit_family(family, x[tr], y[tr], self.bound, self.seed)
-                errs.append(np.abs(np.exp(y[te] - res.predict(x[te])) - 1.0))
+                # |predicted / measured - 1| with predicted = analytical * exp(r), y = log(m / a)
+                errs.append(np.abs(np.exp(res.predict(x[te]) - y[te]) - 1.0))
             scores[family] = float(np.mean(np.concatenate(errs)) * 100.0)
         return min(scores, key=scores.get), scores
 
@@ -246,7 +248,8 @@ class LearnedCostModel:
         if not hasattr(self, "residuals_"):
             raise NotFittedError("LearnedCostModel is not fitted: call fit() or load a profile")
 
-    def predict_columns(self, cols: dict[str, np.ndarray]) -> np.ndarray:
+    def work_columns(self, cols: dict[str, np.ndarray]) -> Work:
+        """Corrected time; FLOPs and bytes are the analytical model's."""
         self._check_fitted()
         work = self.base.work_columns(cols)
         x = feature_matrix(cols, work)
@@ -256,15 +259,24 @@ class LearnedCostModel:
             mask = classes == cls
             if mask.any():
                 log_ratio[mask] = res.predict(x[mask])
-        return work.time_s * np.exp(log_ratio)
+        return Work(time_s=work.time_s * np.exp(log_ratio), flops=work.flops, bytes=work.bytes)
 
-    def predict_many(self, frame: pd.DataFrame, *, validated: bool = False) -> np.ndarray:
+    def predict_columns(self, cols: dict[str, np.ndarray]) -> np.ndarray:
+        return self.work_columns(cols).time_s
+
+    def work_many(self, frame: pd.DataFrame, *, validated: bool = False) -> Work:
         if not validated:
             frame = normalise_frame(frame)
-        return self.predict_columns(frame_columns(frame))
+        return self.work_columns(frame_columns(frame))
+
+    def predict_many(self, frame: pd.DataFrame, *, validated: bool = False) -> np.ndarray:
+        return self.work_many(frame, validated=validated).time_s
+
+    def work(self, op: Op) -> Work:
+        return self.work_columns(op_columns(op))
 
     def predict(self, op: Op) -> float:
-        return float(self.predict_columns(op_columns(op))[0])
+        return float(self.work(op).time_s[0])
 
     # --- persistence -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -34,10 +34,18 @@ class GemmParams(_P):
         gt=0,
         description="L2->SMEM operand bandwidth across the chip; small tiles become feed-bound",
     )
-    k_overhead: int = Field(
+    k_overhead: float = Field(
         ge=0, description="per-tile prologue/epilogue cost, in equivalent k elements"
     )
     max_split_k: int = Field(ge=1, description="largest split-K factor considered")
+    misaligned_efficiency: float = Field(
+        gt=0,
+        le=1,
+        description="rate factor when k or n rows are not 16-byte aligned (no TMA/wgmma kernels)",
+    )
+    wave_latency_s: float = Field(
+        ge=0, description="fixed cost per wave: pipeline fill from HBM and the epilogue's stores"
+    )
     memory_efficiency: float = Field(gt=0, le=1, description="fraction of HBM peak for operands")
     launch_s: float = Field(ge=0, description="fixed time per GEMM call (launch, heuristics)")
 

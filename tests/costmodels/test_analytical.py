@@ -245,3 +245,14 @@ def test_module_level_predict_accepts_id_spec_and_system():
     slower = type(cat.gpu("h100-sxm")).model_validate(data)
     assert costmodels.predict(op, slower) > by_id
     assert costmodels.predict_many(ops_frame([op, op]), "h100-sxm").tolist() == [by_id, by_id]
+
+
+def test_misaligned_rows_run_slower_kernels(h100):
+    # measured on H100: k or n not a multiple of 8 bf16 elements (16 bytes) drops cuBLAS
+    # from its TMA/wgmma kernels to much slower ones
+    aligned = h100.predict(Op(op="gemm", m=8192, n=8192, k=8192))
+    misaligned = h100.predict(Op(op="gemm", m=8192, n=8191, k=8192))
+    assert misaligned > 1.4 * aligned
+    assert h100.predict(Op(op="gemm", m=8191, n=8192, k=8192)) < 1.05 * aligned  # m is free
+    fp32 = h100.predict(Op(op="gemm", m=4096, n=4095, k=4096, dtype="fp32"))
+    assert fp32 < 1.05 * h100.predict(Op(op="gemm", m=4096, n=4096, k=4096, dtype="fp32"))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibrate.dataset import Dataset, DatasetError, held_out
+from calibrate.dataset import OP_COLUMNS, Dataset, DatasetError, held_out
 from calibrate.params_fit import GroupFit, fit_params
 from costmodels.analytical import AnalyticalCostModel, frame_columns
 from costmodels.features import OP_CLASSES, op_class
@@ -96,9 +96,8 @@ def fit_profile(
         rows.append(row)
     fidelity = pd.DataFrame(rows)
 
-    predictions = frame[["op", "dtype", "m", "n", "k", "batch", "seq_q", "seq_kv", "heads_q", "heads_kv",
-                         "head_dim", "causal", "backend", "density", "block_size", "bytes", "ranks",
-                         "suite", "family", "group", "side"]].copy()  # fmt: skip
+    keep = [*OP_COLUMNS, "suite", "family", "group", "side"]
+    predictions = frame[keep].copy()
     predictions["op_class"] = classes
     predictions["measured_ms"] = measured * 1e3
     for label, pred in preds.items():

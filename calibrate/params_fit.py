@@ -69,6 +69,8 @@ def _attn_group(backend: str) -> Group:
             _eff(*b, "bwd_efficiency"),
             Param((*b, "launch_s"), 1e-7, 1e-4),
             Param((*b, "bwd_launch_s"), 1e-7, 1e-4),
+            Param((*b, "cta_latency_s"), 1e-8, 2e-5),
+            Param((*b, "dq_atomic_bytes_per_s"), 1e11, 1e14),
         ),
     )
 

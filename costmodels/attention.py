@@ -143,7 +143,9 @@ def attention_work(
     max_fwd = np.where(dense_causal, np.minimum(nk, per_head), per_head / nq)
     fwd_span = _makespan_tiles(bh * nq, total, max_fwd, ~dense_causal, sm)
     fwd_bytes = batch * elt * d * (2.0 * sq * hq + 2.0 * skv * hkv) + bh * sq * 4.0
-    fwd_s = bp["launch_s"] + np.maximum(fwd_span * fwd_tile_s, fwd_bytes / hbm)
+    fwd_waves = cdiv(bh * nq, sm)
+    fwd_compute_s = fwd_span * fwd_tile_s + fwd_waves * bp["cta_latency_s"]
+    fwd_s = bp["launch_s"] + np.maximum(fwd_compute_s, fwd_bytes / hbm)
 
     # Backward: one CTA per (key block, head); recomputes P (exp) and does 5 matmuls.
     bwd_tile_s = 10.0 * bm * bn * d / (sm_rate * bp["bwd_efficiency"]) + exp_s
@@ -158,7 +160,11 @@ def attention_work(
     bwd_bytes = (
         batch * d * (elt * (4.0 * sq * hq + 2.0 * skv * hkv + 2.0 * skv * hq) + 8.0 * sq * hq)
     )
-    bwd_s = bp["launch_s"] + bp["bwd_launch_s"] + np.maximum(bwd_span * bwd_tile_s, bwd_bytes / hbm)
+    # each visited tile adds its Bm x d slice of dQ into an fp32 accumulator (atomics)
+    atomic_s = total_bwd * bm * d * 4.0 / bp["dq_atomic_bytes_per_s"]
+    bwd_waves = cdiv(bh * nk, sm)
+    bwd_compute_s = bwd_span * bwd_tile_s + bwd_waves * bp["cta_latency_s"]
+    bwd_s = bp["launch_s"] + bp["bwd_launch_s"] + np.maximum(bwd_compute_s, bwd_bytes / hbm) + atomic_s
 
     time_s = np.where(do_fwd, fwd_s, 0.0) + np.where(do_bwd, bwd_s, 0.0)
     tile_flops = 4.0 * bm * bn * d

@@ -60,6 +60,14 @@ class AttentionBackendParams(_P):
     block_n: int = Field(gt=0, description="key columns per tile")
     launch_s: float = Field(ge=0)
     bwd_launch_s: float = Field(ge=0, description="extra fixed cost of the backward kernels")
+    cta_latency_s: float = Field(
+        default=1.0e-6, ge=0, description="per wave of CTAs: loading Q (or K, V), storing outputs"
+    )
+    dq_atomic_bytes_per_s: float = Field(
+        default=4.0e12,
+        gt=0,
+        description="backward dQ accumulation: fp32 atomics of Bm x d per visited tile, in L2",
+    )
 
 
 class AttentionParams(_P):

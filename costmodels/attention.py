@@ -164,7 +164,9 @@ def attention_work(
     atomic_s = total_bwd * bm * d * 4.0 / bp["dq_atomic_bytes_per_s"]
     bwd_waves = cdiv(bh * nk, sm)
     bwd_compute_s = bwd_span * bwd_tile_s + bwd_waves * bp["cta_latency_s"]
-    bwd_s = bp["launch_s"] + bp["bwd_launch_s"] + np.maximum(bwd_compute_s, bwd_bytes / hbm) + atomic_s
+    bwd_s = (
+        bp["launch_s"] + bp["bwd_launch_s"] + np.maximum(bwd_compute_s, bwd_bytes / hbm) + atomic_s
+    )
 
     time_s = np.where(do_fwd, fwd_s, 0.0) + np.where(do_bwd, bwd_s, 0.0)
     tile_flops = 4.0 * bm * bn * d

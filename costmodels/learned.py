@@ -194,7 +194,7 @@ class LearnedCostModel:
 
     @property
     def label(self) -> str:
-        return self.base.label + " + learned"
+        return self.base.label
 
     # --- fitting -----------------------------------------------------------------------
     def fit(self, frame: pd.DataFrame) -> LearnedCostModel:

@@ -118,11 +118,11 @@ class ArchParams(_P):
     collectives: CollectiveParams
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -143,9 +143,9 @@ def arch_params(architecture: str, overrides: dict[str, Any] | None = None) -> A
             f"no efficiency parameters for architecture {architecture!r}; "
             f"known: {', '.join(sorted(archs))}"
         )
-    merged = _deep_merge(raw["base"], archs[architecture])
+    merged = deep_merge(raw["base"], archs[architecture])
     if overrides:
-        merged = _deep_merge(merged, overrides)
+        merged = deep_merge(merged, overrides)
     try:
         return ArchParams.model_validate(merged)
     except ValidationError as exc:

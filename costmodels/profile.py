@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -24,7 +24,20 @@ class Profile(BaseModel):
 
     name: str
     gpu: str = Field(description="GPU id the profile was measured on")
+    scope: Literal["gpu", "collectives"] = Field(
+        default="gpu",
+        description="'gpu': compute ops of that GPU; 'collectives': NCCL ops over `link`",
+    )
+    link: str | None = Field(
+        default=None, description="for collectives profiles: the intra-node link id it applies to"
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="efficiency overrides")
+    learned: dict[str, Any] | None = Field(
+        default=None, description="learned per-op-class corrections (costmodels.learned)"
+    )
+    held_out_groups: list[str] = Field(default_factory=list)
+    datasets: list[dict[str, Any]] = Field(default_factory=list)
+    created: str = ""
     measured_on: dict[str, Any] = Field(
         default_factory=dict, description="GPU name, SMs, clocks, driver, CUDA, torch, NCCL, date"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from simcli import __version__
+from simcli.commands import calibrate as calibrate_cmd
 from simcli.commands import models as models_cmd
 from simcli.commands import predict as predict_cmd
 from simcli.commands import specs as specs_cmd
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.add_typer(specs_cmd.app, name="specs")
 app.add_typer(models_cmd.app, name="models")
 app.add_typer(predict_cmd.app, name="predict")
+app.add_typer(calibrate_cmd.app, name="calibrate")
 
 
 def _version(flag: bool) -> None:

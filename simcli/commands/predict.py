@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import typer
 
-from costmodels import AnalyticalCostModel
+from costmodels.select import get_cost_model
 from simcli.errors import fail, user_errors
 from simcli.output import Format, atomic_write_csv, emit_object, emit_records
 from workloads.ops import CSV_COLUMNS, Op, OpError, OpKind, normalise_frame, ops_frame
@@ -53,8 +53,9 @@ def read_ops_csv(path: Path) -> pd.DataFrame:
     return raw
 
 
-def _model(gpu: str, profile: Path | None, hardware: Path | None) -> AnalyticalCostModel:
-    return AnalyticalCostModel.for_gpu(gpu, profile=profile, hardware_file=hardware)
+def _model(gpu: str, profile: Path | None, hardware: Path | None):
+    """The calibrated profile for the GPU when one ships (or --profile), else the defaults."""
+    return get_cost_model(gpu, profile=profile, hardware_file=hardware)
 
 
 @app.callback()
@@ -99,7 +100,7 @@ def batch(
             emit_records(records, fmt, title=f"predictions on {gpu}", json_wrapper=summary)
 
 
-def _report(model: AnalyticalCostModel, op: Op, fmt: Format) -> None:
+def _report(model, op: Op, fmt: Format) -> None:
     work = model.work(op)
     t = float(work.time_s[0])
     flops, nbytes = float(work.flops[0]), float(work.bytes[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -38,10 +39,8 @@ def run(
 ) -> None:
     """Run the microbenchmarks here (needs torch: pip install 'simcli[calibrate]')."""
     with user_errors():
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise fail("calibrate run needs torch: pip install 'simcli[calibrate]'") from None
+        if importlib.util.find_spec("torch") is None:
+            raise fail("calibrate run needs torch: pip install 'simcli[calibrate]'")
         from calibrate import run as runner
 
         argv = ["--suite", suite, "--out", str(out), "--device", device]

@@ -144,7 +144,8 @@ def test_profile_predicts_without_scikit_learn(fitted, tmp_path):
 def test_cli_fit_and_report(run, dataset_dir, tmp_path):
     profile = tmp_path / "prof.json"
     report = tmp_path / "report"
-    args = ["--data", str(dataset_dir), "--gpu", "h100-sxm", "--out", str(profile), "--report", str(report)]
+    args = ["--data", str(dataset_dir), "--gpu", "h100-sxm", "--out", str(profile)]
+    args += ["--report", str(report)]
     result = run("calibrate", "fit", *args, "--format", "json")
     assert result.exit_code == 0, result.output
     fidelity = {r["op_class"]: r for r in json.loads(result.stdout)["fidelity"]}

@@ -16,6 +16,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from costmodels.analytical import AnalyticalCostModel, Columns
+from costmodels.gemm import row_alignment
 from costmodels.params import ArchParams
 from hardware_specs.registry import System
 
@@ -70,7 +71,7 @@ def _attn_group(backend: str) -> Group:
             Param((*b, "launch_s"), 1e-7, 1e-4),
             Param((*b, "bwd_launch_s"), 1e-7, 1e-4),
             Param((*b, "cta_latency_s"), 1e-8, 2e-5),
-            Param((*b, "dq_atomic_bytes_per_s"), 1e11, 1e14),
+            Param((*b, "bwd_row_bytes"), 0.1, 2000.0),
         ),
     )
 
@@ -88,7 +89,7 @@ GROUPS: tuple[Group, ...] = (
             Param(("gemm", "memory_efficiency"), 0.3, 1.0),
             Param(("gemm", "launch_s"), 1e-7, 5e-5),
             Param(("gemm", "wave_latency_s"), 1e-8, 2e-5),
-            Param(("gemm", "misaligned_efficiency"), 0.1, 1.0),
+            *(Param(("gemm", "misaligned_efficiency", a), 0.03, 1.0) for a in ("8", "4", "2", "1")),
             Param(("gemm", "k_overhead"), 1.0, 2048.0),
         ),
     ),
@@ -180,6 +181,12 @@ def _relevant(cols: Columns, mask: np.ndarray, params: list[Param]) -> list[Para
             continue
         if prm.path[:2] in per_op and not np.any(mask & (cols["op"] == prm.path[2])):
             continue
+        if prm.path[:2] == ("gemm", "misaligned_efficiency"):
+            elt = np.where(np.isin(cols["dtype"], ["fp8", "int8"]), 1, np.where(
+                np.isin(cols["dtype"], ["bf16", "fp16"]), 2, 4))  # fmt: skip
+            align = np.minimum(row_alignment(cols["k"] * elt), row_alignment(cols["n"] * elt))
+            if not np.any(mask & (align == float(prm.path[2])) & (cols["dtype"] != "fp32")):
+                continue
         keep.append(prm)
     return keep
 

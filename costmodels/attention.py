@@ -160,12 +160,13 @@ def attention_work(
     bwd_bytes = (
         batch * d * (elt * (4.0 * sq * hq + 2.0 * skv * hkv + 2.0 * skv * hq) + 8.0 * sq * hq)
     )
-    # each visited tile adds its Bm x d slice of dQ into an fp32 accumulator (atomics)
-    atomic_s = total_bwd * bm * d * 4.0 / bp["dq_atomic_bytes_per_s"]
+    # FA2 runs a pre-kernel (rowsum dO.O) and, after the main kernel, converts the fp32 dQ
+    # accumulator: sequential traffic that scales with query rows, not with tiles
+    rows_s = batch * hq * sq * d * bp["bwd_row_bytes"] / hbm
     bwd_waves = cdiv(bh * nk, sm)
     bwd_compute_s = bwd_span * bwd_tile_s + bwd_waves * bp["cta_latency_s"]
     bwd_s = (
-        bp["launch_s"] + bp["bwd_launch_s"] + np.maximum(bwd_compute_s, bwd_bytes / hbm) + atomic_s
+        bp["launch_s"] + bp["bwd_launch_s"] + np.maximum(bwd_compute_s, bwd_bytes / hbm) + rows_s
     )
 
     time_s = np.where(do_fwd, fwd_s, 0.0) + np.where(do_bwd, bwd_s, 0.0)

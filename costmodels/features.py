@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.common import Work
+from costmodels.common import ELEMENT_BYTES, Work, by_dtype
+from costmodels.gemm import row_alignment
 from hardware_specs.schema import Dtype
 
 DTYPES = [d.value for d in Dtype]
@@ -63,7 +64,8 @@ FEATURE_NAMES: list[str] = [
     "log_time", "log_flops", "log_bytes", "log_intensity",
     "log_m", "log_n", "log_k", "log_batch", "log_seq_q", "log_seq_kv", "log_heads_q",
     "log_group", "log_head_dim", "causal", "density", "log_block", "log_bytes_col",
-    "ranks", "nodes", "align8", "align64", "align128", "phase_bwd", "phase_fwdbwd",
+    "ranks", "nodes", "align8", "align64", "align128", "row_align_k", "row_align_n", "row_align_m",
+    "phase_bwd", "phase_fwdbwd",
     *[f"dtype_{d}" for d in DTYPES],
     *[f"backend_{b or 'default'}" for b in BACKENDS],
     *[f"ew_{e}" for e in ELEMENTWISE],
@@ -84,6 +86,7 @@ def feature_matrix(cols: dict[str, np.ndarray], work: Work) -> np.ndarray:
         np.where(gemm_rows, np.prod([_aligned(d, a) for d in dims], axis=0), 1.0)
         for a in (8, 64, 128)
     ]
+    elt = by_dtype(cols["dtype"], ELEMENT_BYTES, "features")
     parts = [
         np.log2(t * 1e9),
         _log(work.flops),
@@ -98,6 +101,7 @@ def feature_matrix(cols: dict[str, np.ndarray], work: Work) -> np.ndarray:
         np.nan_to_num(cols["ranks"], nan=1.0),
         np.nan_to_num(cols["nodes"], nan=1.0),
         *align,
+        *[np.where(gemm_rows, np.log2(row_alignment(x * elt)), 4.0) for x in (k, n, m)],
         np.isin(op, ["attn_bwd", "attn_blocksparse_bwd"]).astype(float),
         (op == "attn_fwdbwd").astype(float),
         *[(cols["dtype"] == d).astype(float) for d in DTYPES],

@@ -26,6 +26,12 @@ from hardware_specs.schema import GpuSpec
 SPLIT_FACTORS = (1, 2, 4, 8, 16)
 
 
+def row_alignment(row_bytes: np.ndarray) -> np.ndarray:
+    """Largest power of two (capped at 16) dividing a row's byte length."""
+    b = np.nan_to_num(np.asarray(row_bytes, dtype=float), nan=16.0).astype(np.int64)
+    return np.minimum(b & -b, 16).astype(float)
+
+
 def gemm_work(
     m: np.ndarray,
     n: np.ndarray,
@@ -44,8 +50,11 @@ def gemm_work(
     # rows of A (k elements) and of B and C (n elements) must be 16-byte aligned for the
     # fastest kernels; misaligned shapes fall back to slower ones
     # (fp32 without TF32 runs SIMT kernels, which do not use TMA)
-    aligned = ((np.mod(k * in_b, 16) == 0) & (np.mod(n * in_b, 16) == 0)) | (dtype == "fp32")
-    eff = np.where(aligned, eff, eff * p.misaligned_efficiency)
+    align = np.minimum(row_alignment(k * in_b), row_alignment(n * in_b))
+    factor = np.ones(len(align))
+    for bytes_, f in p.misaligned_efficiency.items():
+        factor[align == bytes_] = f
+    eff = np.where(dtype == "fp32", eff, eff * factor)
     sm_rate = peak_flops(dtype, gpu) * eff / sm
     feed_per_sm = p.operand_feed_bytes_per_s / sm
     hbm = gpu.hbm_bytes_per_s * p.memory_efficiency

@@ -38,10 +38,9 @@ class GemmParams(_P):
         ge=0, description="per-tile prologue/epilogue cost, in equivalent k elements"
     )
     max_split_k: int = Field(ge=1, description="largest split-K factor considered")
-    misaligned_efficiency: float = Field(
-        gt=0,
-        le=1,
-        description="rate factor when k or n rows are not 16-byte aligned (no TMA/wgmma kernels)",
+    misaligned_efficiency: dict[int, float] = Field(
+        description="rate factor by the byte alignment (8, 4, 2, 1) of the k and n rows when it "
+        "is below 16 bytes: no TMA/wgmma kernels"
     )
     wave_latency_s: float = Field(
         ge=0, description="fixed cost per wave: pipeline fill from HBM and the epilogue's stores"
@@ -63,10 +62,11 @@ class AttentionBackendParams(_P):
     cta_latency_s: float = Field(
         default=1.0e-6, ge=0, description="per wave of CTAs: loading Q (or K, V), storing outputs"
     )
-    dq_atomic_bytes_per_s: float = Field(
-        default=4.0e12,
-        gt=0,
-        description="backward dQ accumulation: fp32 atomics of Bm x d per visited tile, in L2",
+    bwd_row_bytes: float = Field(
+        default=24.0,
+        ge=0,
+        description="backward bytes per query row x head x head_dim moved by kernels that run "
+        "before and after the main one (dO.O, fp32 dQ accumulator zero, accumulate, convert)",
     )
 
 
@@ -119,8 +119,11 @@ class ArchParams(_P):
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``; keys match by their string form (JSON turns 8 into "8")."""
     out = dict(base)
-    for key, value in over.items():
+    by_text = {str(k): k for k in out}
+    for raw_key, value in over.items():
+        key = by_text.get(str(raw_key), raw_key)
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
         else:

@@ -113,14 +113,16 @@ def _grown(op: Op, field: str, factor: float) -> Op | None:
         new = int(np.ceil(value * factor))
         if new == value:
             new += 1
-        if op.op.value == "gemm" and field in ("k", "n"):
-            # Growing k or n into 16-byte alignment switches cuBLAS to its faster TMA
-            # kernels (a real, measured speed-up), so sizes grow within their alignment
-            # class: aligned stays aligned, misaligned stays misaligned.
-            step = 16 // {"fp8": 1, "int8": 1, "bf16": 2, "fp16": 2}.get(op.dtype.value, 4)
-            if value % step == 0:
-                new = -(-new // step) * step
-            elif new % step == 0:
+        if op.op.value == "gemm" and field in ("k", "n") and op.dtype.value != "fp32":
+            # Growing k or n into a better byte alignment switches cuBLAS to faster kernels
+            # (TMA needs 16-byte rows: a real, measured speed-up), so sizes grow within their
+            # alignment class.
+            elt = {"fp8": 1, "int8": 1, "bf16": 2, "fp16": 2}.get(op.dtype.value, 4)
+
+            def align(v: int) -> int:
+                return min((v * elt) & -(v * elt), 16)
+
+            while align(new) != align(value):
                 new += 1
     data = op.model_dump()
     data[field] = new

@@ -152,6 +152,8 @@ GROUPS: tuple[Group, ...] = (
             Param(("collectives", "protocols", "LL", "bandwidth_fraction"), 0.02, 1.0),
             Param(("collectives", "protocols", "LL128", "base_latency_s"), 1e-7, 1e-4),
             Param(("collectives", "protocols", "Simple", "base_latency_s"), 1e-7, 1e-4),
+            Param(("collectives", "send_recv_latency_s"), 1e-7, 2e-4),
+            Param(("collectives", "all_to_all_latency_s"), 1e-7, 2e-4),
         ),
     ),
 )

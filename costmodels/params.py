@@ -106,6 +106,12 @@ class CollectiveParams(_P):
     )
     network_efficiency: float = Field(gt=0, le=1)
     launch_s: float = Field(ge=0)
+    send_recv_latency_s: float = Field(
+        default=12.0e-6, ge=0, description="small-message time of a send/recv pair (P2P transport)"
+    )
+    all_to_all_latency_s: float = Field(
+        default=12.0e-6, ge=0, description="small-message time of an all-to-all (grouped P2P)"
+    )
 
 
 class ArchParams(_P):

@@ -23,7 +23,7 @@ from costmodels.analytical import AnalyticalCostModel
 from costmodels.learned import LearnedCostModel
 from costmodels.params import arch_params, deep_merge
 from costmodels.profile import Profile, load_profile
-from hardware_specs.registry import Catalog, load_catalog
+from hardware_specs.registry import Catalog, System, load_catalog
 
 # Parameters that describe the software stack rather than the chip: they transfer
 # across architectures; efficiencies (fractions of a chip's peak) do not.
@@ -50,6 +50,17 @@ def _latencies_only(tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def model_from_profile(
+    profile: Profile, system: System, label: str = ""
+) -> AnalyticalCostModel | LearnedCostModel:
+    """Exactly what one profile says, on ``system`` (no shipped profiles mixed in)."""
+    params = arch_params(system.gpu.architecture, profile.params)
+    base = AnalyticalCostModel(system, params, label=label or f"profile {profile.name}")
+    if not profile.learned:
+        return base
+    return LearnedCostModel.from_dict(base, profile.learned)
+
+
 def get_cost_model(
     gpu_id: str,
     *,
@@ -70,10 +81,13 @@ def get_cost_model(
     how: str
     if profile is not None:
         chosen = profile if isinstance(profile, Profile) else load_profile(profile)
-        if chosen.scope != "gpu":
-            raise ValueError(
-                f"profile {chosen.name!r} is a {chosen.scope} profile, not a GPU profile"
-            )
+        if chosen.scope == "collectives":
+            if chosen.link != system.intra_link.id:
+                raise ValueError(
+                    f"collectives profile {chosen.name!r} is for {chosen.link}, "
+                    f"not {system.intra_link.id}"
+                )
+            return model_from_profile(chosen, system)
         chosen.check_gpu(gpu_id)
         how = f"profile {chosen.name}"
     else:

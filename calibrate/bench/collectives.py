@@ -21,6 +21,7 @@ import argparse
 import os
 import subprocess
 import sys
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -120,19 +121,25 @@ def _time_op(torch, dist, fn, dev, target_ms: float, is_cuda: bool) -> float:
         fn()
     sync()
     dist.barrier()
-    if is_cuda:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        ms = s.elapsed_time(e) / iters
-    else:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        ms = (time.perf_counter() - t0) * 1e3 / iters
+    # median of several timed loops: one loop disturbed by the host or another tenant
+    # would otherwise become the measurement
+    loops, per = 5, max(1, iters // 5)
+    samples = []
+    for _ in range(loops):
+        if is_cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(per):
+                fn()
+            e.record()
+            torch.cuda.synchronize()
+            samples.append(s.elapsed_time(e) / per)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(per):
+                fn()
+            samples.append((time.perf_counter() - t0) * 1e3 / per)
+    ms = statistics.median(samples)
     t = torch.tensor([ms], device=dev, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())

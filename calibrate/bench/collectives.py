@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
-import statistics
 import time
 from pathlib import Path
 from typing import Any

@@ -117,15 +117,13 @@ def collective_work(
     simple = p.protocols.get("Simple", next(iter(p.protocols.values())))
     on_node = nbytes * (rpn - 1) / n / fabric
     off_node = nbytes * (n - rpn) / n / nic_bw
-    a2a_lat = simple.base_latency_s + simple.step_latency_s + multi * simple.net_step_latency_s
+    a2a_lat = p.all_to_all_latency_s + multi * simple.net_step_latency_s
     best = np.where(a2a, a2a_lat + np.maximum(on_node, off_node), best)
 
     # send/recv between two ranks: one link, NVLink/fabric or one GPU's NIC(s)
     p2p = kind == "send_recv"
     p2p_bw = np.where(multi, nic_bw, fabric)
-    p2p_lat = simple.base_latency_s + np.where(
-        multi, simple.net_step_latency_s, simple.step_latency_s
-    )
+    p2p_lat = p.send_recv_latency_s + np.where(multi, simple.net_step_latency_s, 0.0)
     best = np.where(p2p, p2p_lat + nbytes / p2p_bw, best)
 
     time_s = np.where(n <= 1, 0.0, p.launch_s + best)

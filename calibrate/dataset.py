@@ -51,6 +51,20 @@ def gpu_id_from_name(name: str) -> str | None:
     return None
 
 
+def environment(meta: Any) -> dict[str, Any]:
+    """The machine description of a meta.json; a merged shard run keeps one per shard."""
+    if not isinstance(meta, dict):
+        return {}
+    if isinstance(meta.get("environment"), dict):
+        return meta["environment"]
+    shards = meta.get("shards")
+    if isinstance(shards, dict):
+        for shard in shards.values():
+            if isinstance(shard, dict) and isinstance(shard.get("environment"), dict):
+                return shard["environment"]
+    return {}
+
+
 @dataclass
 class Dataset:
     path: Path
@@ -74,7 +88,7 @@ def load_dataset(path: str | Path, *, expect_gpu: str | None = None) -> Dataset:
         ) from None
     except json.JSONDecodeError as exc:
         raise DatasetError(f"dataset {path}: meta.json is corrupt: {exc}") from None
-    env = meta.get("environment", {}) if isinstance(meta, dict) else {}
+    env = environment(meta)
     gpu_name = str(env.get("gpu_name", ""))
     gpu_id = gpu_id_from_name(gpu_name)
     if expect_gpu is not None and gpu_id is not None and gpu_id != expect_gpu:

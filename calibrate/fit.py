@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibrate.dataset import OP_COLUMNS, Dataset, DatasetError, held_out
+from calibrate.dataset import OP_COLUMNS, Dataset, DatasetError, environment, held_out
 from calibrate.params_fit import GroupFit, fit_params
 from costmodels.analytical import AnalyticalCostModel, frame_columns
 from costmodels.features import OP_CLASSES, op_class
@@ -103,15 +103,10 @@ def fit_profile(
     for label, pred in preds.items():
         predictions[f"{label}_ms"] = pred * 1e3
 
-    env = {}
+    env: dict[str, Any] = {}
     for ds in datasets:
-        env.update(
-            {
-                k: v
-                for k, v in ds.meta.get("environment", {}).items()
-                if not isinstance(v, dict | list)
-            }
-        )
+        flat = {k: v for k, v in environment(ds.meta).items() if not isinstance(v, dict | list)}
+        env.update(flat)
     held = sorted(set(frame.loc[test, "group"]))
     profile = {
         "name": name or gpu_id,

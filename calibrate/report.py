@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import io
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,8 +34,11 @@ def evaluate(profile: Profile, datasets: list[Dataset]) -> tuple[pd.DataFrame, p
     """(fidelity per op class, per-row predictions) of ``profile`` against the datasets."""
     frame = pd.concat([ds.frame for ds in datasets], ignore_index=True)
     fitted_groups = set(profile.held_out_groups)
-    seen = {d["path"] for d in profile.datasets}
-    in_fit_data = np.array([str(ds.path) in seen for ds in datasets for _ in range(len(ds.frame))])
+    # a dataset the profile was fitted on: same folder name and row count
+    seen = {(Path(d["path"]).name, d.get("rows")) for d in profile.datasets}
+    in_fit_data = np.concatenate(
+        [np.full(len(ds.frame), (ds.path.name, len(ds.frame)) in seen) for ds in datasets]
+    )
     held = frame["group"].isin(fitted_groups).to_numpy() | ~in_fit_data
     cols = frame_columns(frame)
     cat = load_catalog()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodels import AnalyticalCostModel
+from costmodels.select import get_cost_model
 from workloads.ops import CSV_COLUMNS, normalise_frame
 
 HEADER = ",".join(CSV_COLUMNS)
@@ -49,7 +49,7 @@ def test_batch_predict_keeps_rows_in_order(run, tmp_path):
     raw = pd.read_csv(src, dtype=str, keep_default_na=False)
     pd.testing.assert_frame_equal(pred[list(CSV_COLUMNS)], raw)
     ms = pred["predicted_ms"].astype(float).to_numpy()
-    expected = AnalyticalCostModel.for_gpu("h100-sxm").predict_many(normalise_frame(raw)) * 1e3
+    expected = get_cost_model("h100-sxm").predict_many(normalise_frame(raw)) * 1e3
     np.testing.assert_allclose(ms, expected, rtol=1e-5)
     assert (ms > 0).all()
 
@@ -199,7 +199,8 @@ def test_single_gemm_command(run):
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert 760 < data["achieved_tflops"] < 830
+    assert 740 < data["achieved_tflops"] < 830  # measured on H100: 783
+    assert data["model"].startswith("calibrated profile h100-sxm")
     assert data["predicted_ms"] > 0
 
 

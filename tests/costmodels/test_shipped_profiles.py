@@ -1,0 +1,76 @@
+"""The profiles simcli ships: selection, provenance, and the fidelity they claim."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibrate.dataset import load_dataset
+from calibrate.report import evaluate
+from costmodels import AnalyticalCostModel
+from costmodels.learned import LearnedCostModel
+from costmodels.select import get_cost_model, shipped_profiles
+from workloads.ops import Op
+
+ROOT = Path(__file__).resolve().parents[2]
+GEMM = Op(op="gemm", m=4096, n=4096, k=4096)
+ALL_REDUCE = Op(op="all_reduce", bytes=2**28, ranks=8)
+
+# Held-out targets (MAPE %) for the classes whose held-out side has enough rows to judge.
+TARGETS = {"decode": 8.0, "blocksparse": 12.0, "collective": 15.0, "attn": 10.0, "gemm_half": 8.0}
+
+
+def by_name():
+    return {p.name: p for p in shipped_profiles()}
+
+
+def test_shipped_profiles_exist_and_record_provenance():
+    profiles = by_name()
+    assert {"h100-sxm", "h200-sxm", "collectives-nvlink4-nvswitch"} <= set(profiles)
+    for prof in profiles.values():
+        assert prof.measured_on["gpu_name"] and prof.measured_on["torch"] and prof.measured_on["driver"]
+        assert prof.measured_on["sm_count"] == 132
+        assert prof.fidelity["all"]["rows_held_out"] > 0 and prof.held_out_groups
+    assert profiles["collectives-nvlink4-nvswitch"].link == "nvlink4-nvswitch"
+    assert profiles["collectives-nvlink4-nvswitch"].measured_on["nccl"]
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "collectives-nvlink4-nvswitch"])
+def test_recorded_fidelity_reproduces_on_committed_data(name):
+    prof = by_name()[name]
+    datasets = [load_dataset(ROOT / d["path"]) for d in prof.datasets]
+    fidelity, _ = evaluate(prof, datasets)
+    for row in fidelity.itertuples():
+        recorded = prof.fidelity[row.op_class]
+        assert row.rows_held_out == recorded["rows_held_out"]
+        assert row.profile_mape == pytest.approx(recorded["learned_mape"], rel=1e-6)
+        if row.op_class in TARGETS:
+            assert row.profile_mape <= TARGETS[row.op_class], (name, row.op_class, row.profile_mape)
+
+
+def test_selection_by_gpu():
+    h100 = get_cost_model("h100-sxm")
+    assert isinstance(h100, LearnedCostModel) and h100.label.startswith("calibrated profile h100-sxm")
+    assert get_cost_model("h200-sxm").label.startswith("calibrated profile h200-sxm")
+    pcie = get_cost_model("h100-pcie")
+    assert "transferred from the h100-sxm profile" in pcie.label
+    a100 = get_cost_model("a100-sxm-80gb")
+    assert a100.label.startswith("uncalibrated ampere defaults with software latencies from")
+    assert isinstance(a100, AnalyticalCostModel)
+    for gpu in ("b200", "mi300x", "l40s", "a100-sxm-40gb"):
+        assert np.isfinite(get_cost_model(gpu).predict(GEMM))
+
+
+def test_collectives_profile_follows_the_fabric():
+    # H100 and H200 reference nodes are both NVLink4 NVSwitch: the NCCL profile applies
+    assert "collectives from the collectives-nvlink4-nvswitch" in get_cost_model("h100-sxm").label
+    assert "collectives" not in get_cost_model("a100-sxm-80gb").label
+    h100 = get_cost_model("h100-sxm").predict(ALL_REDUCE)
+    default = AnalyticalCostModel.for_gpu("h100-sxm").predict(ALL_REDUCE)
+    assert h100 != default
+
+
+def test_calibrated_prediction_near_measured_headline():
+    # measured on the H100 (calibrate/data/h100-sxm/gemm.csv): 8192^3 bf16 in 1.405 ms
+    t = get_cost_model("h100-sxm").predict(Op(op="gemm", m=8192, n=8192, k=8192))
+    assert t == pytest.approx(1.405e-3, rel=0.06)

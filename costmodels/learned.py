@@ -29,6 +29,18 @@ class NotFittedError(RuntimeError):
     """Predicting with a learned model before ``fit``."""
 
 
+def _depth(lefts: list[np.ndarray], rights: list[np.ndarray]) -> int:
+    """Deepest root-to-leaf path over all trees."""
+    best = 0
+    for left, right in zip(lefts, rights, strict=True):
+        level = np.zeros(len(left), dtype=np.int64)
+        for node in range(len(left)):  # sklearn numbers children after their parent
+            if left[node] >= 0:
+                level[left[node]] = level[right[node]] = level[node] + 1
+        best = max(best, int(level.max()))
+    return best
+
+
 @dataclass(frozen=True)
 class TreeEnsemble:
     """Gradient-boosted regression trees as arrays: init + lr * sum(tree leaves)."""
@@ -54,20 +66,38 @@ class TreeEnsemble:
             value=[t.value[:, 0, 0].copy() for t in trees],
         )
 
+    def _padded(self) -> tuple[np.ndarray, ...]:
+        """All trees as (trees x nodes) arrays; leaves point to themselves."""
+        if not hasattr(self, "_pad"):
+            t, width = len(self.left), max(len(lf) for lf in self.left)
+            left = np.tile(np.arange(width), (t, 1))
+            right, feat = left.copy(), np.zeros((t, width), dtype=np.int64)
+            thr, val = np.zeros((t, width)), np.zeros((t, width))
+            for i, (lf, r, f, th, v) in enumerate(
+                zip(self.left, self.right, self.feature, self.threshold, self.value, strict=True)
+            ):
+                n = len(lf)
+                inner = lf >= 0
+                left[i, :n] = np.where(inner, lf, np.arange(n))
+                right[i, :n] = np.where(inner, r, np.arange(n))
+                feat[i, :n] = np.where(inner, f, 0)
+                thr[i, :n], val[i, :n] = th, v
+            depth = _depth(self.left, self.right)
+            object.__setattr__(self, "_pad", (left, right, feat, thr, val, depth))
+        return self._pad
+
     def predict(self, x: np.ndarray) -> np.ndarray:
-        out = np.full(len(x), self.init)
-        rows = np.arange(len(x))
-        for left, right, feat, thr, val in zip(
-            self.left, self.right, self.feature, self.threshold, self.value, strict=True
-        ):
-            node = np.zeros(len(x), dtype=np.int64)
-            while True:
-                inner = left[node] >= 0
-                if not inner.any():
-                    break
-                go_left = x[rows, np.maximum(feat[node], 0)] <= thr[node]
-                node = np.where(inner, np.where(go_left, left[node], right[node]), node)
-            out += self.learning_rate * val[node]
+        left, right, feat, thr, val, depth = self._padded()
+        rows = len(x)
+        flat = np.ascontiguousarray(x.T).ravel()  # feature-major: one gather per level
+        idx = np.arange(rows)
+        out = np.full(rows, self.init)
+        for t in range(left.shape[0]):
+            lf, r, f, th = left[t], right[t], feat[t], thr[t]
+            node = np.zeros(rows, dtype=np.int64)
+            for _ in range(depth):
+                node = np.where(flat[f[node] * rows + idx] <= th[node], lf[node], r[node])
+            out += self.learning_rate * val[t][node]
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,7 +180,7 @@ def _fit_family(family: str, x: np.ndarray, y: np.ndarray, bound: float, seed: i
         from sklearn.ensemble import GradientBoostingRegressor
 
         reg = GradientBoostingRegressor(
-            loss="huber", n_estimators=300, max_depth=4, learning_rate=0.05, subsample=0.8,
+            loss="huber", n_estimators=100, max_depth=3, learning_rate=0.1, subsample=0.8,
             min_samples_leaf=5, random_state=seed,
         ).fit(x, y)  # fmt: skip
         return Residual("trees", bound, trees=TreeEnsemble.from_sklearn(reg))
@@ -252,13 +282,19 @@ class LearnedCostModel:
         """Corrected time; FLOPs and bytes are the analytical model's."""
         self._check_fitted()
         work = self.base.work_columns(cols)
-        x = feature_matrix(cols, work)
         classes = op_class(cols["op"], cols["dtype"])
         log_ratio = np.zeros(len(classes))
-        for cls, res in self.residuals_.items():
-            mask = classes == cls
-            if mask.any():
-                log_ratio[mask] = res.predict(x[mask])
+        active = [(c, r) for c, r in self.residuals_.items() if r.family != "none"]
+        corrected = np.isin(classes, [c for c, _ in active])
+        if corrected.any():  # features only for rows some correction will read
+            idx = np.flatnonzero(corrected)
+            sub_cols = {k: v[idx] for k, v in cols.items()}
+            sub_work = Work(work.time_s[idx], work.flops[idx], work.bytes[idx])
+            x = feature_matrix(sub_cols, sub_work)
+            for cls, res in active:
+                mask = classes[idx] == cls
+                if mask.any():
+                    log_ratio[idx[mask]] = res.predict(x[mask])
         return Work(time_s=work.time_s * np.exp(log_ratio), flops=work.flops, bytes=work.bytes)
 
     def predict_columns(self, cols: dict[str, np.ndarray]) -> np.ndarray:

@@ -2,11 +2,14 @@
 
 A dataset folder holds one CSV per suite (op-contract columns + measured_ms, suite,
 family, status, ...) and ``meta.json`` describing the machine. Only rows with status
-``ok`` are used. The split never mixes a shape family between fit and test: GEMM
-rows are grouped by model (all of a model's layer shapes together) or by family
-("random", "odd", "square"), attention and decode by head configuration, block-sparse
-by mask pattern, collectives and memory-bound ops by op and size decade; a quarter of
-each suite's groups, chosen by a stable hash, go to the held-out side.
+``ok`` are used. The split never mixes a shape family between fit and test:
+
+- GEMM rows are grouped by dtype class and model (all of a model's layer shapes
+  together) or family ("random", "odd", "square"); each dtype class holds out its own;
+- attention and decode by head configuration, block-sparse by mask pattern;
+- collectives and memory-bound ops by op and size decade.
+
+A quarter of each stratum's groups, chosen by a stable hash, go to the held-out side.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from costmodels.features import op_class
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, OpError, normalise_frame
 
 OP_COLUMNS = (*CSV_COLUMNS, *EXTRA_COLUMNS)
@@ -132,6 +136,7 @@ def load_dataset(path: str | Path, *, expect_gpu: str | None = None) -> Dataset:
         ops[col] = raw[col].to_numpy() if col in raw.columns else ""
     ops["measured_s"] = measured_ms / 1e3
     ops["group"] = split_groups(ops)
+    ops["stratum"] = strata(ops)
     return Dataset(path=path, frame=ops, meta=meta, gpu_id=gpu_id, skipped=skipped)
 
 
@@ -140,6 +145,9 @@ def split_groups(frame: pd.DataFrame) -> np.ndarray:
     op = frame["op"].to_numpy(dtype=str)
     family = frame["family"].astype(str).to_numpy()
     groups = np.array([f.split("/")[0] if "/" in f else f for f in family], dtype=object)
+    gemm = op == "gemm"
+    classes = op_class(op, frame["dtype"].to_numpy(dtype=str))
+    groups[gemm] = classes[gemm] + ":" + groups[gemm]
     attn = np.char.startswith(op, "attn_") & ~np.char.startswith(op, "attn_blocksparse")
     groups[attn] = family[attn]
     sparse = np.char.startswith(op, "attn_blocksparse")
@@ -157,11 +165,21 @@ def split_groups(frame: pd.DataFrame) -> np.ndarray:
     return groups.astype(str)
 
 
+def strata(frame: pd.DataFrame) -> np.ndarray:
+    """Where a quarter of the groups is held out: per suite, and per dtype class for GEMMs
+    (so fp32 and fp8 get held-out families of their own, not just what bf16 leaves them)."""
+    suite = frame["suite"].astype(str).to_numpy().astype(object)
+    gemm = frame["op"].to_numpy(dtype=str) == "gemm"
+    classes = op_class(frame["op"].to_numpy(dtype=str), frame["dtype"].to_numpy(dtype=str))
+    suite[gemm] = "gemm:" + classes[gemm].astype(str)
+    return suite.astype(str)
+
+
 def held_out(
     groups: np.ndarray, suites: np.ndarray, fraction: float = 0.25, salt: str = "simcli"
 ) -> np.ndarray:
-    """Per suite, a quarter of its groups (at least one, if it has two), chosen by a stable
-    hash of the group name, go to the held-out side."""
+    """Per stratum (suite), a quarter of its groups (at least one, if it has two), chosen
+    by a stable hash of the group name, go to the held-out side."""
     out = np.zeros(len(groups), dtype=bool)
     for suite in np.unique(suites):
         in_suite = suites == suite

@@ -62,7 +62,7 @@ def fit_profile(
         if ds.gpu_id is not None and ds.gpu_id != gpu_id and not _collectives_only(ds):
             raise DatasetError(f"dataset {ds.path} was measured on {ds.gpu_id}, not {gpu_id}")
     frame = pd.concat([ds.frame for ds in datasets], ignore_index=True)
-    test = held_out(frame["group"].to_numpy(), frame["suite"].to_numpy())
+    test = held_out(frame["group"].to_numpy(), frame["stratum"].to_numpy())
     frame["side"] = np.where(test, "held_out", "fit")
     cols = frame_columns(frame)
     measured = frame["measured_s"].to_numpy()

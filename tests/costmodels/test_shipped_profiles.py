@@ -74,3 +74,32 @@ def test_calibrated_prediction_near_measured_headline():
     # measured on the H100 (calibrate/data/h100-sxm/gemm.csv): 8192^3 bf16 in 1.405 ms
     t = get_cost_model("h100-sxm").predict(Op(op="gemm", m=8192, n=8192, k=8192))
     assert t == pytest.approx(1.405e-3, rel=0.06)
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200-sxm", "h100-pcie"])
+def test_learned_models_keep_the_contract(gpu):
+    """Finite, positive, within the correction bound of their analytical base, and
+    scalar == vectorised. (Strict monotonicity is the analytical models' contract: the
+    learned corrections reproduce measured non-monotone dispatch effects, e.g. split-KV.)"""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.costmodels.strategies import any_op
+    from workloads.ops import ops_frame
+
+    model = get_cost_model(gpu)
+    assert isinstance(model, LearnedCostModel)
+    bound = max(r.bound for r in model.residuals_.values())
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(ops=st.lists(any_op, min_size=1, max_size=30))
+    def check(ops):
+        many = model.predict_many(ops_frame(ops))
+        base = model.base.predict_many(ops_frame(ops))
+        one = np.array([model.predict(o) for o in ops])
+        assert np.isfinite(many).all() and (many > 0).all()
+        np.testing.assert_allclose(many, one, rtol=1e-12)
+        ratio = many / base
+        assert (ratio <= np.exp(bound) * (1 + 1e-9)).all() and (ratio >= np.exp(-bound) * (1 - 1e-9)).all()
+
+    check()

@@ -99,9 +99,8 @@ def main() -> None:
             seconds = model.predict_many(frame, validated=True)
             best = min(best, time.perf_counter() - t0)
         assert np.isfinite(seconds).all() and (seconds > 0).all()
-        print(
-            f"{label:<26}    {best:>12.3f} s  ({args.rows / best:,.0f} predictions/s, best of {args.repeat})"
-        )
+        rate = f"{args.rows / best:,.0f} predictions/s, best of {args.repeat}"
+        print(f"{label:<26}    {best:>12.3f} s  ({rate})")
     print("op mix: " + ", ".join(f"{k} {v}" for k, v in frame["op"].value_counts().items()))
 
 

@@ -28,7 +28,11 @@ def test_shipped_profiles_exist_and_record_provenance():
     profiles = by_name()
     assert {"h100-sxm", "h200-sxm", "collectives-nvlink4-nvswitch"} <= set(profiles)
     for prof in profiles.values():
-        assert prof.measured_on["gpu_name"] and prof.measured_on["torch"] and prof.measured_on["driver"]
+        assert (
+            prof.measured_on["gpu_name"]
+            and prof.measured_on["torch"]
+            and prof.measured_on["driver"]
+        )
         assert prof.measured_on["sm_count"] == 132
         assert prof.fidelity["all"]["rows_held_out"] > 0 and prof.held_out_groups
     assert profiles["collectives-nvlink4-nvswitch"].link == "nvlink4-nvswitch"
@@ -50,7 +54,9 @@ def test_recorded_fidelity_reproduces_on_committed_data(name):
 
 def test_selection_by_gpu():
     h100 = get_cost_model("h100-sxm")
-    assert isinstance(h100, LearnedCostModel) and h100.label.startswith("calibrated profile h100-sxm")
+    assert isinstance(h100, LearnedCostModel) and h100.label.startswith(
+        "calibrated profile h100-sxm"
+    )
     assert get_cost_model("h200-sxm").label.startswith("calibrated profile h200-sxm")
     pcie = get_cost_model("h100-pcie")
     assert "transferred from the h100-sxm profile" in pcie.label
@@ -100,6 +106,8 @@ def test_learned_models_keep_the_contract(gpu):
         assert np.isfinite(many).all() and (many > 0).all()
         np.testing.assert_allclose(many, one, rtol=1e-12)
         ratio = many / base
-        assert (ratio <= np.exp(bound) * (1 + 1e-9)).all() and (ratio >= np.exp(-bound) * (1 - 1e-9)).all()
+        assert (ratio <= np.exp(bound) * (1 + 1e-9)).all() and (
+            ratio >= np.exp(-bound) * (1 - 1e-9)
+        ).all()
 
     check()

@@ -107,6 +107,7 @@ def fit_profile(
     for ds in datasets:
         flat = {k: v for k, v in environment(ds.meta).items() if not isinstance(v, dict | list)}
         env.update(flat)
+    env["clocks"] = clocks_seen(datasets)
     held = sorted(set(frame.loc[test, "group"]))
     profile = {
         "name": name or gpu_id,
@@ -138,6 +139,24 @@ def fit_profile(
     return FitResult(
         profile=profile, fidelity=fidelity, predictions=predictions, group_fits=group_fits
     )
+
+
+def clocks_seen(datasets: list[Dataset]) -> dict[str, float]:
+    """Range of SM and memory clocks, power and temperature read before and after suites."""
+    seen: dict[str, list[float]] = {}
+    for ds in datasets:
+        meta = ds.meta if isinstance(ds.meta, dict) else {}
+        parts = [meta, *(v for v in (meta.get("shards") or {}).values() if isinstance(v, dict))]
+        runs = [r for part in parts for r in (part.get("runs") or []) if isinstance(r, dict)]
+        for run in runs:
+            for when in ("clocks_before", "clocks_after"):
+                for key, value in (run.get(when) or {}).items():
+                    if isinstance(value, int | float) and not isinstance(value, bool):
+                        seen.setdefault(key, []).append(float(value))
+    out: dict[str, float] = {}
+    for key, values in seen.items():
+        out[f"{key}_min"], out[f"{key}_max"] = min(values), max(values)
+    return out
 
 
 def _collectives_only(ds: Dataset) -> bool:

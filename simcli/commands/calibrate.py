@@ -42,7 +42,13 @@ def run(
         if importlib.util.find_spec("torch") is None:
             raise fail("calibrate run needs torch: pip install 'simcli[calibrate]'")
         from calibrate import run as runner
+        from calibrate.bench import SUITES
 
+        names = [x.strip() for x in suite.split(",") if x.strip()]
+        unknown = [x for x in names if x != "all" and x not in SUITES]
+        if unknown or not names:
+            bad = ", ".join(unknown) or repr(suite)
+            raise fail(f"unknown --suite {bad}; allowed: all, {', '.join(SUITES)}")
         argv = ["--suite", suite, "--out", str(out), "--device", device]
         argv += ["--quick"] if quick else []
         argv += ["--tiny"] if tiny else []

@@ -224,3 +224,31 @@ def test_cli_bad_profile(run, dataset_dir, tmp_path):
 def test_dataset_error_type():
     with pytest.raises(DatasetError):
         load_dataset("/nonexistent/folder")
+
+
+def test_cpu_runner_to_profile_end_to_end(run, tmp_path):
+    """runner (torch CPU, tiny shapes) -> dataset -> fit -> report, as CI can run it."""
+    pytest.importorskip("torch")
+    data = tmp_path / "cpu"
+    result = run("calibrate", "run", "--suite", "gemm,elementwise", "--tiny", "--device", "cpu",
+                 "--out", str(data))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (data / "gemm.csv").exists() and (data / "meta.json").exists()
+    profile, report = tmp_path / "cpu.json", tmp_path / "report"
+    fit = run("calibrate", "fit", "--data", str(data), "--gpu", "h100-sxm", "--out", str(profile),
+              "--report", str(report), "--format", "json")  # fmt: skip
+    assert fit.exit_code == 0, fit.output
+    classes = {r["op_class"] for r in json.loads(fit.stdout)["fidelity"]}
+    assert {"gemm_half", "elementwise", "all"} <= classes
+    assert (report / "report.html").read_text().startswith("<!doctype html>")
+    again = run(
+        "calibrate", "report", "--profile", str(profile), "--data", str(data), "--format", "csv"
+    )
+    assert again.exit_code == 0 and again.stdout.startswith("op_class,")
+
+
+def test_unknown_suite(run, tmp_path):
+    pytest.importorskip("torch")
+    result = run("calibrate", "run", "--suite", "gemm,nope", "--out", str(tmp_path / "x"))
+    assert "unknown --suite nope" in _one_line(result)
+    assert not (tmp_path / "x").exists()

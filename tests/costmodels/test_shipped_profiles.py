@@ -111,3 +111,10 @@ def test_learned_models_keep_the_contract(gpu):
         ).all()
 
     check()
+
+
+def test_profiles_record_clocks_seen():
+    for prof in shipped_profiles():
+        clocks = prof.measured_on["clocks"]
+        assert clocks["clocks_max_sm_mhz_max"] == 1980.0
+        assert clocks["power_limit_w_max"] == 700.0

@@ -76,6 +76,7 @@ class Dataset:
     meta: dict[str, Any]
     gpu_id: str | None
     skipped: dict[str, int]  # status -> rows not usable (oom, error, unsupported)
+    power: pd.DataFrame | None = None  # op columns + measured_s + avg_power_w (power suite)
 
 
 def load_dataset(path: str | Path, *, expect_gpu: str | None = None) -> Dataset:
@@ -137,7 +138,26 @@ def load_dataset(path: str | Path, *, expect_gpu: str | None = None) -> Dataset:
     ops["measured_s"] = measured_ms / 1e3
     ops["group"] = split_groups(ops)
     ops["stratum"] = strata(ops)
-    return Dataset(path=path, frame=ops, meta=meta, gpu_id=gpu_id, skipped=skipped)
+    return Dataset(
+        path=path, frame=ops, meta=meta, gpu_id=gpu_id, skipped=skipped, power=_power(path)
+    )
+
+
+def _power(path: Path) -> pd.DataFrame | None:
+    """NVML power samples of the power suite, if the dataset has them."""
+    csv = path / "power.csv"
+    if not csv.exists():
+        return None
+    try:
+        raw = pd.read_csv(csv, dtype=str, keep_default_na=False)
+        raw = raw[raw["status"] == "ok"].reset_index(drop=True)
+        ops = normalise_frame(raw[[c for c in OP_COLUMNS if c in raw.columns]])
+        ops["measured_s"] = pd.to_numeric(raw["measured_ms"]).to_numpy() / 1e3
+        ops["avg_power_w"] = pd.to_numeric(raw["avg_power_w"]).to_numpy()
+    except (KeyError, ValueError, pd.errors.ParserError) as exc:
+        raise DatasetError(f"dataset file {csv} is corrupt: {str(exc).splitlines()[0]}") from None
+    ok = np.isfinite(ops["measured_s"]) & np.isfinite(ops["avg_power_w"]) & (ops["avg_power_w"] > 0)
+    return ops[ok].reset_index(drop=True) if ok.any() else None
 
 
 def split_groups(frame: pd.DataFrame) -> np.ndarray:

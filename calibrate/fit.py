@@ -20,6 +20,8 @@ import pandas as pd
 from calibrate.dataset import OP_COLUMNS, Dataset, DatasetError, environment, held_out
 from calibrate.params_fit import GroupFit, fit_params
 from costmodels.analytical import AnalyticalCostModel, frame_columns
+from costmodels.common import peak_flops
+from costmodels.energy import PowerModel
 from costmodels.features import OP_CLASSES, op_class
 from costmodels.learned import LearnedCostModel
 from costmodels.params import arch_params
@@ -108,6 +110,7 @@ def fit_profile(
         flat = {k: v for k, v in environment(ds.meta).items() if not isinstance(v, dict | list)}
         env.update(flat)
     env["clocks"] = clocks_seen(datasets)
+    power = fit_power(datasets, fitted, env["clocks"])
     held = sorted(set(frame.loc[test, "group"]))
     profile = {
         "name": name or gpu_id,
@@ -129,8 +132,9 @@ def fit_profile(
                 )
             }
             for r in rows
-        },  # fmt: skip
+        },
         "held_out_groups": held,
+        "power": power.model_dump() if power is not None else None,
         "datasets": [
             {"path": str(ds.path), "rows": len(ds.frame), "skipped": ds.skipped} for ds in datasets
         ],
@@ -138,6 +142,26 @@ def fit_profile(
     }
     return FitResult(
         profile=profile, fidelity=fidelity, predictions=predictions, group_fits=group_fits
+    )
+
+
+def fit_power(
+    datasets: list[Dataset], model: AnalyticalCostModel, clocks: dict[str, float]
+) -> PowerModel | None:
+    """Energy model from the power suite: utilisation from the fitted model's FLOPs and
+    bytes over the measured time; idle and cap from the NVML readings."""
+    frames = [ds.power for ds in datasets if ds.power is not None and len(ds.power)]
+    if not frames or "power_w_min" not in clocks:
+        return None
+    rows = pd.concat(frames, ignore_index=True)
+    cols = frame_columns(rows)
+    work = model.work_columns(cols)
+    t = rows["measured_s"].to_numpy()
+    util_c = np.clip(work.flops / (t * peak_flops(cols["dtype"], model.gpu)), 0, 1)
+    util_m = np.clip(work.bytes / (t * model.gpu.hbm_bytes_per_s), 0, 1)
+    cap = clocks.get("power_limit_w_max", model.gpu.tdp_w)
+    return PowerModel.fit(
+        util_c, util_m, rows["avg_power_w"].to_numpy(), clocks["power_w_min"], cap
     )
 
 

@@ -24,10 +24,18 @@ from costmodels.select import get_cost_model
 from hardware_specs.registry import load_catalog
 
 FIDELITY_COLUMNS = [
-    "op_class", "description", "rows_fit", "rows_held_out",
-    "default_mape", "default_p50", "default_p90",
-    "profile_mape", "profile_p50", "profile_p90", "profile_bias",
-]  # fmt: skip
+    "op_class",
+    "description",
+    "rows_fit",
+    "rows_held_out",
+    "default_mape",
+    "default_p50",
+    "default_p90",
+    "profile_mape",
+    "profile_p50",
+    "profile_p90",
+    "profile_bias",
+]
 
 
 def evaluate(profile: Profile, datasets: list[Dataset]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -84,13 +92,24 @@ def _scatter_svg(pred: pd.DataFrame, cls: str) -> str:
     fig, (ax, hx) = plt.subplots(1, 2, figsize=(9, 3.6))
     for side, colour in (("fit", "#9aa7b8"), ("held_out", "#d1495b")):
         part = sub[sub["side"] == side]
-        ax.scatter(part["measured_ms"], part["profile_ms"], s=9, alpha=0.7, color=colour,
-                   label=f"{side.replace('_', '-')} ({len(part)})")  # fmt: skip
+        ax.scatter(
+            part["measured_ms"],
+            part["profile_ms"],
+            s=9,
+            alpha=0.7,
+            color=colour,
+            label=f"{side.replace('_', '-')} ({len(part)})",
+        )
     lo = max(min(sub["measured_ms"].min(), sub["profile_ms"].min()), 1e-4)
     hi = max(sub["measured_ms"].max(), sub["profile_ms"].max())
     ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="measured ms", ylabel="predicted ms",
-           title=f"{cls}: measured vs predicted")  # fmt: skip
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="measured ms",
+        ylabel="predicted ms",
+        title=f"{cls}: measured vs predicted",
+    )
     ax.legend(fontsize=8)
     held = sub[sub["side"] == "held_out"]
     err = (held["profile_ms"] - held["measured_ms"]) / held["measured_ms"] * 100

@@ -16,6 +16,7 @@ from costmodels.attention import attention_work, decode_work
 from costmodels.collectives import collective_work
 from costmodels.common import Work
 from costmodels.elementwise import elementwise_work
+from costmodels.energy import PowerModel
 from costmodels.gemm import gemm_work
 from costmodels.params import ArchParams, arch_params
 from costmodels.profile import Profile, load_profile
@@ -78,6 +79,7 @@ class AnalyticalCostModel:
         self.gpu = system.gpu
         self.params = params if params is not None else arch_params(system.gpu.architecture)
         self.label = label or f"analytical ({system.gpu.architecture} defaults)"
+        self.power: PowerModel | None = None  # set when a profile carries an energy model
 
     @classmethod
     def for_gpu(

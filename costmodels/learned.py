@@ -223,6 +223,10 @@ class LearnedCostModel:
         return self.base.gpu
 
     @property
+    def power(self):
+        return self.base.power
+
+    @property
     def label(self) -> str:
         return self.base.label
 

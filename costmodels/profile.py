@@ -36,6 +36,9 @@ class Profile(BaseModel):
         default=None, description="learned per-op-class corrections (costmodels.learned)"
     )
     held_out_groups: list[str] = Field(default_factory=list)
+    power: dict[str, float] | None = Field(
+        default=None, description="energy model (costmodels.energy.PowerModel) fields"
+    )
     datasets: list[dict[str, Any]] = Field(default_factory=list)
     created: str = ""
     measured_on: dict[str, Any] = Field(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodels.analytical import AnalyticalCostModel
+from costmodels.energy import PowerModel
 from costmodels.learned import LearnedCostModel
 from costmodels.params import arch_params, deep_merge
 from costmodels.profile import Profile, load_profile
@@ -56,6 +57,8 @@ def model_from_profile(
     """Exactly what one profile says, on ``system`` (no shipped profiles mixed in)."""
     params = arch_params(system.gpu.architecture, profile.params)
     base = AnalyticalCostModel(system, params, label=label or f"profile {profile.name}")
+    if profile.power:
+        base.power = PowerModel.model_validate(profile.power)
     if not profile.learned:
         return base
     return LearnedCostModel.from_dict(base, profile.learned)
@@ -125,6 +128,8 @@ def get_cost_model(
         how += f"; collectives from the {coll[0].name} profile"
 
     base = AnalyticalCostModel(system, arch_params(arch, overrides), label=how)
+    if chosen is not None and chosen.power:
+        base.power = PowerModel.model_validate(chosen.power)
     if not residuals:
         return base
     features = (chosen.learned if chosen is not None and chosen.learned else coll[0].learned)[

@@ -29,7 +29,7 @@ def run(
         "--suite",
         help="all, or a comma list: gemm, attention, decode, "
         "blocksparse, elementwise, power, collectives",
-    ),  # fmt: skip
+    ),
     quick: bool = typer.Option(False, "--quick", help="Reduced shape sets."),
     tiny: bool = typer.Option(False, "--tiny", help="Tiny shapes (CPU smoke test)."),
     time_budget_s: float | None = typer.Option(
@@ -108,7 +108,7 @@ def report(
     data: list[Path] = DataOpt,
     output: Path | None = typer.Option(
         None, "--output", help="Folder for fidelity.csv, predictions.csv and report.html."
-    ),  # fmt: skip
+    ),
     fmt: Format = FormatOpt,
 ) -> None:
     """MAPE, p50 and p90 error per op class on held-out data; CSV and HTML with plots."""

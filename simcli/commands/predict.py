@@ -115,6 +115,10 @@ def _report(model, op: Op, fmt: Format) -> None:
         "achieved_gb_per_s": nbytes / t / 1e9 if t > 0 else 0.0,
         "model": model.label,
     }
+    if model.power is not None:
+        dtype = np.array([op.dtype.value])
+        result["power_w"] = float(model.power.power_w(work, dtype, model.gpu)[0])
+        result["energy_j"] = float(model.power.energy_j(work, dtype, model.gpu)[0])
     emit_object(result, fmt, title=f"{op.op.value} on {model.gpu.id}")
 
 

@@ -15,8 +15,10 @@ from costmodels.profile import Profile
 from costmodels.select import get_cost_model
 from workloads.ops import CSV_COLUMNS, Op, ops_frame
 
-TRUE = {"gemm": {"mma_efficiency": {"bf16": 0.70}, "launch_s": 7e-6},
-        "elementwise": {"memory_efficiency": {"rmsnorm": 0.55}}}  # fmt: skip
+TRUE = {
+    "gemm": {"mma_efficiency": {"bf16": 0.70}, "launch_s": 7e-6},
+    "elementwise": {"memory_efficiency": {"rmsnorm": 0.55}},
+}
 
 
 def _synthetic_ops(rng):
@@ -165,8 +167,22 @@ def test_cli_fit_and_report(run, dataset_dir, tmp_path):
     assert again.exit_code == 0, again.output
     rep = {r["op_class"]: r for r in json.loads(again.stdout)["fidelity"]}
     assert rep["gemm_half"]["profile_mape"] == pytest.approx(fidelity["gemm_half"]["learned_mape"])
-    pred = run("predict", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "h100-sxm",
-               "--profile", str(profile), "--format", "json")  # fmt: skip
+    pred = run(
+        "predict",
+        "gemm",
+        "--m",
+        "4096",
+        "--n",
+        "4096",
+        "--k",
+        "4096",
+        "--gpu",
+        "h100-sxm",
+        "--profile",
+        str(profile),
+        "--format",
+        "json",
+    )
     assert json.loads(pred.stdout)["model"].startswith("profile h100-sxm")
 
 
@@ -230,13 +246,34 @@ def test_cpu_runner_to_profile_end_to_end(run, tmp_path):
     """runner (torch CPU, tiny shapes) -> dataset -> fit -> report, as CI can run it."""
     pytest.importorskip("torch")
     data = tmp_path / "cpu"
-    result = run("calibrate", "run", "--suite", "gemm,elementwise", "--tiny", "--device", "cpu",
-                 "--out", str(data))  # fmt: skip
+    result = run(
+        "calibrate",
+        "run",
+        "--suite",
+        "gemm,elementwise",
+        "--tiny",
+        "--device",
+        "cpu",
+        "--out",
+        str(data),
+    )
     assert result.exit_code == 0, result.output
     assert (data / "gemm.csv").exists() and (data / "meta.json").exists()
     profile, report = tmp_path / "cpu.json", tmp_path / "report"
-    fit = run("calibrate", "fit", "--data", str(data), "--gpu", "h100-sxm", "--out", str(profile),
-              "--report", str(report), "--format", "json")  # fmt: skip
+    fit = run(
+        "calibrate",
+        "fit",
+        "--data",
+        str(data),
+        "--gpu",
+        "h100-sxm",
+        "--out",
+        str(profile),
+        "--report",
+        str(report),
+        "--format",
+        "json",
+    )
     assert fit.exit_code == 0, fit.output
     classes = {r["op_class"] for r in json.loads(fit.stdout)["fidelity"]}
     assert {"gemm_half", "elementwise", "all"} <= classes

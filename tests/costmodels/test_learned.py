@@ -60,8 +60,12 @@ def test_fit_needs_measurements(base):
 
 def test_corrections_are_bounded(base, fitted):
     model = fitted[0]
-    ops = [Op(op="gemm", m=1, n=1, k=1), Op(op="gemm", m=2**20, n=2**20, k=7),
-           Op(op="copy", bytes=10**12), Op(op="all_reduce", bytes=8, ranks=8)]  # fmt: skip
+    ops = [
+        Op(op="gemm", m=1, n=1, k=1),
+        Op(op="gemm", m=2**20, n=2**20, k=7),
+        Op(op="copy", bytes=10**12),
+        Op(op="all_reduce", bytes=8, ranks=8),
+    ]
     learned = np.array([model.predict(o) for o in ops])
     analytical = np.array([base.predict(o) for o in ops])
     assert np.isfinite(learned).all() and (learned > 0).all()

@@ -64,10 +64,23 @@ def arch(model: ModelConfig) -> dict:
 
 def test_builtin_ids_cover_the_brief():
     expected = {
-        "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-8b",
-        "llama3.1-70b", "llama3.1-405b", "mistral-7b", "mixtral-8x7b", "qwen2.5-7b",
-        "qwen2.5-72b", "gpt3-175b", "megatron-22b", "turing-530b", "megatron-1t",
-    }  # fmt: skip
+        "llama2-7b",
+        "llama2-13b",
+        "llama2-70b",
+        "llama3-8b",
+        "llama3-70b",
+        "llama3.1-8b",
+        "llama3.1-70b",
+        "llama3.1-405b",
+        "mistral-7b",
+        "mixtral-8x7b",
+        "qwen2.5-7b",
+        "qwen2.5-72b",
+        "gpt3-175b",
+        "megatron-22b",
+        "turing-530b",
+        "megatron-1t",
+    }
     assert set(model_ids()) == expected
     assert all(m.source for m in list_models())
 

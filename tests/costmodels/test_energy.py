@@ -1,0 +1,81 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from costmodels.energy import PowerModel
+from costmodels.select import get_cost_model
+from workloads.ops import Op
+
+
+def test_fit_recovers_power_model_and_respects_the_cap():
+    rng = np.random.default_rng(0)
+    uc, um = rng.uniform(0, 1, 40), rng.uniform(0, 1, 40)
+    p = np.minimum(700, 70 + 900 * uc + 450 * um)
+    fit = PowerModel.fit(uc, um, p, idle_w=70, cap_w=700)
+    assert fit.compute_w == pytest.approx(900, rel=0.02)
+    assert fit.memory_w == pytest.approx(450, rel=0.02)
+
+
+def test_capped_samples_only_bound_from_below():
+    # two uncapped memory-bound points, one compute-bound point at the cap
+    fit = PowerModel.fit(
+        np.array([0.0, 0.0, 0.3]),
+        np.array([0.5, 0.9, 0.1]),
+        np.array([300, 480, 700]),
+        idle_w=70,
+        cap_w=700,
+    )
+    assert fit.memory_w == pytest.approx(460, rel=0.05)
+    assert 70 + fit.compute_w * 0.3 + fit.memory_w * 0.1 >= 700 * 0.98
+
+
+def test_shipped_h100_energy_matches_measured_power_samples():
+    measured = pd.read_csv("calibrate/data/h100-sxm/power.csv")
+    copy = measured[measured["op"] == "copy"].iloc[0]
+    model = get_cost_model("h100-sxm")
+    assert model.power is not None
+    op = Op(op="copy", bytes=int(copy["bytes"]))
+    work = model.work(op)
+    energy = model.power.energy_j(work, np.array(["bf16"]), model.gpu)[0]
+    assert energy == pytest.approx(copy["energy_j"], rel=0.10)
+    gemm = model.work(Op(op="gemm", m=8192, n=8192, k=8192))
+    assert model.power.power_w(gemm, np.array(["bf16"]), model.gpu)[0] == pytest.approx(700.0)
+
+
+def test_energy_in_single_op_output(run):
+    import json
+
+    out = json.loads(
+        run(
+            "predict",
+            "gemm",
+            "--m",
+            "4096",
+            "--n",
+            "4096",
+            "--k",
+            "4096",
+            "--gpu",
+            "h100-sxm",
+            "--format",
+            "json",
+        ).stdout
+    )
+    assert out["energy_j"] == pytest.approx(out["power_w"] * out["predicted_ms"] / 1e3)
+    a100 = json.loads(
+        run(
+            "predict",
+            "gemm",
+            "--m",
+            "64",
+            "--n",
+            "64",
+            "--k",
+            "64",
+            "--gpu",
+            "a100-sxm-80gb",
+            "--format",
+            "json",
+        ).stdout
+    )
+    assert "energy_j" not in a100  # no power model for an uncalibrated GPU

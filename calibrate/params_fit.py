@@ -71,6 +71,10 @@ def _attn_group(backend: str) -> Group:
             Param((*b, "launch_s"), 1e-7, 1e-4),
             Param((*b, "bwd_launch_s"), 1e-7, 1e-4),
             Param((*b, "cta_latency_s"), 1e-8, 2e-5),
+            Param((*b, "fwd_head_dim_factor", "64"), 0.5, 2.0),
+            Param((*b, "fwd_head_dim_factor", "256"), 0.25, 2.0),
+            Param((*b, "bwd_head_dim_factor", "64"), 0.5, 2.0),
+            Param((*b, "bwd_head_dim_factor", "256"), 0.25, 2.0),
             Param((*b, "bwd_row_bytes"), 0.1, 2000.0),
         ),
     )
@@ -182,6 +186,9 @@ def _relevant(cols: Columns, mask: np.ndarray, params: list[Param]) -> list[Para
         if prm.path[:2] == per_dtype and not np.any(mask & (cols["dtype"] == prm.path[2])):
             continue
         if prm.path[:2] in per_op and not np.any(mask & (cols["op"] == prm.path[2])):
+            continue
+        factor = prm.path[-2] in ("fwd_head_dim_factor", "bwd_head_dim_factor")
+        if factor and not np.any(mask & (cols["head_dim"] == float(prm.path[-1]))):
             continue
         if prm.path[:2] == ("gemm", "misaligned_efficiency"):
             elt = np.where(np.isin(cols["dtype"], ["fp8", "int8"]), 1, np.where(

@@ -77,12 +77,31 @@ def _makespan_tiles(
     return np.where(uniform, waves, lpt)
 
 
+def head_dim_factor(d: np.ndarray, at64: np.ndarray, at256: np.ndarray) -> np.ndarray:
+    """Efficiency factor of a head_dim relative to 128: geometric interpolation in log2(d)
+    between the 64, 128 (= 1) and 256 points, held flat outside. With factors in
+    [0.5, 2] (64) and [0.25, 2] (256), tile time d / factor never decreases with d."""
+    x = np.clip(np.log2(np.maximum(d, 1.0) / 128.0), -1.0, 1.0)
+    return np.where(x < 0, at64 ** (-x), at256**x)
+
+
 def _backend_arrays(
     backends: np.ndarray, p: AttentionParams, default: str
 ) -> dict[str, np.ndarray]:
+    """Per-row backend parameters: the scalar fields, plus head-dim factors at 64 and 256."""
     names = np.where(backends == "", default, backends)
-    fields = AttentionBackendParams.model_fields
-    out = {f: np.empty(len(names)) for f in fields}
+    scalars = [
+        f
+        for f, info in AttentionBackendParams.model_fields.items()
+        if info.annotation in (float, int, "float", "int")
+    ]
+    extras = {
+        "fwd64": ("fwd_head_dim_factor", 64),
+        "fwd256": ("fwd_head_dim_factor", 256),
+        "bwd64": ("bwd_head_dim_factor", 64),
+        "bwd256": ("bwd_head_dim_factor", 256),
+    }
+    out = {f: np.empty(len(names)) for f in [*scalars, *extras]}
     for name in np.unique(names):
         if name not in p.backends:
             raise ValueError(
@@ -90,8 +109,10 @@ def _backend_arrays(
             )
         bp = p.backends[name]
         mask = names == name
-        for f in fields:
+        for f in scalars:
             out[f][mask] = getattr(bp, f)
+        for key, (field, d) in extras.items():
+            out[key][mask] = getattr(bp, field)[d]
     return out
 
 
@@ -139,7 +160,8 @@ def attention_work(
 
     exp_s = (1.0 - bp["exp_overlap"]) * bm * bn / sfu_per_sm
     # Forward: one CTA per (query block, head); the longest is a full row of key blocks.
-    fwd_tile_s = 4.0 * bm * bn * d / (sm_rate * bp["fwd_efficiency"]) + exp_s
+    fwd_eff = bp["fwd_efficiency"] * head_dim_factor(d, bp["fwd64"], bp["fwd256"])
+    fwd_tile_s = 4.0 * bm * bn * d / (sm_rate * fwd_eff) + exp_s
     max_fwd = np.where(dense_causal, np.minimum(nk, per_head), per_head / nq)
     fwd_span = _makespan_tiles(bh * nq, total, max_fwd, ~dense_causal, sm)
     fwd_bytes = batch * elt * d * (2.0 * sq * hq + 2.0 * skv * hkv) + bh * sq * 4.0
@@ -148,7 +170,8 @@ def attention_work(
     fwd_s = bp["launch_s"] + np.maximum(fwd_compute_s, fwd_bytes / hbm)
 
     # Backward: one CTA per (key block, head); recomputes P (exp) and does 5 matmuls.
-    bwd_tile_s = 10.0 * bm * bn * d / (sm_rate * bp["bwd_efficiency"]) + exp_s
+    bwd_eff = bp["bwd_efficiency"] * head_dim_factor(d, bp["bwd64"], bp["bwd256"])
+    bwd_tile_s = 10.0 * bm * bn * d / (sm_rate * bwd_eff) + exp_s
     # block-sparse backward: each key block visits ceil(density x query blocks) tiles
     dens = np.nan_to_num(density)
     per_head_bwd = np.where(sparse, nk * np.maximum(np.ceil(dens * nq), 1), per_head)

@@ -59,6 +59,15 @@ class AttentionBackendParams(_P):
     block_n: int = Field(gt=0, description="key columns per tile")
     launch_s: float = Field(ge=0)
     bwd_launch_s: float = Field(ge=0, description="extra fixed cost of the backward kernels")
+    fwd_head_dim_factor: dict[int, float] = Field(
+        default_factory=lambda: {64: 1.0, 256: 1.0},
+        description="forward efficiency at head_dim 64 and 256 relative to 128 (kernels are "
+        "compiled per head dim; 128 is usually the best tuned)",
+    )
+    bwd_head_dim_factor: dict[int, float] = Field(
+        default_factory=lambda: {64: 1.0, 256: 1.0},
+        description="backward efficiency at head_dim 64 and 256 relative to 128",
+    )
     cta_latency_s: float = Field(
         default=1.0e-6, ge=0, description="per wave of CTAs: loading Q (or K, V), storing outputs"
     )

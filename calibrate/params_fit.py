@@ -93,7 +93,11 @@ GROUPS: tuple[Group, ...] = (
             Param(("gemm", "memory_efficiency"), 0.3, 1.0),
             Param(("gemm", "launch_s"), 1e-7, 5e-5),
             Param(("gemm", "wave_latency_s"), 1e-8, 2e-5),
-            *(Param(("gemm", "misaligned_efficiency", a), 0.03, 1.0) for a in ("8", "4", "2", "1")),
+            *(
+                Param(("gemm", "misaligned_efficiency", e, a), 0.03, 1.0)
+                for e, aligns in (("1", "8421"), ("2", "842"), ("4", "84"))
+                for a in aligns
+            ),
             Param(("gemm", "k_overhead"), 1.0, 2048.0),
         ),
     ),
@@ -191,10 +195,14 @@ def _relevant(cols: Columns, mask: np.ndarray, params: list[Param]) -> list[Para
         if factor and not np.any(mask & (cols["head_dim"] == float(prm.path[-1]))):
             continue
         if prm.path[:2] == ("gemm", "misaligned_efficiency"):
-            elt = np.where(np.isin(cols["dtype"], ["fp8", "int8"]), 1, np.where(
-                np.isin(cols["dtype"], ["bf16", "fp16"]), 2, 4))  # fmt: skip
+            elt = np.where(
+                np.isin(cols["dtype"], ["fp8", "int8"]),
+                1,
+                np.where(np.isin(cols["dtype"], ["bf16", "fp16"]), 2, 4),
+            )
             align = np.minimum(row_alignment(cols["k"] * elt), row_alignment(cols["n"] * elt))
-            if not np.any(mask & (align == float(prm.path[2])) & (cols["dtype"] != "fp32")):
+            rows = mask & (elt == int(prm.path[2])) & (align == float(prm.path[3]))
+            if not np.any(rows & (cols["dtype"] != "fp32")):
                 continue
         keep.append(prm)
     return keep

@@ -52,8 +52,9 @@ def gemm_work(
     # (fp32 without TF32 runs SIMT kernels, which do not use TMA)
     align = np.minimum(row_alignment(k * in_b), row_alignment(n * in_b))
     factor = np.ones(len(align))
-    for bytes_, f in p.misaligned_efficiency.items():
-        factor[align == bytes_] = f
+    for elt_bytes, table in p.misaligned_efficiency.items():
+        for bytes_, f in table.items():
+            factor[(in_b == elt_bytes) & (align == bytes_)] = f
     eff = np.where(dtype == "fp32", eff, eff * factor)
     sm_rate = peak_flops(dtype, gpu) * eff / sm
     feed_per_sm = p.operand_feed_bytes_per_s / sm

@@ -38,9 +38,9 @@ class GemmParams(_P):
         ge=0, description="per-tile prologue/epilogue cost, in equivalent k elements"
     )
     max_split_k: int = Field(ge=1, description="largest split-K factor considered")
-    misaligned_efficiency: dict[int, float] = Field(
-        description="rate factor by the byte alignment (8, 4, 2, 1) of the k and n rows when it "
-        "is below 16 bytes: no TMA/wgmma kernels"
+    misaligned_efficiency: dict[int, dict[int, float]] = Field(
+        description="element bytes (1, 2, 4) -> byte alignment of the k and n rows below 16 "
+        "(8, 4, 2, 1) -> rate factor: no TMA/wgmma kernels"
     )
     wave_latency_s: float = Field(
         ge=0, description="fixed cost per wave: pipeline fill from HBM and the epilogue's stores"

@@ -16,6 +16,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from costmodels.analytical import AnalyticalCostModel, Columns
+from costmodels.features import COLLECTIVES, ELEMENTWISE
 from costmodels.gemm import row_alignment
 from costmodels.params import ArchParams
 from hardware_specs.registry import System
@@ -113,48 +114,18 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         "elementwise",
-        _ops(
-            "copy",
-            "rmsnorm",
-            "layernorm",
-            "swiglu",
-            "gelu",
-            "rope",
-            "softmax",
-            "cross_entropy",
-            "embedding",
-            "residual_add",
-            "adamw",
-        ),  # fmt: skip
+        _ops(*ELEMENTWISE),
         (
-            *(
-                Param(("elementwise", "memory_efficiency", k), 0.05, 1.0)
-                for k in (
-                    "copy",
-                    "rmsnorm",
-                    "layernorm",
-                    "swiglu",
-                    "gelu",
-                    "rope",
-                    "softmax",
-                    "cross_entropy",
-                    "embedding",
-                    "residual_add",
-                    "adamw",
-                )  # fmt: skip
-            ),
+            *(Param(("elementwise", "memory_efficiency", k), 0.05, 1.0) for k in ELEMENTWISE),
             Param(("elementwise", "ramp_bytes"), 1e3, 1e9),
             Param(("elementwise", "launch_s"), 1e-7, 5e-5),
         ),
     ),
     Group(
         "collectives",
-        _ops("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"),
+        _ops(*COLLECTIVES),
         (
-            *(
-                Param(("collectives", "intra_node_efficiency", k), 0.05, 1.0)
-                for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-            ),
+            *(Param(("collectives", "intra_node_efficiency", k), 0.05, 1.0) for k in COLLECTIVES),
             Param(("collectives", "protocols", "LL", "base_latency_s"), 1e-7, 1e-4),
             Param(("collectives", "protocols", "LL", "step_latency_s"), 1e-8, 1e-5),
             Param(("collectives", "protocols", "LL", "bandwidth_fraction"), 0.02, 1.0),

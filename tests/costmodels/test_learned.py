@@ -109,3 +109,13 @@ def test_features_and_classes_cover_every_op(base):
     assert x.shape == (len(BASE_OPS), len(FEATURE_NAMES))
     assert np.isfinite(x).all()
     assert (op_class(cols["op"], cols["dtype"]) != "").all()
+
+
+def test_feature_op_lists_match_the_op_schema():
+    # the learned models' feature order is frozen in shipped profiles, so these stay lists;
+    # they must still name exactly the schema's op kinds
+    from costmodels.features import COLLECTIVES, ELEMENTWISE
+    from workloads.ops import COLLECTIVE_KINDS, ELEMENTWISE_KINDS
+
+    assert set(ELEMENTWISE) == {k.value for k in ELEMENTWISE_KINDS}
+    assert set(COLLECTIVES) == {k.value for k in COLLECTIVE_KINDS}

@@ -138,7 +138,17 @@ class AnalyticalCostModel:
             put(mask, attention_work(*args, gpu, p.attention))
         mask = kind == OpKind.attn_decode.value
         if mask.any():
-            args = sub(mask, "batch", "seq_q", "seq_kv", "heads_q", "heads_kv", "head_dim", "dtype")
+            args = sub(
+                mask,
+                "batch",
+                "seq_q",
+                "seq_kv",
+                "heads_q",
+                "heads_kv",
+                "head_dim",
+                "dtype",
+                "backend",
+            )
             put(mask, decode_work(*args, gpu, p.attention))
         mask = np.isin(kind, _ELEMENTWISE)
         if mask.any():

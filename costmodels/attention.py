@@ -207,6 +207,7 @@ def decode_work(
     hkv: np.ndarray,
     d: np.ndarray,
     dtype: np.ndarray,
+    backend: np.ndarray,
     gpu: GpuSpec,
     p: AttentionParams,
 ) -> Work:
@@ -216,7 +217,9 @@ def decode_work(
     count s = clip(SMs x c / units, 1, seq_kv / 128) stands in for FlashAttention-2's
     discrete num_splits heuristic, so time stays monotone in every size. HBM traffic is
     K and V once, plus the fp32 partial outputs the combine step reads back; a decode
-    never beats one wave of 128-key blocks.
+    never beats one wave of 128-key blocks. Backends without split-KV (the memory-
+    efficient kernel) stream the cache with batch x KV-head CTAs only, so a small batch
+    leaves most SMs idle and reads at that fraction of the bandwidth.
     """
     sq = np.where(np.isnan(sq), 1.0, sq)
     elt = by_dtype(dtype, ELEMENT_BYTES, "decode attention")
@@ -230,7 +233,10 @@ def decode_work(
     split_units = np.clip(slots, units, units * np.maximum(skv / DECODE_BLOCK_N, 1.0))
     combine_bytes = split_units * np.minimum(rows, 64.0) * (d + 1) * 4.0 * 2.0
     floor_bytes = slots * DECODE_BLOCK_N * d * 2.0 * elt
-    bw = gpu.hbm_bytes_per_s * p.decode_memory_efficiency
+    split = np.isin(np.where(backend == "", "flash", backend), p.decode_split_kv_backends)
+    occupancy = np.where(split, 1.0, np.minimum(1.0, units / slots))
+    combine_bytes = np.where(split, combine_bytes, 0.0)
+    bw = gpu.hbm_bytes_per_s * p.decode_memory_efficiency * occupancy
     mem_s = (np.maximum(kv_bytes + qo_bytes, floor_bytes) + combine_bytes) / bw
     compute_s = flops / (peak_flops(dtype, gpu) * 0.25)  # few query rows: tensor cores mostly idle
     time_s = p.decode_launch_s + np.maximum(mem_s, compute_s)

@@ -22,7 +22,7 @@ from costmodels.common import Work
 from costmodels.features import FEATURE_NAMES, feature_matrix, op_class
 from workloads.ops import Op, normalise_frame
 
-FAMILIES = ("none", "linear", "trees")
+FAMILIES = ("none", "linear", "shallow", "trees")
 
 
 class NotFittedError(RuntimeError):
@@ -176,6 +176,19 @@ def _fit_family(family: str, x: np.ndarray, y: np.ndarray, bound: float, seed: i
         return Residual(
             "linear", bound, linear=(reg.coef_.copy(), float(reg.intercept_), mean, scale)
         )
+    if family == "shallow":  # few, shallow trees: smooth corrections that travel across families
+        from sklearn.ensemble import GradientBoostingRegressor
+
+        reg = GradientBoostingRegressor(
+            loss="huber",
+            n_estimators=60,
+            max_depth=2,
+            learning_rate=0.1,
+            subsample=0.8,
+            min_samples_leaf=10,
+            random_state=seed,
+        ).fit(x, y)
+        return Residual("trees", bound, trees=TreeEnsemble.from_sklearn(reg))
     if family == "trees":
         from sklearn.ensemble import GradientBoostingRegressor
 
@@ -204,7 +217,7 @@ class LearnedCostModel:
         base: AnalyticalCostModel,
         *,
         families: tuple[str, ...] = FAMILIES,
-        bound: float = math.log(4.0),
+        bound: float = math.log(2.0),
         folds: int = 4,
         seed: int = 0,
     ):

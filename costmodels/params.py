@@ -86,6 +86,10 @@ class AttentionParams(_P):
         gt=0, description="CTAs per SM needed to saturate HBM in split-KV decode"
     )
     decode_launch_s: float = Field(ge=0, description="split-KV kernel plus combine kernel")
+    decode_split_kv_backends: list[str] = Field(
+        default=["flash", "flex"],
+        description="backends whose decode kernels split the KV cache over CTAs (Flash-Decoding)",
+    )
     memory_efficiency: float = Field(gt=0, le=1)
 
 

@@ -1,0 +1,152 @@
+"""Whole-step measurements: a training step and serving steps of real models, in plain
+PyTorch, to validate simcli's step simulators end to end (not to fit op models).
+
+    python3 -m calibrate.steps.train_step --out DIR [--tiny] [--time-budget-s S]
+    python3 -m calibrate.steps.serve_step --out DIR [--tiny] [--time-budget-s S]
+
+Like ``calibrate.run``, these run on the device machine, where this project is not
+installed: they import only the standard library, torch and ``calibrate.bench.common``
+(itself stdlib-only at import). This module holds what the two scripts share; it
+imports torch lazily so that ``--help`` works without it.
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from calibrate.bench import common as C
+
+# Statuses a row may carry: the runner's four plus 'skipped' (known not to fit or over
+# the token cap, so not attempted).
+STATUSES = (*C.STATUSES, "skipped")
+
+
+class RowWriter:
+    """The CSV rewritten whole (temp file, then rename) after every row: an interrupted
+    run leaves a complete CSV of the rows measured so far, never a half-written one."""
+
+    def __init__(self, path: Path, columns: Sequence[str]):
+        self.path = Path(path)
+        self.columns = list(columns)
+        self.rows: list[dict[str, str]] = []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._flush()
+
+    def write(self, row: dict[str, Any]) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:
+            raise KeyError(f"row has columns the CSV does not: {sorted(unknown)}")
+        self.rows.append({c: C.fmt(row.get(c)) for c in self.columns})
+        self._flush()
+
+    def _flush(self) -> None:
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns)
+            w.writeheader()
+            w.writerows(self.rows)
+        os.replace(tmp, self.path)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r["status"]] = out.get(r["status"], 0) + 1
+        return out
+
+
+class Marks:
+    """Time marks within a step: CUDA events on a GPU (read after one synchronize),
+    the wall clock on the CPU."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            import torch
+
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append(e)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals_ms(self) -> list[float]:
+        """Milliseconds between consecutive marks (synchronizes on a GPU)."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def sdpa_choice(q, k, v, *, is_causal: bool, enable_gqa: bool) -> str:
+    """The SDPA backend PyTorch's default dispatch picks for these inputs (the same
+    function ``F.scaled_dot_product_attention`` consults), e.g. FLASH_ATTENTION."""
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend
+
+        i = torch._fused_sdp_choice(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+        return SDPBackend(int(i)).name
+    except Exception as exc:  # private API: record why rather than fail the run
+        return f"unknown ({type(exc).__name__})"
+
+
+def free_memory(cuda: bool) -> None:
+    gc.collect()
+    if cuda:
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def reset_peak(cuda: bool) -> None:
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peaks(cuda: bool) -> tuple[int | None, int | None]:
+    if not cuda:
+        return None, None
+    import torch
+
+    return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+
+
+def base_meta(ctx: C.Context, args: Any, script: str) -> dict[str, Any]:
+    """Environment (GPU, driver, torch, CUDA, cuDNN, versions), clocks, arguments."""
+    import torch
+
+    env = C.environment(ctx, getattr(args, "device_kind", ""))
+    for k in ("warmup_ms", "rep_ms", "timer", "timing_method"):
+        env.pop(k, None)  # the op runner's timing settings; these scripts time otherwise
+    env["torch_git_version"] = getattr(torch.version, "git_version", None)
+    env["cudnn_enabled"] = bool(torch.backends.cudnn.enabled)
+    env["pytorch_cuda_alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return {
+        "script": script,
+        "args": {k: v for k, v in vars(args).items()},
+        "environment": env,
+        "clocks_before": C.clocks_snapshot(ctx),
+    }
+
+
+def stopped_for_budget(deadline: float) -> bool:
+    return time.monotonic() > deadline

@@ -87,7 +87,7 @@ class AttentionParams(_P):
     )
     decode_launch_s: float = Field(ge=0, description="split-KV kernel plus combine kernel")
     decode_split_kv_backends: list[str] = Field(
-        default=["flash", "flex"],
+        default=["flash", "cudnn", "flex"],
         description="backends whose decode kernels split the KV cache over CTAs (Flash-Decoding)",
     )
     memory_efficiency: float = Field(gt=0, le=1)

@@ -106,7 +106,7 @@ BACKENDS: dict[OpKind, tuple[str, ...]] = {
     OpKind.attn_fwd: ("flash", "cudnn", "flex", "efficient"),
     OpKind.attn_bwd: ("flash", "cudnn", "flex", "efficient"),
     OpKind.attn_fwdbwd: ("flash", "cudnn", "flex", "efficient"),
-    OpKind.attn_decode: ("flash", "flex", "efficient"),
+    OpKind.attn_decode: ("flash", "cudnn", "flex", "efficient"),
     OpKind.attn_blocksparse_fwd: ("flex", "flash"),
     OpKind.attn_blocksparse_bwd: ("flex", "flash"),
 }

@@ -80,10 +80,7 @@ class Arch:
     def params(self) -> int:
         h, d = self.hidden, self.head_dim
         per_layer = (
-            h * (self.heads + 2 * self.kv_heads) * d
-            + self.heads * d * h
-            + 3 * h * self.ffn
-            + 2 * h
+            h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h + 3 * h * self.ffn + 2 * h
         )
         return self.layers * per_layer + 2 * self.vocab * h + h
 
@@ -418,7 +415,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="decode steps replayed from a CUDA graph (default) or run eagerly",
     )
     ap.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
-    ap.add_argument("--reps", type=int, default=0, help="timed runs (default: 5 prefill, 20 decode)")
+    ap.add_argument(
+        "--reps", type=int, default=0, help="timed runs (default: 5 prefill, 20 decode)"
+    )
     ap.add_argument(
         "--prefill-share",
         type=float,
@@ -454,22 +453,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def plan(args) -> list[tuple[str, int, int]]:
     t = args.tiny
-    pb = _ints(args.prefill_batches, "--prefill-batches") if args.prefill_batches else (
-        TINY_PREFILL_BATCHES if t else PREFILL_BATCHES
+    pb = (
+        _ints(args.prefill_batches, "--prefill-batches")
+        if args.prefill_batches
+        else (TINY_PREFILL_BATCHES if t else PREFILL_BATCHES)
     )
-    pl = _ints(args.prompt_lens, "--prompt-lens") if args.prompt_lens else (
-        TINY_PROMPT_LENS if t else PROMPT_LENS
+    pl = (
+        _ints(args.prompt_lens, "--prompt-lens")
+        if args.prompt_lens
+        else (TINY_PROMPT_LENS if t else PROMPT_LENS)
     )
-    db = _ints(args.decode_batches, "--decode-batches") if args.decode_batches else (
-        TINY_DECODE_BATCHES if t else DECODE_BATCHES
+    db = (
+        _ints(args.decode_batches, "--decode-batches")
+        if args.decode_batches
+        else (TINY_DECODE_BATCHES if t else DECODE_BATCHES)
     )
-    cl = _ints(args.context_lens, "--context-lens") if args.context_lens else (
-        TINY_CONTEXT_LENS if t else CONTEXT_LENS
+    cl = (
+        _ints(args.context_lens, "--context-lens")
+        if args.context_lens
+        else (TINY_CONTEXT_LENS if t else CONTEXT_LENS)
     )
     cfgs: list[tuple[str, int, int]] = []
     if "prefill" in args.phase_list:
         # fewest tokens first: a run cut short by its budget loses the largest steps
-        cfgs += sorted((("prefill", b, p) for b in pb for p in pl), key=lambda c: (c[1] * c[2], c[2]))
+        cfgs += sorted(
+            (("prefill", b, p) for b in pb for p in pl), key=lambda c: (c[1] * c[2], c[2])
+        )
     if "decode" in args.phase_list:
         cfgs += [("decode", b, c) for c in cl for b in db]
     return cfgs

@@ -400,8 +400,8 @@ def test_bad_backend_and_serving_argument_names():
     m = get_model("llama3-8b")
     with pytest.raises(ModelError, match="allowed: flash, cudnn, flex, efficient"):
         layer_forward_ops(m, 1, 128, attn_backend="xformers")
-    with pytest.raises(ModelError, match="for attn_decode; allowed: flash, flex, efficient"):
-        decode_step_ops(m, 1, 128, attn_backend="cudnn")
+    with pytest.raises(ModelError, match="for attn_decode; allowed: flash, cudnn, flex, efficient"):
+        decode_step_ops(m, 1, 128, attn_backend="triton")
     with pytest.raises(ModelError, match="context_len must be a positive integer"):
         decode_step_ops(m, 1, 0)
     with pytest.raises(ModelError, match="prompt_len must be a positive integer"):

@@ -19,7 +19,6 @@ from costmodels.elementwise import elementwise_work
 from costmodels.energy import PowerModel
 from costmodels.gemm import gemm_work
 from costmodels.params import ArchParams, arch_params
-from costmodels.profile import Profile, load_profile
 from hardware_specs.registry import Catalog, System, load_catalog
 from workloads.ops import (
     COLLECTIVE_KINDS,
@@ -89,17 +88,11 @@ class AnalyticalCostModel:
         num_gpus: int | None = None,
         catalog: Catalog | None = None,
         hardware_file: str | Path | None = None,
-        profile: str | Path | Profile | None = None,
     ) -> AnalyticalCostModel:
-        """The model for ``--gpu ID`` in its reference node, optionally with a profile."""
+        """The uncalibrated model for ``--gpu ID`` in its reference node (profiles, own or
+        shipped, come through :func:`costmodels.select.get_cost_model`)."""
         cat = catalog if catalog is not None else load_catalog(hardware_file)
-        system = cat.system(gpu_id, num_gpus)
-        if profile is None:
-            return cls(system)
-        prof = profile if isinstance(profile, Profile) else load_profile(profile)
-        prof.check_gpu(gpu_id)
-        params = arch_params(system.gpu.architecture, prof.params)
-        return cls(system, params, label=f"profile {prof.name}")
+        return cls(cat.system(gpu_id, num_gpus))
 
     # --- prediction ------------------------------------------------------------------
     def work_columns(self, cols: Columns) -> Work:

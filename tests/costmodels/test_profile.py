@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from costmodels import AnalyticalCostModel, ProfileError, load_profile
+from costmodels import ProfileError, load_profile
+from costmodels.select import get_cost_model
 from workloads.ops import Op
 
 COPY = Op(op="copy", bytes=2**30)
@@ -23,7 +24,7 @@ def test_profile_overrides_parameters(tmp_path, h100):
             "params": {"elementwise": {"memory_efficiency": {"copy": 0.45}}},
         },
     )
-    slow = AnalyticalCostModel.for_gpu("h100-sxm", profile=path)
+    slow = get_cost_model("h100-sxm", profile=path, use_shipped=False)
     assert slow.label == "profile test"
     base = h100.params.elementwise
     ratio = (slow.predict(COPY) - base.launch_s) / (h100.predict(COPY) - base.launch_s)
@@ -36,7 +37,7 @@ def test_profile_overrides_parameters(tmp_path, h100):
 def test_profile_for_another_gpu_is_refused(tmp_path):
     path = _write(tmp_path, {"name": "h200 run", "gpu": "h200-sxm"})
     with pytest.raises(ProfileError, match="measured on 'h200-sxm', not 'h100-sxm'"):
-        AnalyticalCostModel.for_gpu("h100-sxm", profile=path)
+        get_cost_model("h100-sxm", profile=path, use_shipped=False)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +62,7 @@ def test_bad_override_values_are_rejected(tmp_path):
         tmp_path, {"name": "x", "gpu": "h100-sxm", "params": {"gemm": {"memory_efficiency": 3}}}
     )
     with pytest.raises(ValueError, match="gemm.memory_efficiency"):
-        AnalyticalCostModel.for_gpu("h100-sxm", profile=path)
+        get_cost_model("h100-sxm", profile=path, use_shipped=False)
 
 
 def test_missing_profile_file(tmp_path):

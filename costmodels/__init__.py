@@ -25,26 +25,27 @@ __all__ = [
 ]
 
 
-def _model_for(hw, **kwargs) -> AnalyticalCostModel:
-    """``hw`` may be a GPU id, a GpuSpec (placed in its reference node), a System or a model."""
+def _model_for(hw, **kwargs):
+    """``hw``: a GPU id or GpuSpec (best model: its profile when one ships), a System
+    (uncalibrated model on that exact system), or a cost model used as is."""
+    from costmodels.learned import LearnedCostModel
+    from costmodels.select import get_cost_model
     from hardware_specs.registry import System, builtin_catalog
-    from hardware_specs.schema import GpuSpec
+    from hardware_specs.schema import GpuSpec, HardwareFile
 
-    if isinstance(hw, AnalyticalCostModel):
+    if isinstance(hw, AnalyticalCostModel | LearnedCostModel):
         return hw
     if isinstance(hw, System):
         return AnalyticalCostModel(hw)
     if isinstance(hw, GpuSpec):
         cat = builtin_catalog()
-        if hw.id not in cat.gpus or cat.gpus[hw.id] != hw:
-            from hardware_specs.schema import HardwareFile
-
-            node = cat.reference_node(hw.id) if hw.id in cat.gpus else None
-            if node is None:
-                raise ValueError(f"GPU {hw.id!r} has no reference node; pass a System instead")
+        if hw.id not in cat.gpus:
+            raise ValueError(f"GPU {hw.id!r} has no reference node; pass a System instead")
+        if cat.gpus[hw.id] != hw:  # a modified spec: priced as specified, not as calibrated
             cat = cat.merged(HardwareFile(gpus=[hw]))
-        return AnalyticalCostModel.for_gpu(hw.id, catalog=cat, **kwargs)
-    return AnalyticalCostModel.for_gpu(str(hw), **kwargs)
+            return AnalyticalCostModel.for_gpu(hw.id, catalog=cat)
+        return get_cost_model(hw.id, catalog=cat, **kwargs)
+    return get_cost_model(str(hw), **kwargs)
 
 
 def predict(op, hw, **kwargs) -> float:

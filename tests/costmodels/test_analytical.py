@@ -7,6 +7,7 @@ from costmodels import AnalyticalCostModel, arch_params
 from costmodels.attention import causal_tiles_per_head
 from costmodels.common import floor_sum
 from costmodels.gemm import gemm_work
+from costmodels.select import get_cost_model
 from hardware_specs.registry import builtin_catalog
 from workloads.ops import Op
 
@@ -237,13 +238,15 @@ def test_module_level_predict_accepts_id_spec_and_system():
 
     op = Op(op="gemm", m=4096, n=4096, k=4096)
     cat = builtin_catalog()
-    by_id = costmodels.predict(op, "h100-sxm")
+    by_id = costmodels.predict(op, "h100-sxm")  # the shipped H100 profile
+    assert by_id == get_cost_model("h100-sxm").predict(op)
     assert costmodels.predict(op, cat.gpu("h100-sxm")) == by_id
-    assert costmodels.predict(op, cat.system("h100-sxm", 16)) == by_id
+    system = cat.system("h100-sxm", 16)  # an explicit system: the uncalibrated model on it
+    assert costmodels.predict(op, system) == AnalyticalCostModel(system).predict(op)
     data = cat.gpu("h100-sxm").model_dump()
     data.update(boost_clock_mhz=915.0, peak_dense_tflops={"bf16": 494.7})
     slower = type(cat.gpu("h100-sxm")).model_validate(data)
-    assert costmodels.predict(op, slower) > by_id
+    assert costmodels.predict(op, slower) > AnalyticalCostModel(system).predict(op)
     assert costmodels.predict_many(ops_frame([op, op]), "h100-sxm").tolist() == [by_id, by_id]
 
 

@@ -17,6 +17,7 @@ from costmodels.collectives import collective_work
 from costmodels.common import Work
 from costmodels.elementwise import elementwise_work
 from costmodels.energy import PowerModel
+from costmodels.features import lookup
 from costmodels.gemm import gemm_work
 from costmodels.params import ArchParams, arch_params
 from hardware_specs.registry import Catalog, System, load_catalog
@@ -40,6 +41,13 @@ _ATTN_TILED = [
 _ELEMENTWISE = [k.value for k in ELEMENTWISE_KINDS]
 _COLLECTIVES = [k.value for k in COLLECTIVE_KINDS]
 _STR_COLUMNS = ("op", "dtype", "backend")
+_FAMILY_OF_OP = {
+    OpKind.gemm.value: "gemm",
+    **{k: "tiled" for k in _ATTN_TILED},
+    OpKind.attn_decode.value: "decode",
+    **{k: "elementwise" for k in _ELEMENTWISE},
+    **{k: "collective" for k in _COLLECTIVES},
+}
 Columns = dict[str, np.ndarray]
 
 
@@ -98,6 +106,7 @@ class AnalyticalCostModel:
     def work_columns(self, cols: Columns) -> Work:
         """Time, FLOPs and bytes for every row of a column dict."""
         kind = cols["op"]
+        family = lookup(kind, _FAMILY_OF_OP)  # one pass over the distinct op names
         size = len(kind)
         time_s, flops, nbytes = np.zeros(size), np.zeros(size), np.zeros(size)
         gpu, p = self.gpu, self.params
@@ -108,10 +117,10 @@ class AnalyticalCostModel:
         def sub(mask: np.ndarray, *names: str) -> list[np.ndarray]:
             return [cols[n][mask] for n in names]
 
-        mask = kind == OpKind.gemm.value
+        mask = family == "gemm"
         if mask.any():
             put(mask, gemm_work(*sub(mask, "m", "n", "k", "batch", "dtype"), gpu, p.gemm))
-        mask = np.isin(kind, _ATTN_TILED)
+        mask = family == "tiled"
         if mask.any():
             args = sub(
                 mask,
@@ -129,7 +138,7 @@ class AnalyticalCostModel:
                 "block_size",
             )
             put(mask, attention_work(*args, gpu, p.attention))
-        mask = kind == OpKind.attn_decode.value
+        mask = family == "decode"
         if mask.any():
             args = sub(
                 mask,
@@ -143,13 +152,13 @@ class AnalyticalCostModel:
                 "backend",
             )
             put(mask, decode_work(*args, gpu, p.attention))
-        mask = np.isin(kind, _ELEMENTWISE)
+        mask = family == "elementwise"
         if mask.any():
             put(
                 mask,
                 elementwise_work(*sub(mask, "op", "m", "n", "bytes", "dtype"), gpu, p.elementwise),
             )
-        mask = np.isin(kind, _COLLECTIVES)
+        mask = family == "collective"
         if mask.any():
             put(
                 mask,

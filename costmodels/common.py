@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from hardware_specs.schema import DTYPE_BYTES, Dtype, GpuSpec
 
@@ -24,13 +25,12 @@ class Work:
 
 def by_dtype(dtypes: np.ndarray, table: dict[str, float], what: str) -> np.ndarray:
     """Map a string array of dtypes through ``table``; unknown ones raise one clear line."""
-    out = np.empty(len(dtypes), dtype=float)
-    for d in np.unique(dtypes):
-        if d not in table:
-            allowed = ", ".join(sorted(str(k) for k in table))
-            raise ValueError(f"{what} has no entry for dtype {d!r}; supported: {allowed}")
-        out[dtypes == d] = table[d]
-    return out
+    codes, uniq = pd.factorize(dtypes)  # hashing over distinct values, not per-value masks
+    missing = [str(d) for d in uniq if d not in table]
+    if missing:
+        allowed = ", ".join(sorted(str(k) for k in table))
+        raise ValueError(f"{what} has no entry for dtype {missing[0]!r}; supported: {allowed}")
+    return np.array([float(table[d]) for d in uniq] + [np.nan])[codes]
 
 
 def peak_flops(dtypes: np.ndarray, gpu: GpuSpec) -> np.ndarray:

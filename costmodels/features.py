@@ -9,6 +9,7 @@ two cannot drift apart.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from costmodels.common import ELEMENT_BYTES, Work, by_dtype
 from costmodels.gemm import row_alignment
@@ -36,19 +37,31 @@ OP_CLASSES = {
 }
 
 
+_CLASS_OF_OP = {
+    **{k: "attn" for k in ("attn_fwd", "attn_bwd", "attn_fwdbwd")},
+    "attn_decode": "decode",
+    **{k: "blocksparse" for k in ("attn_blocksparse_fwd", "attn_blocksparse_bwd")},
+    **{k: "elementwise" for k in ELEMENTWISE},
+    **{k: "collective" for k in COLLECTIVES},
+}
+_GEMM_CLASS_OF_DTYPE = {
+    "bf16": "gemm_half", "fp16": "gemm_half", "fp32": "gemm_fp32", "tf32": "gemm_fp32",
+    "fp8": "gemm_fp8", "int8": "gemm_fp8", "fp64": "gemm_fp64",
+}  # fmt: skip
+
+
+def lookup(values: np.ndarray, table: dict[str, str], default: str = "") -> np.ndarray:
+    """Map a string array through ``table`` via its distinct values (fast on big arrays)."""
+    codes, uniq = pd.factorize(values)  # hashing, not sorting: fast on big string arrays
+    return np.array([table.get(str(u), default) for u in uniq] + [default], dtype=object)[codes]
+
+
 def op_class(op: np.ndarray, dtype: np.ndarray) -> np.ndarray:
     """The op class of every row (see :data:`OP_CLASSES`)."""
-    out = np.full(len(op), "", dtype=object)
+    out = lookup(op, _CLASS_OF_OP)
     gemm = op == "gemm"
-    out[gemm & np.isin(dtype, ["bf16", "fp16"])] = "gemm_half"
-    out[gemm & np.isin(dtype, ["fp32", "tf32"])] = "gemm_fp32"
-    out[gemm & np.isin(dtype, ["fp8", "int8"])] = "gemm_fp8"
-    out[gemm & (dtype == "fp64")] = "gemm_fp64"
-    out[np.isin(op, ["attn_fwd", "attn_bwd", "attn_fwdbwd"])] = "attn"
-    out[op == "attn_decode"] = "decode"
-    out[np.isin(op, ["attn_blocksparse_fwd", "attn_blocksparse_bwd"])] = "blocksparse"
-    out[np.isin(op, ELEMENTWISE)] = "elementwise"
-    out[np.isin(op, COLLECTIVES)] = "collective"
+    if gemm.any():
+        out[gemm] = lookup(dtype[gemm], _GEMM_CLASS_OF_DTYPE)
     return out
 
 

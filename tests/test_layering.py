@@ -38,7 +38,11 @@ def test_device_runner_needs_no_project_packages_or_pydantic():
     # the benchmark runner runs on GPU machines without pydantic or this package installed
     allowed_local = {"calibrate"}
     forbidden = {"pydantic", "typer", *LAYERS} - allowed_local
-    runner = [ROOT / "calibrate" / "run.py", *(ROOT / "calibrate" / "bench").rglob("*.py")]
+    runner = [
+        ROOT / "calibrate" / "run.py",
+        *(ROOT / "calibrate" / "bench").rglob("*.py"),
+        *(ROOT / "calibrate" / "steps").rglob("*.py"),
+    ]
     for path in runner:
         if path.exists():
             bad = _imports(path) & forbidden

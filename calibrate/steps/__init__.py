@@ -150,3 +150,23 @@ def base_meta(ctx: C.Context, args: Any, script: str) -> dict[str, Any]:
 
 def stopped_for_budget(deadline: float) -> bool:
     return time.monotonic() > deadline
+
+
+def add_common_args(ap) -> None:
+    """Options both step scripts take: budget, device, GQA mode, seed, labels, --list."""
+    ap.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="start no new config after this many seconds (the CSV stays complete)",
+    )
+    ap.add_argument("--device", default="auto", help="auto | cuda | cpu")
+    ap.add_argument(
+        "--gqa",
+        default="auto",
+        choices=("auto", "native", "repeat"),
+        help="grouped KV heads: SDPA enable_gqa (native), repeated first, or auto",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device-kind", default="", help="label stored in the meta JSON")
+    ap.add_argument("--list", action="store_true", help="print the planned configs; run none")

@@ -40,7 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.bench import common as C
-from calibrate.steps import Marks, RowWriter, base_meta, free_memory, median, sdpa_choice
+from calibrate.steps import (
+    Marks,
+    RowWriter,
+    add_common_args,
+    base_meta,
+    free_memory,
+    median,
+    sdpa_choice,
+)
 
 COLUMNS = (
     "phase",
@@ -424,22 +432,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.5,
         help="share of --time-budget-s the prefill phase may use (default 0.5)",
     )
-    ap.add_argument(
-        "--time-budget-s",
-        type=float,
-        default=None,
-        help="start no new config after this many seconds (the CSV stays complete)",
-    )
-    ap.add_argument("--device", default="auto", help="auto | cuda | cpu")
-    ap.add_argument(
-        "--gqa",
-        default="auto",
-        choices=("auto", "native", "repeat"),
-        help="grouped KV heads: SDPA enable_gqa (native), repeated first, or auto",
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device-kind", default="", help="label stored in the meta JSON")
-    ap.add_argument("--list", action="store_true", help="print the planned configs; run none")
+    add_common_args(ap)
     args = ap.parse_args(argv)
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     bad = [p for p in phases if p not in ("prefill", "decode")]

@@ -37,6 +37,7 @@ from calibrate.bench import common as C
 from calibrate.steps import (
     Marks,
     RowWriter,
+    add_common_args,
     base_meta,
     free_memory,
     median,
@@ -344,22 +345,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shapes", default="", help="comma list of BATCHxSEQ (default: built-in)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     ap.add_argument("--steps", type=int, default=6, help="timed steps (default 6)")
-    ap.add_argument(
-        "--time-budget-s",
-        type=float,
-        default=None,
-        help="start no new config after this many seconds (the CSV stays complete)",
-    )
-    ap.add_argument("--device", default="auto", help="auto | cuda | cpu")
-    ap.add_argument(
-        "--gqa",
-        default="auto",
-        choices=("auto", "native", "repeat"),
-        help="grouped KV heads: SDPA enable_gqa (native), repeated first, or auto",
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device-kind", default="", help="label stored in the meta JSON")
-    ap.add_argument("--list", action="store_true", help="print the planned configs; run none")
+    add_common_args(ap)
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")

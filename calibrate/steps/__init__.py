@@ -170,3 +170,35 @@ def add_common_args(ap) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device-kind", default="", help="label stored in the meta JSON")
     ap.add_argument("--list", action="store_true", help="print the planned configs; run none")
+
+
+class _NoSkip(Exception):
+    """Never raised: the default for ``run_guarded(skip=...)``."""
+
+
+def run_guarded(row: dict[str, Any], fn, ctx, skip: type[Exception] = _NoSkip) -> str | None:
+    """Run one config into ``row`` (status ok, skipped, or the classified failure).
+
+    Returns an error message when the device can no longer be used (a sticky CUDA error,
+    or one that surfaces at the next synchronize), so the caller stops starting configs.
+    """
+    failure = None
+    try:
+        row.update(fn())
+        row["status"] = "ok"
+    except KeyboardInterrupt:
+        raise
+    except skip as exc:
+        row["status"], row["error"] = "skipped", str(exc)
+    except Exception as exc:
+        row["status"], row["error"] = C.classify(exc)
+        failure = exc
+    if failure is None:
+        return None
+    if C.is_sticky(failure):
+        return row["error"]
+    try:
+        C.synchronize(ctx)
+    except Exception as exc2:
+        return C.classify(exc2)[1]
+    return None

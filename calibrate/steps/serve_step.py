@@ -47,6 +47,7 @@ from calibrate.steps import (
     base_meta,
     free_memory,
     median,
+    run_guarded,
     sdpa_choice,
 )
 
@@ -563,26 +564,11 @@ def main(argv: list[str] | None = None) -> int:
         row = _row(phase, b, n)
         run = run_prefill if phase == "prefill" else run_decode
         reps = args.reps or (5 if phase == "prefill" else 20)
-        exc_seen = None
-        try:
-            row.update(run(arch, w, rope, b, n, _with(args, reps=reps), ctx, dtype))
-            row["status"] = "ok"
-        except KeyboardInterrupt:
-            raise
-        except Skip as exc:
-            row["status"], row["error"] = "skipped", str(exc)
-        except Exception as exc:
-            row["status"], row["error"] = C.classify(exc)
-            exc_seen = exc
-        if exc_seen is not None:
-            if C.is_sticky(exc_seen):
-                fatal = row["error"]
-            else:
-                try:
-                    C.synchronize(ctx)
-                except Exception as exc2:
-                    fatal = C.classify(exc2)[1]
-        del exc_seen
+
+        def one(run=run, b=b, n=n, reps=reps) -> dict[str, Any]:
+            return run(arch, w, rope, b, n, _with(args, reps=reps), ctx, dtype)
+
+        fatal = run_guarded(row, one, ctx, skip=Skip) or fatal
         free_memory(ctx.is_cuda)
         sink.write(row)
         print(_line(row), flush=True)

@@ -43,6 +43,7 @@ from calibrate.steps import (
     median,
     peaks,
     reset_peak,
+    run_guarded,
     sdpa_choice,
 )
 
@@ -458,27 +459,14 @@ def main(argv: list[str] | None = None) -> int:
                 row["status"], row["error"] = build_error[0], "model build: " + build_error[1]
                 sink.write(row)
                 continue
-            exc_seen = None
-            try:
+
+            def one(arch=arch, model=model, opt=opt, b=b, s=s, row=row) -> dict[str, Any]:
                 gqa_mode, backend = resolve_gqa(args.gqa, arch, ctx.device, b, s)
                 row.update(gqa_mode=gqa_mode, sdpa_backend=backend)
                 set_gqa_mode(model, gqa_mode)
-                row.update(measure(model, opt, arch, b, s, args, ctx))
-                row["status"] = "ok"
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                row["status"], row["error"] = C.classify(exc)
-                exc_seen = exc
-            if exc_seen is not None:
-                if C.is_sticky(exc_seen):
-                    fatal = row["error"]
-                else:
-                    try:
-                        C.synchronize(ctx)
-                    except Exception as exc2:
-                        fatal = C.classify(exc2)[1]
-            del exc_seen
+                return measure(model, opt, arch, b, s, args, ctx)
+
+            fatal = run_guarded(row, one, ctx) or fatal
             if opt is not None:
                 opt.zero_grad(set_to_none=True)
             free_memory(ctx.is_cuda)

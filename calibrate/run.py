@@ -77,6 +77,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--list", action="store_true", help="print the planned cases; run nothing")
     ap.add_argument("--merge", nargs="+", metavar="DIR", help="merge shard CSVs into --out")
     ap.add_argument("--summary", metavar="DIR", help="print headline numbers of a dataset")
+    ap.add_argument(
+        "--ops",
+        metavar="CSV",
+        help="measure these op-CSV rows (gemm, attn_fwd, attn_fwdbwd, attn_decode, elementwise "
+        "ops) instead of the built-in suites; an optional 'family' column labels them",
+    )
     args = ap.parse_args(argv)
     if not (args.merge or args.summary) and not args.out:
         ap.error("--out is required")
@@ -102,6 +108,66 @@ def _meta_path(out: Path, shard: tuple[int, int]) -> Path:
     return out / ("meta.json" if n == 1 else f"meta.shard{i}of{n}.json")
 
 
+# op -> the suite whose `run` measures it
+_SUITE_OF_OP = {
+    "gemm": "gemm",
+    "attn_fwd": "attention",
+    "attn_fwdbwd": "attention",
+    "attn_decode": "decode",
+    **{
+        op: "elementwise"
+        for op in ("copy", "rmsnorm", "swiglu", "rope", "softmax", "cross_entropy", "adamw")
+    },
+}
+_INT_FIELDS = (
+    "m",
+    "n",
+    "k",
+    "batch",
+    "seq_q",
+    "seq_kv",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "block_size",
+    "bytes",
+    "ranks",
+    "nodes",
+)
+
+
+def ops_file_cases(path: Path) -> dict[str, list[C.Case]]:
+    """Cases from an op CSV, grouped by the suite that measures them."""
+    import csv
+
+    try:
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError as exc:
+        raise SystemExit(f"--ops: cannot read {path}: {exc.strerror or exc}") from None
+    out: dict[str, list[C.Case]] = {}
+    for i, raw in enumerate(rows, start=1):
+        op = (raw.get("op") or "").strip()
+        if op not in _SUITE_OF_OP:
+            raise SystemExit(
+                f"--ops {path} row {i}: op {op!r} cannot be measured from a file; "
+                f"allowed: {', '.join(sorted(_SUITE_OF_OP))}"
+            )
+        row: dict[str, Any] = {"op": op, "dtype": (raw.get("dtype") or "bf16").strip()}
+        for f in _INT_FIELDS:
+            text = (raw.get(f) or "").strip()
+            row[f] = int(float(text)) if text else None
+        row["causal"] = (raw.get("causal") or "").strip().lower() in ("1", "true", "yes")
+        row["backend"] = (raw.get("backend") or "").strip() or (
+            "flash" if op.startswith("attn") else None
+        )
+        if op == "attn_decode" and not row["seq_q"]:
+            row["seq_q"] = 1
+        row["family"] = (raw.get("family") or "").strip() or "ops-file"
+        out.setdefault(_SUITE_OF_OP[op], []).append(C.Case(row=row))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
@@ -116,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     names = suite_names(args.suite)
+    from_file = ops_file_cases(Path(args.ops)) if args.ops else None
+    if from_file is not None:
+        names = list(from_file)
     shard = C.parse_shard(args.shard)
     out = Path(args.out)
     t_start = time.monotonic()
@@ -127,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         if name == "collectives":
             continue
-        plans[name] = C.select(load_suite(name).cases(ctx), shard, args.limit)
+        cases = from_file[name] if from_file is not None else load_suite(name).cases(ctx)
+        plans[name] = C.select(cases, shard, args.limit)
     if args.list:
         for name, cs in plans.items():
             print(f"{name}: {len(cs)} cases")

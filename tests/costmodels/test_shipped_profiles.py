@@ -118,3 +118,17 @@ def test_profiles_record_clocks_seen():
         clocks = prof.measured_on["clocks"]
         assert clocks["clocks_max_sm_mhz_max"] == 1980.0
         assert clocks["power_limit_w_max"] == 700.0
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200-sxm"])
+def test_independent_validation_set(gpu):
+    """Architectures no calibration suite measured (calibrate/data/validation-*): the shipped
+    profile must stay clearly better than the defaults and within the recorded figures."""
+    prof = by_name()[gpu]
+    fidelity, _ = evaluate(prof, [load_dataset(ROOT / "calibrate" / "data" / f"validation-{gpu}")])
+    rows = fidelity.set_index("op_class")
+    assert rows.loc["all", "rows_held_out"] == 318 and rows.loc["all", "rows_fit"] == 0
+    assert rows.loc["all", "profile_mape"] <= 9.0
+    assert rows.loc["attn", "profile_mape"] <= 6.0
+    assert rows.loc["gemm_half", "profile_mape"] <= 9.0
+    assert rows.loc["all", "profile_mape"] < 0.75 * rows.loc["all", "default_mape"]

@@ -36,6 +36,9 @@ def run(
         None, "--time-budget-s", help="Stop starting new cases after this."
     ),
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu"),
+    ops: Path | None = typer.Option(
+        None, "--ops", help="Measure the rows of this ops CSV instead of the built-in suites."
+    ),
 ) -> None:
     """Run the microbenchmarks here (needs torch: pip install 'simcli[calibrate]')."""
     with user_errors():
@@ -50,6 +53,12 @@ def run(
             bad = ", ".join(unknown) or repr(suite)
             raise fail(f"unknown --suite {bad}; allowed: all, {', '.join(SUITES)}")
         argv = ["--suite", suite, "--out", str(out), "--device", device]
+        if ops is not None:
+            try:
+                runner.ops_file_cases(ops)  # check the file before anything runs
+            except SystemExit as exc:
+                raise fail(str(exc)) from None
+            argv += ["--ops", str(ops)]
         argv += ["--quick"] if quick else []
         argv += ["--tiny"] if tiny else []
         argv += ["--time-budget-s", str(time_budget_s)] if time_budget_s else []

@@ -289,3 +289,19 @@ def test_unknown_suite(run, tmp_path):
     result = run("calibrate", "run", "--suite", "gemm,nope", "--out", str(tmp_path / "x"))
     assert "unknown --suite nope" in _one_line(result)
     assert not (tmp_path / "x").exists()
+
+
+def test_runner_measures_an_ops_file_on_cpu(run, tmp_path):
+    pytest.importorskip("torch")
+    ops = tmp_path / "ops.csv"
+    ops.write_text("op,dtype,m,n,k,family\ngemm,fp32,64,96,128,mine\nrmsnorm,bf16,32,256,,mine\n")
+    out = tmp_path / "measured"
+    result = run("calibrate", "run", "--ops", str(ops), "--device", "cpu", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    gemm = pd.read_csv(out / "gemm.csv")
+    assert gemm["status"].tolist() == ["ok"] and gemm["family"].tolist() == ["mine"]
+    assert (pd.read_csv(out / "elementwise.csv")["measured_ms"] > 0).all()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("op\nattn_blocksparse_fwd\n")
+    line = _one_line(run("calibrate", "run", "--ops", str(bad), "--out", str(tmp_path / "x")))
+    assert "cannot be measured from a file" in line and not (tmp_path / "x").exists()

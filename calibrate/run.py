@@ -119,20 +119,9 @@ _SUITE_OF_OP = {
         for op in ("copy", "rmsnorm", "swiglu", "rope", "softmax", "cross_entropy", "adamw")
     },
 }
-_INT_FIELDS = (
-    "m",
-    "n",
-    "k",
-    "batch",
-    "seq_q",
-    "seq_kv",
-    "heads_q",
-    "heads_kv",
-    "head_dim",
-    "block_size",
-    "bytes",
-    "ranks",
-    "nodes",
+# every size column of the op CSV (all but the text, bool and fraction ones)
+_INT_FIELDS = tuple(
+    c for c in C.OP_COLUMNS if c not in ("op", "dtype", "causal", "backend", "density")
 )
 
 

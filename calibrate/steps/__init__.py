@@ -18,6 +18,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,46 @@ def run_guarded(row: dict[str, Any], fn, ctx, skip: type[Exception] = _NoSkip) -
     except Exception as exc2:
         return C.classify(exc2)[1]
     return None
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A Llama-style decoder's shape (both step scripts build models from it)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    head_dim: int = 0  # 0: hidden // heads
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+
+    def kv_bytes_per_token(self, elem_bytes: int = 2) -> int:
+        """K and V of every layer for one token: 2*32*8*128*2 = 131072 B for Llama-3-8B."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * elem_bytes
+
+    def params(self) -> int:
+        """Weights of the untied model: attention, SwiGLU MLP, two norms per layer, embedding,
+        LM head and the final norm."""
+        h, d = self.hidden, self.head_dim
+        per_layer = (
+            h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h + 3 * h * self.ffn + 2 * h
+        )
+        return self.layers * per_layer + 2 * self.vocab * h + h
+
+
+def rope_table(arch: Arch, n: int, device: str):
+    """cos, sin of shape [n, head_dim] (fp32), rotate-half convention."""
+    import torch
+
+    d = arch.head_dim
+    inv = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, device=device).float() / d))
+    freqs = torch.outer(torch.arange(n, device=device).float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()

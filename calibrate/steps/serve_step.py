@@ -35,18 +35,20 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from calibrate.bench import common as C
 from calibrate.steps import (
+    Arch,
     Marks,
     RowWriter,
     add_common_args,
     base_meta,
     free_memory,
     median,
+    rope_table,
     run_guarded,
     sdpa_choice,
 )
@@ -70,32 +72,8 @@ COLUMNS = (
 GiB = 1 << 30
 
 
-@dataclass(frozen=True)
-class Arch:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    rope_theta: float = 500000.0
-    norm_eps: float = 1e-5
-
-    def kv_bytes_per_token(self, elem_bytes: int = 2) -> int:
-        """K and V of every layer for one token: 2*32*8*128*2 = 131072 B for Llama-3-8B."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * elem_bytes
-
-    def params(self) -> int:
-        h, d = self.hidden, self.head_dim
-        per_layer = (
-            h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h + 3 * h * self.ffn + 2 * h
-        )
-        return self.layers * per_layer + 2 * self.vocab * h + h
-
-
-LLAMA3_8B = Arch(32, 4096, 32, 8, 128, 14336, 128256)
-TINY = Arch(2, 64, 4, 2, 16, 128, 256)
+LLAMA3_8B = Arch(32, 4096, 32, 8, 14336, 128256, head_dim=128)
+TINY = Arch(2, 64, 4, 2, 128, 256, head_dim=16)
 
 PREFILL_BATCHES = (1, 2, 4, 8, 16)
 PROMPT_LENS = (512, 1024, 2048, 4096, 8192)
@@ -146,17 +124,6 @@ def make_weights(arch: Arch, device: str, dtype, seed: int) -> dict[str, Any]:
         "norm": torch.ones(h, device=device, dtype=dtype),
         "lm_head": rnd(arch.vocab, h),
     }
-
-
-def rope_table(arch: Arch, n: int, device: str):
-    """cos, sin of shape [n, head_dim] (fp32), rotate-half convention."""
-    import torch
-
-    d = arch.head_dim
-    inv = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, device=device).float() / d))
-    freqs = torch.outer(torch.arange(n, device=device).float(), inv)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
 
 
 def make_cache(arch: Arch, batch: int, max_ctx: int, device: str, dtype, seed: int):

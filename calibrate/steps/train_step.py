@@ -29,12 +29,13 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from calibrate.bench import common as C
 from calibrate.steps import (
+    Arch,
     Marks,
     RowWriter,
     add_common_args,
@@ -43,6 +44,7 @@ from calibrate.steps import (
     median,
     peaks,
     reset_peak,
+    rope_table,
     run_guarded,
     sdpa_choice,
 )
@@ -73,22 +75,6 @@ COLUMNS = (
     "status",
     "error",
 )
-
-
-@dataclass(frozen=True)
-class Arch:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    rope_theta: float = 500000.0
-    norm_eps: float = 1e-5
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
 
 
 # Shapes of public models (config.json of each), chosen so that fp32 weights + grads +
@@ -202,17 +188,6 @@ def build_model(arch: Arch, device: str, gqa_mode: str, max_seq: int):
             return self.lm_head(self.norm(x))
 
     return Decoder()
-
-
-def rope_table(arch: Arch, n: int, device: str):
-    """cos, sin of shape [n, head_dim] (fp32), rotate-half convention."""
-    import torch
-
-    d = arch.head_dim
-    inv = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, device=device).float() / d))
-    freqs = torch.outer(torch.arange(n, device=device).float(), inv)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
 
 
 def make_optimizer(model) -> tuple[Any, str]:
@@ -376,18 +351,12 @@ def arch_fields(name: str, arch: Arch) -> dict[str, Any]:
     }
 
 
-def param_count(arch: Arch) -> int:
-    h, d, f = arch.hidden, arch.head_dim, arch.ffn
-    per_layer = h * (arch.heads + 2 * arch.kv_heads) * d + arch.heads * d * h + 3 * h * f + 2 * h
-    return arch.layers * per_layer + 2 * arch.vocab * h + h
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configs = plan(args)
     if args.list:
         for name, arch, shapes in configs:
-            print(f"{name}: {asdict(arch)} params={param_count(arch):,} shapes={list(shapes)}")
+            print(f"{name}: {asdict(arch)} params={arch.params():,} shapes={list(shapes)}")
         return 0
     # SDPA explains every backend it rejects with a UserWarning; the rows say which ran.
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -412,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": "peak over the timed steps, after reset_peak_memory_stats",
         "data": "random token ids, one batch reused",
     }
-    meta["models"] = {n: {**asdict(a), "params": param_count(a)} for n, a, _ in configs}
+    meta["models"] = {n: {**asdict(a), "params": a.params()} for n, a, _ in configs}
     meta["runs"] = []
     C.write_json_atomic(meta_path, meta)
     sink = RowWriter(out / "train_step.csv", COLUMNS)
@@ -453,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                 **arch_fields(name, arch),
                 "batch": b,
                 "seq_len": s,
-                "params": record.get("params", param_count(arch)),
+                "params": record.get("params", arch.params()),
             }
             if build_error is not None:
                 row["status"], row["error"] = build_error[0], "model build: " + build_error[1]

@@ -82,7 +82,7 @@ def test_train_csv_columns_and_values(train_run):
     for r in rows:
         assert r["status"] == "ok", r
         arch = T.TINY_MODELS[r["model"]]
-        assert int(r["params"]) == T.param_count(arch)
+        assert int(r["params"]) == arch.params()
         step = float(r["step_ms"])
         parts = float(r["fwd_ms"]) + float(r["bwd_ms"]) + float(r["optim_ms"])
         assert step > 0 and parts == pytest.approx(step, rel=0.3)
@@ -99,9 +99,9 @@ def test_train_csv_columns_and_values(train_run):
 def test_train_param_count_matches_model():
     for arch in T.TINY_MODELS.values():
         model = T.build_model(arch, "cpu", "native", 16)
-        assert sum(p.numel() for p in model.parameters()) == T.param_count(arch)
+        assert sum(p.numel() for p in model.parameters()) == arch.params()
     # the full-size configs, by formula: about 1.5e9, 3.6e9, 1.3e9 parameters
-    assert T.param_count(T.MODELS["llama3.2-1b-like"]) == 1_498_482_688
+    assert T.MODELS["llama3.2-1b-like"].params() == 1_498_482_688
 
 
 def test_train_gqa_native_equals_repeated_kv():

@@ -110,6 +110,13 @@ GROUPS: tuple[Group, ...] = (
             Param(("attention", "decode_memory_efficiency"), 0.2, 1.0),
             Param(("attention", "decode_ctas_per_sm"), 0.25, 16.0),
             Param(("attention", "decode_launch_s"), 1e-7, 1e-4),
+            Param(("attention", "decode_head_dim_factor", "64"), 0.5, 2.0),
+            Param(("attention", "decode_head_dim_factor", "256"), 0.25, 2.0),
+            Param(("attention", "decode_split_iter_s"), 1e-8, 1e-5),
+            Param(("attention", "decode_nosplit_iter_s"), 1e-7, 2e-5),
+            Param(("attention", "decode_nosplit_ctas_per_sm"), 0.5, 16.0),
+            Param(("attention", "decode_nosplit_head_dim_factor", "64"), 0.5, 2.0),
+            Param(("attention", "decode_nosplit_head_dim_factor", "256"), 0.25, 2.0),
         ),
     ),
     Group(
@@ -162,7 +169,12 @@ def _relevant(cols: Columns, mask: np.ndarray, params: list[Param]) -> list[Para
             continue
         if prm.path[:2] in per_op and not np.any(mask & (cols["op"] == prm.path[2])):
             continue
-        factor = prm.path[-2] in ("fwd_head_dim_factor", "bwd_head_dim_factor")
+        factor = prm.path[-2] in (
+            "fwd_head_dim_factor",
+            "bwd_head_dim_factor",
+            "decode_head_dim_factor",
+            "decode_nosplit_head_dim_factor",
+        )
         if factor and not np.any(mask & (cols["head_dim"] == float(prm.path[-1]))):
             continue
         if prm.path[:2] == ("gemm", "misaligned_efficiency"):

@@ -28,6 +28,7 @@ from costmodels.params import AttentionBackendParams, AttentionParams
 from hardware_specs.schema import GpuSpec
 
 DECODE_BLOCK_N = 128  # keys per split-KV block (FlashAttention-2 splitkv kernels)
+NOSPLIT_BLOCK_N = 64  # keys per step of the memory-efficient (cutlass) kernel
 
 
 def causal_tiles_per_head(
@@ -219,25 +220,54 @@ def decode_work(
     K and V once, plus the fp32 partial outputs the combine step reads back; a decode
     never beats one wave of 128-key blocks. Backends without split-KV (the memory-
     efficient kernel) stream the cache with batch x KV-head CTAs only, so a small batch
-    leaves most SMs idle and reads at that fraction of the bandwidth.
+    leaves most SMs idle and reads at that fraction of the bandwidth. Whichever is
+    longer of the HBM stream and one CTA's block-by-block walk sets the time.
     """
     sq = np.where(np.isnan(sq), 1.0, sq)
+    flops = 4.0 * batch * hq * sq * skv * d
     elt = by_dtype(dtype, ELEMENT_BYTES, "decode attention")
+    real_bytes = batch * (skv * hkv + sq * hq) * d * 2.0 * elt
+    # FlashAttention instantiates head dims 32, 64, 96, 128, 160, 192, 224, 256 and pads
+    # the others up (flash_api.cpp round_multiple(head_size, 32)); the tile loads and
+    # the combine traffic follow the padded width.
+    # The memory-efficient (cutlass) kernel is compiled for head_dim <= 64, <= 128 and
+    # any (kernel_forward.h kMaxK); measured, head_dim 80 runs exactly like 128.
+    named = np.where(backend == "", "flash", backend)
+    split = np.isin(named, p.decode_split_kv_backends)
+    d_tmpl = np.where(d <= 64, 64.0, np.where(d <= 128, 128.0, d))
+    d = np.where(named == "flash", np.ceil(d / 32.0) * 32.0, np.where(split, d, d_tmpl))
     slots = gpu.sm_count * p.decode_ctas_per_sm
     kv_bytes = batch * skv * hkv * d * 2.0 * elt
     qo_bytes = batch * sq * hq * d * 2.0 * elt
-    flops = 4.0 * batch * hq * sq * skv * d
     # GQA heads of one KV head share a CTA (query heads packed into 64-row tiles).
     rows = sq * hq / hkv
     units = batch * hkv * cdiv(rows, 64.0)
     split_units = np.clip(slots, units, units * np.maximum(skv / DECODE_BLOCK_N, 1.0))
     combine_bytes = split_units * np.minimum(rows, 64.0) * (d + 1) * 4.0 * 2.0
     floor_bytes = slots * DECODE_BLOCK_N * d * 2.0 * elt
-    split = np.isin(np.where(backend == "", "flash", backend), p.decode_split_kv_backends)
     occupancy = np.where(split, 1.0, np.minimum(1.0, units / slots))
     combine_bytes = np.where(split, combine_bytes, 0.0)
+    hd = p.decode_head_dim_factor
     bw = gpu.hbm_bytes_per_s * p.decode_memory_efficiency * occupancy
+    bw = bw * head_dim_factor(d, np.float64(hd[64]), np.float64(hd[256]))
     mem_s = (np.maximum(kv_bytes + qo_bytes, floor_bytes) + combine_bytes) / bw
     compute_s = flops / (peak_flops(dtype, gpu) * 0.25)  # few query rows: tensor cores mostly idle
-    time_s = p.decode_launch_s + np.maximum(mem_s, compute_s)
-    return Work(time_s=time_s, flops=flops, bytes=kv_bytes + qo_bytes)
+    # A CTA walks its keys block by block, each step a dependent load: with few CTAs
+    # the kernel is bound by that walk, not by HBM (a non-split kernel at batch 1 takes
+    # nearly the same time at head_dim 64 and 256). Waves count CTAs beyond the resident slots.
+    nosplit_slots = gpu.sm_count * p.decode_nosplit_ctas_per_sm
+    nf = p.decode_nosplit_head_dim_factor
+    walk_split_s = (
+        np.maximum(split_units / slots, 1.0)
+        * np.maximum(skv / DECODE_BLOCK_N / (split_units / units), 1.0)
+        * p.decode_split_iter_s
+    )
+    walk_nosplit_s = (
+        np.maximum(units / nosplit_slots, 1.0)
+        * np.maximum(skv / NOSPLIT_BLOCK_N, 1.0)
+        * p.decode_nosplit_iter_s
+        / head_dim_factor(d, np.float64(nf[64]), np.float64(nf[256]))
+    )
+    walk_s = np.where(split, walk_split_s, walk_nosplit_s)
+    time_s = p.decode_launch_s + np.maximum(np.maximum(mem_s, compute_s), walk_s)
+    return Work(time_s=time_s, flops=flops, bytes=real_bytes)

@@ -86,6 +86,24 @@ class AttentionParams(_P):
         gt=0, description="CTAs per SM needed to saturate HBM in split-KV decode"
     )
     decode_launch_s: float = Field(ge=0, description="split-KV kernel plus combine kernel")
+    decode_split_iter_s: float = Field(
+        default=0.3e-6, ge=0, description="one CTA's step over a 128-key block, split-KV"
+    )
+    decode_nosplit_iter_s: float = Field(
+        default=2.0e-6, ge=0, description="one CTA's step over a 64-key block, no split-KV"
+    )
+    decode_nosplit_ctas_per_sm: float = Field(
+        default=2.0, gt=0, description="resident CTAs per SM of the non-split decode kernel"
+    )
+    decode_nosplit_head_dim_factor: dict[int, float] = Field(
+        default_factory=lambda: {64: 1.0, 256: 1.0},
+        description="non-split decode step speed at head_dim 64 and 256 relative to 128",
+    )
+    decode_head_dim_factor: dict[int, float] = Field(
+        default_factory=lambda: {64: 1.0, 256: 1.0},
+        description="decode HBM efficiency at head_dim 64 and 256 relative to 128 (short "
+        "K/V rows make less efficient loads)",
+    )
     decode_split_kv_backends: list[str] = Field(
         default=["flash", "cudnn", "flex"],
         description="backends whose decode kernels split the KV cache over CTAs (Flash-Decoding)",

@@ -54,9 +54,25 @@ def cases(ctx: Context) -> list[Case]:
         seqs = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
         batches = [1, 4, 16, 64, 256]
         heads = [(32, 32), (32, 8), (32, 4), (64, 8)]
+    # (heads_q, heads_kv, head_dim): head_dim 128 in every mode, plus the other head dims
+    # and GQA groups of real models (d64 small models, d80 Phi-2, d96 Phi-3, d256 Gemma)
+    # in full mode; the held-out split is by this family.
+    shapes = [(hq, hkv, 128) for hq, hkv in heads]
+    if not ctx.quick:
+        shapes += [
+            (32, 8, 64),
+            (16, 16, 64),
+            (32, 32, 80),
+            (24, 8, 96),
+            (28, 4, 128),
+            (16, 8, 128),
+            (8, 4, 256),
+            (32, 16, 256),
+            (16, 16, 256),
+        ]
     out = [
-        _case(be, b, hq, hkv, s, 128)
-        for (hq, hkv) in heads
+        _case(be, b, hq, hkv, s, d)
+        for (hq, hkv, d) in shapes
         for s in seqs
         for b in batches
         for be in BACKENDS

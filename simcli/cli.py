@@ -9,6 +9,7 @@ from simcli.commands import calibrate as calibrate_cmd
 from simcli.commands import models as models_cmd
 from simcli.commands import predict as predict_cmd
 from simcli.commands import specs as specs_cmd
+from simcli.commands import train as train_cmd
 from simcli.errors import set_debug
 
 app = typer.Typer(
@@ -22,6 +23,7 @@ app.add_typer(specs_cmd.app, name="specs")
 app.add_typer(models_cmd.app, name="models")
 app.add_typer(predict_cmd.app, name="predict")
 app.add_typer(calibrate_cmd.app, name="calibrate")
+app.add_typer(train_cmd.app, name="train")
 
 
 def _version(flag: bool) -> None:

@@ -1,0 +1,135 @@
+"""``simcli train``: time, throughput, MFU and memory of one training iteration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from costmodels.select import get_cost_model
+from hardware_specs.registry import load_catalog
+from simcli.errors import user_errors
+from simcli.output import Format, emit_object
+from simcli.training.simulator import simulate_iteration
+from workloads.models import load_model
+from workloads.plan import PlanError, make_plan
+
+app = typer.Typer(help="Simulate one training iteration of a parallel plan.")
+
+GIB = 1024**3
+
+
+def _layer_split(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise PlanError(
+            f"--layer-split {text!r} is not a comma list of integers; allowed: e.g. 7,8,8,9"
+        ) from None
+
+
+@app.callback(invoke_without_command=True)
+def train(
+    model: str = typer.Option(..., "--model", help="Built-in model id or config.json."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU id (see `simcli specs list`)."),
+    gpus: int = typer.Option(..., "--gpus", help="GPUs in the job (reference nodes)."),
+    tp: int = typer.Option(1, "--tp"),
+    pp: int = typer.Option(1, "--pp"),
+    dp: int | None = typer.Option(None, "--dp", help="default: gpus / (tp*pp*cp)"),
+    vpp: int = typer.Option(1, "--vpp", help="virtual stages per rank (interleaved)"),
+    cp: int = typer.Option(1, "--cp"),
+    cp_kind: str = typer.Option("ring", "--cp-kind", help="ring | ulysses | tokenring"),
+    ep: int = typer.Option(1, "--ep", help="expert parallel (MoE)"),
+    zero: int = typer.Option(0, "--zero", help="0 | 1 | 2 | 3"),
+    micro_batch: int = typer.Option(1, "--micro-batch"),
+    global_batch: int = typer.Option(..., "--global-batch"),
+    seq_len: int = typer.Option(..., "--seq-len"),
+    pp_schedule: str = typer.Option("1f1b", "--pp-schedule", help="1f1b | gpipe | interleaved"),
+    recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    sequence_parallel: bool | None = typer.Option(
+        None, "--sequence-parallel/--no-sequence-parallel", help="default: on when tp > 1"
+    ),
+    precision: str = typer.Option(
+        "bf16-mixed", "--precision", help="bf16-mixed | fp16-mixed | bf16 | fp8"
+    ),
+    tp_comm: str = typer.Option("plain", "--tp-comm", help="plain | overlap | ladder"),
+    layer_split: str | None = typer.Option(
+        None, "--layer-split", help="layers per stage, e.g. 7,9"
+    ),
+    framework: str = typer.Option("megatron", "--framework", help="megatron | pytorch (eager)"),
+    attn_backend: str = typer.Option("", "--attn-backend", help="flash | cudnn | ... (default)"),
+    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile."),
+    hardware: Path | None = typer.Option(None, "--hardware", help="Extra hardware spec file."),
+    trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace."),
+    fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
+) -> None:
+    """Iteration time, tokens/s, MFU, peak memory and a time breakdown for one plan."""
+    with user_errors():
+        cfg = load_model(model)
+        if framework not in ("megatron", "pytorch"):
+            raise PlanError(f"--framework {framework!r}; allowed: megatron, pytorch")
+        plan = make_plan(
+            cfg,
+            num_gpus=gpus,
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            vpp=vpp,
+            cp=cp,
+            cp_kind=cp_kind,
+            ep=ep,
+            zero=zero,
+            micro_batch=micro_batch,
+            global_batch=global_batch,
+            seq_len=seq_len,
+            pp_schedule=pp_schedule,
+            recompute=recompute,
+            sequence_parallel=sequence_parallel,
+            precision=precision,
+            tp_comm=tp_comm,
+            layer_split=_layer_split(layer_split),
+        )
+        catalog = load_catalog(hardware)
+        system = catalog.system(gpu, gpus)
+        if plan.compute_dtype == "fp8" and "fp8" not in {
+            d.value for d in system.gpu.peak_dense_tflops
+        }:
+            raise PlanError(f"--precision fp8 needs fp8 tensor cores; {gpu} has none")
+        cm = get_cost_model(gpu, profile=profile, num_gpus=gpus, catalog=catalog)
+        res = simulate_iteration(
+            cfg,
+            plan,
+            gpu,
+            cost_model=cm,
+            catalog=catalog,
+            attn_backend=attn_backend,
+            keep_spans=trace is not None,
+            framework=framework,  # type: ignore[arg-type]
+        )
+        from simcli.training.memory import estimate_memory
+
+        mem = estimate_memory(cfg, plan, system.gpu, framework=framework)  # type: ignore[arg-type]
+        if trace is not None:
+            res.write_trace(trace)
+        out = {
+            "model": cfg.id,
+            "gpu": gpu,
+            "num_gpus": gpus,
+            "cost_model": getattr(cm, "label", ""),
+            "iteration_s": res.iteration_s,
+            "tokens_per_s": res.tokens_per_s,
+            "tokens_per_s_per_gpu": res.tokens_per_s / gpus,
+            "mfu": res.mfu,
+            "model_tflops_per_gpu": res.model_flops / res.iteration_s / gpus / 1e12,
+            "peak_memory_gib": mem.total_bytes / GIB,
+            "memory_capacity_gib": mem.capacity_bytes / GIB,
+            "fits": mem.fits,
+            "num_microbatches": res.num_microbatches,
+            "breakdown_s": res.breakdown_s,
+            "memory_gib": mem.breakdown_gib(),
+            "stages": res.stages,
+            "plan": plan.model_dump(mode="json") | {"dp": plan.data_parallel, "sp": plan.sp},
+        }
+        emit_object(out, fmt, title=f"{cfg.id} on {gpus} x {gpu}")

@@ -1,0 +1,1 @@
+"""Training-iteration simulation: step costs, memory, the pipeline simulator, plan search."""

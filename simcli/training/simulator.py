@@ -1,0 +1,429 @@
+"""Discrete-event simulation of one training iteration, micro-batch by micro-batch.
+
+Every rank of one pipeline (the ``pp`` ranks that share a TP/CP/DP coordinate; all
+pipelines run the same schedule) has a compute stream and a communication stream.
+Compute tasks are forward or backward passes of one model chunk for one micro-batch,
+in the order the schedule gives each rank (GPipe; 1F1B, Narayanan et al. 2021 sec. 2.2;
+interleaved 1F1B, ibid. sec. 2.2.2, in Megatron-LM's ``forward_backward_pipelining_with_
+interleaving`` order). A task starts when its rank is free and its input has arrived:
+the previous chunk's forward (or the next chunk's backward) plus the point-to-point
+transfer. TP collectives sit inside the task times (on the critical path, unless the
+plan overlaps them); DP gradient buckets are reduced on the communication stream as the
+last micro-batch's backward produces them (Megatron's overlapped grad reduce), so only
+the tail is exposed; ZeRO-3 parameter all-gathers are prefetched one layer ahead and
+expose only what the layer's compute cannot hide. The optimizer step follows.
+
+Uneven stages and the bubble therefore come out of the simulation, not out of the
+``(p - 1) / m`` formula, which the tests check it reproduces for even stages.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from costmodels.select import get_cost_model
+from hardware_specs.registry import Catalog, System, builtin_catalog
+from hardware_specs.schema import Dtype
+from simcli.training.costs import (
+    CostModel,
+    Framework,
+    StepCosts,
+    _collective_s,
+    _frame,
+    _group_nodes,
+    step_costs,
+)
+from workloads.layers import optimizer_ops
+from workloads.models import ModelConfig
+from workloads.plan import TrainPlan, check_plan
+
+PHASES = ("F", "B")
+
+
+@dataclass(frozen=True)
+class Task:
+    rank: int
+    chunk: int  # global model chunk index, 0 .. pp*vpp - 1
+    mb: int
+    phase: str  # "F" | "B"
+
+
+@dataclass
+class Span:
+    """A simulated interval for reports and traces."""
+
+    rank: int
+    stream: str  # compute | dp-comm | pp-comm
+    name: str
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class TrainResult:
+    iteration_s: float
+    tokens_per_s: float
+    mfu: float
+    model_flops: float
+    breakdown_s: dict[str, float]
+    stages: list[dict[str, float]]
+    spans: list[Span] = field(default_factory=list)
+    costs: StepCosts | None = None
+    num_microbatches: int = 0
+
+    def trace_events(self) -> list[dict]:
+        """Chrome/Perfetto trace events: one process per pipeline rank, one thread per
+        stream; times in microseconds as the format requires."""
+        tids = {"compute": 0, "pp-comm": 1, "dp-comm": 2, "optimizer": 3}
+        out: list[dict] = []
+        ranks = sorted({s.rank for s in self.spans})
+        for r in ranks:
+            out.append(
+                {"name": "process_name", "ph": "M", "pid": r, "tid": 0,
+                 "args": {"name": f"pipeline rank {r}"}}
+            )  # fmt: skip
+            for stream, tid in tids.items():
+                out.append(
+                    {"name": "thread_name", "ph": "M", "pid": r, "tid": tid,
+                     "args": {"name": stream}}
+                )  # fmt: skip
+        for s in self.spans:
+            out.append(
+                {
+                    "name": s.name,
+                    "cat": s.stream,
+                    "ph": "X",
+                    "pid": s.rank,
+                    "tid": tids[s.stream],
+                    "ts": s.start_s * 1e6,
+                    "dur": max(0.0, (s.end_s - s.start_s) * 1e6),
+                }
+            )
+        return out
+
+    def write_trace(self, path: str | Path) -> None:
+        from simcli.output import atomic_write_text
+
+        atomic_write_text(Path(path), json.dumps({"traceEvents": self.trace_events()}))
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def schedule(plan: TrainPlan) -> list[list[Task]]:
+    """Per pipeline rank, its compute tasks in execution order."""
+    p, v, m = plan.pp, plan.vpp, plan.num_microbatches
+    out: list[list[Task]] = []
+    for r in range(p):
+        if plan.pp_schedule == "gpipe":
+            tasks = [Task(r, r, j, "F") for j in range(m)] + [Task(r, r, j, "B") for j in range(m)]
+        elif plan.pp_schedule == "1f1b":
+            warm = min(p - r - 1, m)
+            fs = [Task(r, r, j, "F") for j in range(m)]
+            bs = [Task(r, r, j, "B") for j in range(m)]
+            tasks = fs[:warm]
+            for k in range(m - warm):
+                tasks += [fs[warm + k], bs[k]]
+            tasks += bs[m - warm :]
+        else:
+            tasks = _interleaved(r, p, v, m)
+        out.append(tasks)
+    return out
+
+
+def _interleaved(r: int, p: int, v: int, m: int) -> list[Task]:
+    """Megatron-LM's interleaved order: micro-batches in groups of p per chunk; warm-up
+    of (p - r - 1) * 2 + (v - 1) * p forwards, then one forward / one backward."""
+    total = m * v
+
+    def unit(k: int, forward: bool) -> Task:
+        local = (k // p) % v
+        if not forward:
+            local = v - 1 - local
+        mb = (k // (p * v)) * p + k % p
+        return Task(r, local * p + r, mb, "F" if forward else "B")
+
+    warm = min((p - r - 1) * 2 + (v - 1) * p, total)
+    tasks = [unit(k, True) for k in range(warm)]
+    for k in range(total - warm):
+        tasks += [unit(warm + k, True), unit(k, False)]
+    tasks += [unit(k, False) for k in range(total - warm, total)]
+    return tasks
+
+
+# --------------------------------------------------------------------------- simulation
+
+
+@dataclass(frozen=True)
+class _Durations:
+    fwd_s: tuple[float, ...]  # per chunk
+    bwd_s: tuple[float, ...]
+    layers: tuple[int, ...]
+
+
+def _durations(
+    model: ModelConfig, plan: TrainPlan, c: StepCosts, zero3_exposed: tuple
+) -> _Durations:
+    layers = plan.layers_per_chunk(model.num_layers)
+    last = plan.num_chunks - 1
+    zf, zb = zero3_exposed
+    fwd, bwd = [], []
+    for chunk, n in enumerate(layers):
+        f = n * (c.layer_fwd.total_s + zf)
+        b = n * (c.layer_bwd.total_s + c.layer_recompute.total_s + zb)
+        if chunk == 0:
+            f += c.first_fwd.total_s
+            b += c.first_bwd.total_s
+        if chunk == last:
+            f += c.last_fwd.total_s
+            b += c.last_bwd.total_s
+        fwd.append(f)
+        bwd.append(b)
+    return _Durations(tuple(fwd), tuple(bwd), layers)
+
+
+def _run_pipeline(
+    plan: TrainPlan, dur: _Durations, p2p_s: float, spans: list[Span] | None
+) -> tuple[np.ndarray, dict[tuple[int, int], tuple[float, float]]]:
+    """Event-driven list scheduling. Returns per-rank compute end times and, for each
+    (rank, chunk), the (start, end) of its last backward (when its gradients are ready)."""
+    order = schedule(plan)
+    p, last_chunk = plan.pp, plan.num_chunks - 1
+    done: dict[Task, float] = {}
+    free = np.zeros(p)
+    pos = [0] * p
+    grads_ready: dict[tuple[int, int], tuple[float, float]] = {}
+    remaining = sum(len(t) for t in order)
+    # Ready times of tasks whose dependency finished; a heap of (time, rank) wakes ranks.
+    heap: list[tuple[float, int]] = [(0.0, r) for r in range(p)]
+    heapq.heapify(heap)
+    while remaining:
+        if not heap:
+            raise RuntimeError("pipeline schedule deadlocked (a bug in the schedule order)")
+        _, r = heapq.heappop(heap)
+        progressed = False
+        while pos[r] < len(order[r]):
+            t = order[r][pos[r]]
+            dep = _dependency(t, last_chunk, p)
+            if dep is not None and dep not in done:
+                break
+            arrive = 0.0
+            if dep is not None:
+                arrive = done[dep] + (p2p_s if dep.rank != r else 0.0)
+            start = max(free[r], arrive)
+            length = dur.fwd_s[t.chunk] if t.phase == "F" else dur.bwd_s[t.chunk]
+            end = start + length
+            done[t] = end
+            free[r] = end
+            pos[r] += 1
+            remaining -= 1
+            progressed = True
+            if t.phase == "B":
+                grads_ready[(r, t.chunk)] = (start, end)
+            if spans is not None:
+                spans.append(Span(r, "compute", f"{t.phase} mb{t.mb} chunk{t.chunk}", start, end))
+                if dep is not None and dep.rank != r and p2p_s > 0:
+                    spans.append(Span(r, "pp-comm", f"recv mb{t.mb}", done[dep], arrive))
+            # wake the rank that consumes this task's output
+            nxt = _consumer_rank(t, last_chunk, p)
+            if nxt is not None:
+                heapq.heappush(heap, (end, nxt))
+        if progressed:
+            heapq.heappush(heap, (free[r], r))
+    return free, grads_ready
+
+
+def _dependency(t: Task, last_chunk: int, p: int) -> Task | None:
+    if t.phase == "F":
+        if t.chunk == 0:
+            return None
+        return Task((t.chunk - 1) % p, t.chunk - 1, t.mb, "F")
+    if t.chunk == last_chunk:
+        return Task(t.rank, t.chunk, t.mb, "F")
+    return Task((t.chunk + 1) % p, t.chunk + 1, t.mb, "B")
+
+
+def _consumer_rank(t: Task, last_chunk: int, p: int) -> int | None:
+    if t.phase == "F":
+        return (t.chunk + 1) % p if t.chunk < last_chunk else t.rank
+    return (t.chunk - 1) % p if t.chunk > 0 else None
+
+
+def simulate_iteration(
+    model: ModelConfig,
+    plan: TrainPlan,
+    gpu_id: str,
+    *,
+    cost_model: CostModel | None = None,
+    catalog: Catalog | None = None,
+    attn_backend: str = "",
+    keep_spans: bool = False,
+    costs: StepCosts | None = None,
+    framework: Framework = "megatron",
+) -> TrainResult:
+    """Simulate one iteration of ``plan`` for ``model`` on ``plan.num_gpus`` GPUs of
+    ``gpu_id`` (reference nodes of the catalog)."""
+    check_plan(plan, model)
+    cat = catalog if catalog is not None else builtin_catalog()
+    system = cat.system(gpu_id, plan.num_gpus)
+    cm = (
+        cost_model
+        if cost_model is not None
+        else get_cost_model(gpu_id, num_gpus=plan.num_gpus, catalog=cat)
+    )
+    c = costs if costs is not None else step_costs(model, plan, cm, system, attn_backend, framework)
+    return _simulate(model, plan, system, cm, c, keep_spans)
+
+
+def _simulate(
+    model: ModelConfig,
+    plan: TrainPlan,
+    system: System,
+    cm: CostModel,
+    c: StepCosts,
+    keep_spans: bool,
+) -> TrainResult:
+    gpn = system.node.gpus_per_node
+    dp = plan.data_parallel
+    dp_span = plan.tp * plan.cp * dp
+    dp_nodes = _group_nodes(dp_span, gpn) if dp > 1 else 1
+    grad_elt = 2 if plan.precision == "bf16" else 4  # fp32 main grads under mixed precision
+    param_elt = 1 if plan.precision == "fp8" else 2
+
+    # ZeRO-3: each layer's parameters all-gathered before its forward and backward, its
+    # gradients reduce-scattered after its backward; prefetch hides them behind compute.
+    zero3 = (0.0, 0.0)
+    if plan.zero == 3 and dp > 1:
+        gather = _collective_s(cm, "all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
+        rs = _collective_s(cm, "reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32")
+        zf = max(0.0, gather - c.layer_fwd.compute_s)
+        zb = max(0.0, gather + rs - c.layer_bwd.compute_s - c.layer_recompute.total_s)
+        zero3 = (zf, zb)
+    dur = _durations(model, plan, c, zero3)
+    spans: list[Span] | None = [] if keep_spans else None
+    compute_end, grads_ready = _run_pipeline(plan, dur, c.p2p_s, spans)
+
+    # DP gradient reduction per rank: buckets of each chunk become ready during the
+    # chunk's last backward and are reduced one after another on the comm stream.
+    kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+    comm_end = compute_end.copy()
+    dp_comm_total = 0.0
+    if dp > 1 and plan.zero != 3:
+        for r in range(plan.pp):
+            stream = 0.0
+            chunks = sorted(
+                (ch for (rr, ch) in grads_ready if rr == r), key=lambda ch: grads_ready[(r, ch)]
+            )
+            for ch in chunks:
+                start, end = grads_ready[(r, ch)]
+                params = dur.layers[ch] * c.layer_params
+                if ch == 0:
+                    params += c.embedding_params
+                if ch == plan.num_chunks - 1:
+                    params += c.lm_head_params
+                nbytes = params * grad_elt
+                n_buckets = max(1, math.ceil(nbytes / plan.grad_bucket_bytes))
+                t_bucket = _collective_s(
+                    cm, kind, nbytes / n_buckets, dp, dp_nodes, "fp32" if grad_elt == 4 else "bf16"
+                )
+                for b in range(n_buckets):
+                    ready = start + (end - start) * (b + 1) / n_buckets
+                    if not plan.overlap_grad_reduce:
+                        ready = compute_end[r]
+                    s0 = max(stream, ready)
+                    stream = s0 + t_bucket
+                    dp_comm_total += t_bucket if r == 0 else 0.0
+                    if spans is not None:
+                        spans.append(Span(r, "dp-comm", f"{kind} chunk{ch} b{b}", s0, stream))
+            comm_end[r] = max(compute_end[r], stream)
+
+    # Optimizer step on this rank's share, then (ZeRO-1/2, distributed optimizer) the
+    # updated parameters all-gathered; overlapped with the next forward when grad
+    # reduction is overlapped (Megatron's --overlap-param-gather), else exposed.
+    shard = dp if plan.zero >= 1 else 1
+    opt_end = np.zeros(plan.pp)
+    param_gather = np.zeros(plan.pp)
+    for r in range(plan.pp):
+        chunks = [ch for ch in range(plan.num_chunks) if plan.stage_of_chunk(ch) == r]
+        params = sum(dur.layers[ch] * c.layer_params for ch in chunks)
+        if 0 in chunks:
+            params += c.embedding_params
+        if plan.num_chunks - 1 in chunks:
+            params += c.lm_head_params
+        n_opt = max(1, math.ceil(params / shard))
+        ops = [o.op for o in optimizer_ops(model, n_opt, Dtype(plan.master_dtype))]
+        opt_s = float(cm.predict_many(_frame(ops)).sum())
+        if plan.zero in (1, 2) and dp > 1 and not plan.overlap_grad_reduce:
+            param_gather[r] = _collective_s(
+                cm, "all_gather", params * param_elt, dp, dp_nodes, "bf16"
+            )
+        opt_end[r] = comm_end[r] + opt_s + param_gather[r]
+        if spans is not None:
+            spans.append(Span(r, "optimizer", "adamw", comm_end[r], comm_end[r] + opt_s))
+    iteration_s = float(opt_end.max())
+
+    tokens = plan.tokens_per_iteration
+    flops = c.model_flops_per_microbatch * plan.num_microbatches * dp
+    peak = system.gpu.peak_flops_per_s(
+        Dtype("bf16" if plan.compute_dtype == "fp8" else plan.compute_dtype)
+    )
+    mfu = flops / (iteration_s * plan.num_gpus * peak)
+
+    m = plan.num_microbatches
+    # Breakdown on the slowest rank, per micro-batch sums scaled by the rank's work.
+    r_star = int(np.argmax(opt_end))
+    chunks = [ch for ch in range(plan.num_chunks) if plan.stage_of_chunk(ch) == r_star]
+    n_layers = sum(dur.layers[ch] for ch in chunks)
+    tp_comm = m * n_layers * (c.layer_fwd.tp_comm_s + c.layer_bwd.tp_comm_s)
+    cp_comm = m * n_layers * (c.layer_fwd.cp_comm_s + c.layer_bwd.cp_comm_s)
+    ep_comm = m * n_layers * (c.layer_fwd.ep_comm_s + c.layer_bwd.ep_comm_s)
+    busy = m * sum(dur.fwd_s[ch] + dur.bwd_s[ch] for ch in chunks)
+    recompute = m * n_layers * c.layer_recompute.total_s
+    zero3_s = m * n_layers * (zero3[0] + zero3[1])
+    compute = busy - tp_comm - cp_comm - ep_comm - recompute - zero3_s
+    opt_s_star = opt_end[r_star] - comm_end[r_star] - param_gather[r_star]
+    breakdown = {
+        "compute_s": compute,
+        "recompute_s": recompute,
+        "tp_comm_s": tp_comm,
+        "cp_comm_s": cp_comm,
+        "ep_comm_s": ep_comm,
+        "zero3_exposed_s": zero3_s,
+        "pp_bubble_s": float(compute_end[r_star] - busy),
+        "dp_comm_exposed_s": float(comm_end[r_star] - compute_end[r_star])
+        + float(param_gather[r_star]),
+        "optimizer_s": float(opt_s_star),
+    }
+    stages = []
+    for r in range(plan.pp):
+        ch_r = [ch for ch in range(plan.num_chunks) if plan.stage_of_chunk(ch) == r]
+        busy_r = m * sum(dur.fwd_s[ch] + dur.bwd_s[ch] for ch in ch_r)
+        stages.append(
+            {
+                "stage": r,
+                "layers": sum(dur.layers[ch] for ch in ch_r),
+                "busy_s": busy_r,
+                "compute_end_s": float(compute_end[r]),
+                "bubble_s": float(compute_end[r] - busy_r),
+                "dp_comm_exposed_s": float(comm_end[r] - compute_end[r]),
+                "end_s": float(opt_end[r]),
+            }
+        )
+    del dp_comm_total
+    return TrainResult(
+        iteration_s=iteration_s,
+        tokens_per_s=tokens / iteration_s,
+        mfu=mfu,
+        model_flops=flops,
+        breakdown_s=breakdown,
+        stages=stages,
+        spans=spans or [],
+        costs=c,
+        num_microbatches=m,
+    )

@@ -1,0 +1,159 @@
+"""Training-iteration simulator: schedules, invariants, CLI, and validation bounds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from simcli.cli import app
+from simcli.training.simulator import Task, _Durations, _run_pipeline, schedule, simulate_iteration
+from simcli.training.validation import h100_step_rows, megatron_rows
+from workloads.models import load_model
+from workloads.plan import PlanError, make_plan
+
+runner = CliRunner()
+
+
+def _plan(pp: int, m: int, vpp: int = 1, sched: str = "1f1b"):
+    return make_plan(num_gpus=pp, pp=pp, vpp=vpp, pp_schedule=sched, global_batch=m, seq_len=128)
+
+
+@pytest.mark.parametrize("sched", ["1f1b", "gpipe"])
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 8), (4, 3), (8, 16)])
+def test_even_stages_reproduce_the_bubble_formula(sched, pp, m):
+    """(m + p - 1)(f + b): Narayanan et al. 2021 eq. for 1F1B and GPipe, zero p2p."""
+    plan = _plan(pp, m, sched=sched)
+    dur = _Durations((1.0,) * pp, (2.0,) * pp, (1,) * pp)
+    end, _ = _run_pipeline(plan, dur, 0.0, None)
+    assert end.max() == pytest.approx((m + pp - 1) * 3.0)
+
+
+@pytest.mark.parametrize(("pp", "v", "m"), [(2, 2, 4), (4, 2, 8), (4, 4, 8)])
+def test_interleaving_divides_the_bubble_by_v(pp, v, m):
+    plan = _plan(pp, m, vpp=v, sched="interleaved")
+    chunks = pp * v
+    dur = _Durations((1.0 / v,) * chunks, (2.0 / v,) * chunks, (1,) * chunks)
+    end, _ = _run_pipeline(plan, dur, 0.0, None)
+    assert end.max() == pytest.approx(3.0 * (m + (pp - 1) / v))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pp=st.sampled_from([1, 2, 3, 4]),
+    m_mult=st.integers(1, 4),
+    v=st.sampled_from([1, 2, 3]),
+    p2p=st.floats(0.0, 0.5),
+    f=st.lists(st.floats(0.01, 3.0), min_size=12, max_size=12),
+)
+def test_every_microbatch_completes_once_and_time_is_sane(pp, m_mult, v, p2p, f):
+    if pp == 1:
+        v = 1
+    sched = "interleaved" if v > 1 else "1f1b"
+    m = pp * m_mult
+    plan = _plan(pp, m, vpp=v, sched=sched)
+    chunks = pp * v
+    dur = _Durations(tuple(f[:chunks]), tuple(2 * x for x in f[:chunks]), (1,) * chunks)
+    spans: list = []
+    end, ready = _run_pipeline(plan, dur, p2p, spans)
+    compute = [s for s in spans if s.stream == "compute"]
+    assert len(compute) == 2 * m * chunks
+    assert len({(s.rank, s.name) for s in compute}) == len(compute)
+    assert all(s.end_s >= s.start_s >= 0 for s in spans)
+    # a rank never runs two tasks at once
+    for r in range(pp):
+        mine = sorted((s.start_s, s.end_s) for s in compute if s.rank == r)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(mine, mine[1:], strict=False))
+    work = sum(dur.fwd_s) + sum(dur.bwd_s)
+    assert end.max() >= m * work / pp - 1e-9
+    assert len(ready) == chunks
+
+
+def test_schedules_hold_each_task_once():
+    for sched, v in [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)]:
+        plan = _plan(4, 8, vpp=v, sched=sched)
+        tasks = [t for rank in schedule(plan) for t in rank]
+        assert len(tasks) == len(set(tasks)) == 2 * 8 * 4 * v
+        assert all(isinstance(t, Task) and plan.stage_of_chunk(t.chunk) == t.rank for t in tasks)
+
+
+def test_uneven_split_shows_up():
+    model = load_model("llama3-8b")
+    base = dict(num_gpus=4, pp=4, global_batch=16, seq_len=2048)
+    even = simulate_iteration(model, make_plan(model, **base), "h100-sxm")
+    skew = simulate_iteration(
+        model, make_plan(model, layer_split=(14, 6, 6, 6), **base), "h100-sxm"
+    )
+    assert skew.iteration_s > even.iteration_s * 1.2
+    assert max(s["layers"] for s in skew.stages) == 14
+
+
+def test_recompute_costs_time_and_dp_comm_is_mostly_hidden():
+    model = load_model("llama3-8b")
+    base = dict(num_gpus=16, tp=2, global_batch=64, seq_len=4096)
+    none = simulate_iteration(model, make_plan(model, **base), "h100-sxm")
+    full = simulate_iteration(model, make_plan(model, recompute="full", **base), "h100-sxm")
+    sel = simulate_iteration(model, make_plan(model, recompute="selective", **base), "h100-sxm")
+    assert none.iteration_s < sel.iteration_s < full.iteration_s
+    no_overlap = simulate_iteration(
+        model, make_plan(model, overlap_grad_reduce=False, **base), "h100-sxm"
+    )
+    assert no_overlap.breakdown_s["dp_comm_exposed_s"] > none.breakdown_s["dp_comm_exposed_s"]
+    assert 0 < none.mfu < 1
+
+
+def test_plan_errors_name_the_valid_choices():
+    model = load_model("llama3-8b")
+    with pytest.raises(PlanError, match="allowed tp"):
+        make_plan(model, num_gpus=8, tp=6, global_batch=8, seq_len=128)
+    with pytest.raises(PlanError, match="multiple of"):
+        make_plan(model, num_gpus=8, global_batch=12, seq_len=128)
+    with pytest.raises(PlanError, match="zero"):
+        make_plan(model, num_gpus=8, pp=2, zero=3, global_batch=8, seq_len=128)
+
+
+def test_train_cli_json_and_trace(tmp_path):
+    trace = tmp_path / "t.json"
+    res = runner.invoke(
+        app,
+        ["train", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--tp", "2",
+         "--pp", "2", "--global-batch", "32", "--seq-len", "4096", "--recompute", "selective",
+         "--format", "json", "--trace", str(trace)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    for key in ("iteration_s", "tokens_per_s", "mfu", "peak_memory_gib", "breakdown_s", "stages"):
+        assert key in out
+    assert out["iteration_s"] > 0 and len(out["stages"]) == 2
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and all({"name", "ph", "ts", "dur", "pid", "tid"} <= e.keys() for e in spans)
+
+
+def test_train_cli_bad_tp_is_one_line():
+    res = runner.invoke(
+        app,
+        ["train", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "3",
+         "--global-batch", "8", "--seq-len", "128"],
+    )  # fmt: skip
+    assert res.exit_code == 2
+    assert res.output.strip().startswith("error:") and len(res.output.strip().splitlines()) == 1
+
+
+def test_megatron_published_iteration_times():
+    """Korthikanti et al. 2022 Table 4: mean error <= 10%, max <= 20% (issue target)."""
+    errs = [abs(r["error_pct"]) for r in megatron_rows()]
+    assert sum(errs) / len(errs) <= 10.0
+    assert max(errs) <= 20.0
+
+
+def test_single_h100_steps():
+    """Measured plain-PyTorch steps: 8 of 9 within 10%; the exception is the smallest
+    config of the 24-layer model, host-bound in eager mode (not modelled)."""
+    rows = h100_step_rows()
+    errs = sorted(abs(r["error_pct"]) for r in rows)
+    assert len(rows) == 9
+    assert errs[-2] <= 10.0 and errs[-1] <= 20.0

@@ -1,0 +1,268 @@
+"""Parallel training plans: the one validated description of how a model is split.
+
+A :class:`TrainPlan` says how ``num_gpus`` GPUs are arranged (tensor x pipeline x context
+x data parallel, experts inside data parallel), how the batch is cut into micro-batches,
+which pipeline schedule runs, what is recomputed and in which precision. It holds no
+costs. :func:`check_plan` checks it against a model and rejects impossible combinations
+with one line saying what, the value and the valid choices.
+
+Rank order follows Megatron-LM (``initialize_model_parallel``): TP is the fastest-varying
+rank index (so TP groups sit inside a node), then CP, then DP, then PP (so pipeline
+neighbours are the farthest apart).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from workloads.layers import valid_tp_degrees
+from workloads.models import ModelConfig
+
+
+class PlanError(ValueError):
+    """An invalid plan; the message is one line: what, the value, what is allowed."""
+
+
+Precision = Literal["bf16-mixed", "fp16-mixed", "bf16", "fp8"]
+PPSchedule = Literal["1f1b", "gpipe", "interleaved"]
+Recompute = Literal["none", "selective", "full"]
+CPKind = Literal["ring", "ulysses", "tokenring"]
+TPComm = Literal["plain", "overlap", "ladder"]
+
+PRECISIONS: tuple[str, ...] = ("bf16-mixed", "fp16-mixed", "bf16", "fp8")
+PP_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+CP_KINDS: tuple[str, ...] = ("ring", "ulysses", "tokenring")
+TP_COMMS: tuple[str, ...] = ("plain", "overlap", "ladder")
+
+
+class TrainPlan(BaseModel):
+    """How one training iteration is parallelised (one global batch, one optimizer step)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_gpus: int = Field(gt=0, description="GPUs in the job")
+    tp: int = Field(default=1, gt=0, description="tensor-parallel degree (Megatron column/row)")
+    pp: int = Field(default=1, gt=0, description="pipeline-parallel stages")
+    cp: int = Field(default=1, gt=0, description="context-parallel degree (sequence split)")
+    dp: int | None = Field(
+        default=None, gt=0, description="data-parallel degree; default num_gpus/(tp*pp*cp)"
+    )
+    ep: int = Field(default=1, gt=0, description="expert-parallel degree (within DP; MoE only)")
+    vpp: int = Field(default=1, gt=0, description="virtual stages per pipeline rank")
+    zero: Literal[0, 1, 2, 3] = Field(
+        default=0, description="ZeRO stage: 1 optimizer, 2 +gradients, 3 +parameters (FSDP)"
+    )
+    micro_batch: int = Field(default=1, gt=0, description="sequences per micro-batch")
+    global_batch: int = Field(gt=0, description="sequences per iteration")
+    seq_len: int = Field(gt=0, description="tokens per sequence")
+    pp_schedule: PPSchedule = "1f1b"
+    recompute: Recompute = "none"
+    sequence_parallel: bool | None = Field(
+        default=None, description="Megatron sequence parallelism; default on when tp > 1"
+    )
+    precision: Precision = "bf16-mixed"
+    cp_kind: CPKind = Field(
+        default="ring", description="ring attention, Ulysses all-to-all, or TokenRing"
+    )
+    tp_comm: TPComm = Field(
+        default="plain",
+        description="TP collectives: on the critical path, overlapped with GEMMs "
+        "(chunked), or Ladder Residual (overlapped with the next block)",
+    )
+    layer_split: tuple[int, ...] | None = Field(
+        default=None, description="layers per model chunk (pp*vpp entries); default even"
+    )
+    grad_bucket_bytes: int = Field(
+        default=40_000_000 * 4, gt=0, description="DP gradient bucket (Megatron: 40M params)"
+    )
+    overlap_grad_reduce: bool = Field(
+        default=True, description="DP gradient reduction overlapped with the backward pass"
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> TrainPlan:
+        inner = self.tp * self.pp * self.cp
+        if self.num_gpus % inner:
+            raise PlanError(
+                f"tp*pp*cp={self.tp}*{self.pp}*{self.cp}={inner} does not divide "
+                f"num_gpus={self.num_gpus}; allowed: tp*pp*cp dividing {self.num_gpus}"
+            )
+        if self.dp is not None and self.dp * inner != self.num_gpus:
+            raise PlanError(
+                f"tp*pp*cp*dp={inner}*{self.dp}={inner * self.dp} != num_gpus={self.num_gpus}; "
+                f"allowed: dp={self.num_gpus // inner}"
+            )
+        dp = self.data_parallel
+        if dp % self.ep:
+            raise PlanError(f"ep={self.ep} does not divide dp={dp}; allowed: divisors of {dp}")
+        per_step = self.micro_batch * dp
+        if self.global_batch % per_step:
+            raise PlanError(
+                f"global_batch={self.global_batch} is not a multiple of micro_batch*dp="
+                f"{self.micro_batch}*{dp}={per_step}; allowed: multiples of {per_step}"
+            )
+        if self.pp_schedule == "interleaved":
+            if self.vpp < 2 or self.pp < 2:
+                raise PlanError(
+                    f"pp_schedule=interleaved needs pp >= 2 and vpp >= 2 (got pp={self.pp}, "
+                    f"vpp={self.vpp}); allowed: 1f1b or gpipe with vpp=1"
+                )
+            if self.num_microbatches % self.pp:
+                raise PlanError(
+                    f"interleaved 1F1B needs the micro-batch count ({self.num_microbatches}) "
+                    f"to be a multiple of pp={self.pp} (Megatron-LM); allowed: global_batch "
+                    f"a multiple of {self.pp * per_step}"
+                )
+        elif self.vpp != 1:
+            raise PlanError(
+                f"vpp={self.vpp} needs pp_schedule=interleaved; allowed: vpp=1 with "
+                f"{self.pp_schedule}"
+            )
+        if self.zero >= 2 and self.pp > 1:
+            raise PlanError(
+                f"zero={self.zero} with pp={self.pp}: gradient/parameter sharding is not "
+                "combined with pipeline parallelism (DeepSpeed and Megatron-LM refuse it); "
+                "allowed: zero 0 or 1 with pp > 1"
+            )
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            raise PlanError(
+                f"seq_len={self.seq_len} is not a multiple of 2*cp={2 * self.cp} (load-"
+                f"balanced causal context parallelism); allowed: multiples of {2 * self.cp}"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise PlanError("sequence_parallel needs tp > 1; allowed: --no-sequence-parallel")
+        return self
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def data_parallel(self) -> int:
+        return self.dp if self.dp is not None else self.num_gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism in effect."""
+        return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per iteration (gradient-accumulation steps)."""
+        return self.global_batch // (self.micro_batch * self.data_parallel)
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks: pp * vpp (pipeline stages including virtual ones)."""
+        return self.pp * self.vpp
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @cached_property
+    def _dtype_names(self) -> tuple[str, str]:
+        compute = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16", "fp8": "fp8"}
+        return compute[self.precision], "bf16" if self.precision == "bf16" else "fp32"
+
+    @property
+    def compute_dtype(self) -> str:
+        """GEMM dtype (fp8 plans run attention, norms and communication in bf16)."""
+        return self._dtype_names[0]
+
+    @property
+    def master_dtype(self) -> str:
+        """Dtype of the weights the optimizer updates (fp32 master copy under mixed)."""
+        return self._dtype_names[1]
+
+    @property
+    def activation_dtype(self) -> str:
+        return "fp16" if self.precision == "fp16-mixed" else "bf16"
+
+    def layers_per_chunk(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers of each model chunk, in pipeline order (chunk c of rank r is
+        chunk index c * pp + r under interleaving)."""
+        if self.layer_split is not None:
+            return self.layer_split
+        base, extra = divmod(num_layers, self.num_chunks)
+        # Any remainder goes to the middle chunks: the first holds the embedding and the
+        # last the LM head and loss, so they are the ones to keep light.
+        out = [base] * self.num_chunks
+        order = sorted(range(self.num_chunks), key=lambda c: abs(c - (self.num_chunks - 1) / 2))
+        for c in order[:extra]:
+            out[c] += 1
+        return tuple(out)
+
+    def stage_of_chunk(self, chunk: int) -> int:
+        """Pipeline rank that runs model chunk ``chunk`` (Megatron interleaving)."""
+        return chunk % self.pp
+
+
+def check_plan(plan: TrainPlan, model: ModelConfig) -> TrainPlan:
+    """Checks that need the model; returns the plan so calls chain."""
+    valid = valid_tp_degrees(model)
+    if plan.tp not in valid:
+        raise PlanError(
+            f"tp={plan.tp} cannot split {model.id} (num_heads={model.num_heads}, "
+            f"num_kv_heads={model.num_kv_heads}); allowed tp: {', '.join(map(str, valid))}"
+        )
+    if plan.layer_split is not None:
+        split = plan.layer_split
+        if len(split) != plan.num_chunks or any(n < 1 for n in split):
+            raise PlanError(
+                f"layer_split has {len(split)} entries {list(split)}; allowed: "
+                f"{plan.num_chunks} positive entries (pp*vpp)"
+            )
+        if sum(split) != model.num_layers:
+            raise PlanError(
+                f"layer_split sums to {sum(split)}; allowed: a split of "
+                f"num_layers={model.num_layers}"
+            )
+    elif plan.num_chunks > model.num_layers:
+        raise PlanError(
+            f"pp*vpp={plan.num_chunks} exceeds num_layers={model.num_layers} of {model.id}; "
+            f"allowed: pp*vpp <= {model.num_layers}"
+        )
+    if plan.cp_kind == "ulysses" and plan.cp > 1:
+        heads = model.num_heads // plan.tp
+        if heads % plan.cp:
+            raise PlanError(
+                f"Ulysses cp={plan.cp} must divide the {heads} query heads per TP rank; "
+                "allowed: cp dividing that, or cp_kind ring/tokenring"
+            )
+    if plan.ep > 1:
+        if model.num_experts == 1:
+            raise PlanError(f"ep={plan.ep} needs an MoE model; {model.id} is dense; allowed: ep=1")
+        if model.num_experts % plan.ep:
+            raise PlanError(
+                f"ep={plan.ep} does not divide num_experts={model.num_experts}; allowed: "
+                f"divisors of {model.num_experts} that divide dp={plan.data_parallel}"
+            )
+    if plan.seq_len > model.max_seq_len and model.position == "learned":
+        raise PlanError(
+            f"seq_len={plan.seq_len} exceeds the learned position table of {model.id}; "
+            f"allowed: <= {model.max_seq_len}"
+        )
+    return plan
+
+
+def make_plan(model: ModelConfig | None = None, **fields: object) -> TrainPlan:
+    """Build (and, given ``model``, check) a plan; any problem is one :class:`PlanError`."""
+    tp = fields.get("tp", 1)
+    if model is not None and isinstance(tp, int) and tp not in valid_tp_degrees(model):
+        valid = ", ".join(map(str, valid_tp_degrees(model)))
+        raise PlanError(
+            f"tp={tp} cannot split {model.id} (num_heads={model.num_heads}, "
+            f"num_kv_heads={model.num_kv_heads}); allowed tp: {valid}"
+        )
+    try:
+        plan = TrainPlan(**fields)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if where:
+            msg = f"{where}: {msg} (got {err.get('input')!r})"
+        raise PlanError(msg) from None
+    return check_plan(plan, model) if model is not None else plan

@@ -121,6 +121,10 @@ def _sum_phase(
         by_op[item.name] = by_op.get(item.name, 0.0) + sec
     if plan.tp_comm == "overlap":
         tp *= 1.0 - TP_OVERLAP_HIDDEN
+    elif plan.tp_comm == "ladder":
+        # Ladder Residual (Zhang et al. 2025): block i's all-reduce runs while block i+1
+        # computes on the not-yet-reduced residual, so only comm beyond compute shows.
+        tp = max(0.0, tp - compute)
     return Phase(compute_s=compute, tp_comm_s=tp, by_op_s=by_op)
 
 

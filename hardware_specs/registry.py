@@ -18,11 +18,13 @@ import yaml
 from pydantic import ValidationError
 
 from hardware_specs.schema import (
+    GB,
     ClusterSpec,
     FabricSpec,
     GpuSpec,
     HardwareFile,
     LinkSpec,
+    NodeGroup,
     NodeSpec,
 )
 
@@ -112,9 +114,17 @@ class Catalog:
                 if link not in self.links:
                     raise SpecError(f"{prefix}node {node.id} names unknown {field} {link!r}")
         for cluster in self.clusters.values():
-            if cluster.node not in self.nodes:
+            for node_id in [cluster.node, *(g.node for g in cluster.node_groups)]:
+                if node_id not in self.nodes:
+                    raise SpecError(
+                        f"{prefix}cluster {cluster.name} names unknown node {node_id!r}"
+                    )
+            gpus = {self.nodes[g.node].gpu for g in cluster.node_groups}
+            sizes = {self.nodes[g.node].gpus_per_node for g in cluster.node_groups}
+            if len(gpus) > 1 or len(sizes) > 1:
                 raise SpecError(
-                    f"{prefix}cluster {cluster.name} names unknown node {cluster.node!r}"
+                    f"{prefix}cluster {cluster.name}: node groups must share the GPU and "
+                    f"GPUs per node (got {sorted(gpus)}, {sorted(sizes)}); only NICs may differ"
                 )
 
     def gpu(self, gpu_id: str) -> GpuSpec:
@@ -163,6 +173,16 @@ class Catalog:
     def system_for_cluster(self, cluster: ClusterSpec, num_gpus: int | None = None) -> System:
         node = self.node(cluster.node)
         total = cluster.num_nodes * node.gpus_per_node
+        groups = cluster.node_groups or [NodeGroup(node=cluster.node, num_nodes=cluster.num_nodes)]
+        per_node: list[float] = []
+        for g in groups:
+            gnode = self.node(g.node)
+            bw = self.link(gnode.nic).bytes_per_s * gnode.nics_per_gpu
+            per_node += [bw] * g.num_nodes
+        if cluster.measured_nic_gb_per_s is not None:
+            per_node = [x * GB for x in cluster.measured_nic_gb_per_s]
+        nominal = self.link(node.nic).bytes_per_s * node.nics_per_gpu
+        uniform = all(abs(x - nominal) <= 1e-9 * nominal for x in per_node)
         return System(
             gpu=self.gpu(node.gpu),
             node=node,
@@ -172,6 +192,7 @@ class Catalog:
             num_nodes=cluster.num_nodes,
             num_gpus=total if num_gpus is None else num_gpus,
             fabric=cluster.fabric,
+            nic_bytes_per_s_by_node=() if uniform else tuple(per_node),
         )
 
 
@@ -187,10 +208,26 @@ class System:
     num_nodes: int
     num_gpus: int
     fabric: FabricSpec
+    # Scale-out bandwidth per GPU of each node (rank order) when nodes differ from the
+    # first node's NIC spec (node groups, measured links); empty when all match it.
+    nic_bytes_per_s_by_node: tuple[float, ...] = ()
 
     @property
     def gpus_per_node(self) -> int:
         return self.node.gpus_per_node
+
+    @property
+    def nominal_nic_bytes_per_s(self) -> float:
+        """Per-GPU scale-out bandwidth the cost models assume (the first node's NICs)."""
+        return self.nic.bytes_per_s * self.node.nics_per_gpu
+
+    def slowdown(self, nodes: list[int] | range) -> float:
+        """Factor by which scale-out traffic among ``nodes`` is slower than the cost
+        models assume: the slowest NIC on a ring or path bounds it."""
+        if not self.nic_bytes_per_s_by_node or len(nodes) < 2:
+            return 1.0
+        slowest = min(self.nic_bytes_per_s_by_node[n] for n in nodes)
+        return self.nominal_nic_bytes_per_s / slowest
 
 
 def _builtin_file(name: str) -> HardwareFile:

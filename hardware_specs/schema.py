@@ -220,13 +220,55 @@ class FabricSpec(_Frozen):
         return self.switch_latency_us * US
 
 
-class ClusterSpec(_Frozen):
-    """``num_nodes`` identical nodes on one fabric."""
+class NodeGroup(_Frozen):
+    """``num_nodes`` nodes of one NodeSpec inside a heterogeneous cluster (Holmes, Yang
+    et al. 2024: node groups with different NICs training one model)."""
 
-    name: str
     node: str = Field(description="NodeSpec id")
     num_nodes: int = Field(gt=0)
+
+
+class ClusterSpec(_Frozen):
+    """``num_nodes`` nodes on one fabric: identical nodes, or node groups (same GPU,
+    different NICs), optionally with measured per-node NIC bandwidths (Pipette, Yim et al.
+    2024: real links differ from their spec and the slow ones bound every ring)."""
+
+    name: str
+    node: str = Field(description="NodeSpec id (of the first group when groups are given)")
+    num_nodes: int = Field(gt=0)
     fabric: FabricSpec = FabricSpec()
+    node_groups: list[NodeGroup] = Field(
+        default_factory=list, description="groups in rank order; sum of num_nodes = num_nodes"
+    )
+    measured_nic_gb_per_s: list[float] | None = Field(
+        default=None,
+        description="measured scale-out bandwidth per GPU of each node, decimal GB/s, in "
+        "rank order (num_nodes entries); overrides the NIC spec",
+    )
+
+    @model_validator(mode="after")
+    def _groups(self) -> ClusterSpec:
+        if self.node_groups:
+            total = sum(g.num_nodes for g in self.node_groups)
+            if total != self.num_nodes:
+                raise ValueError(
+                    f"cluster {self.name}: node_groups hold {total} nodes, num_nodes is "
+                    f"{self.num_nodes}; allowed: groups summing to num_nodes"
+                )
+            if self.node_groups[0].node != self.node:
+                raise ValueError(
+                    f"cluster {self.name}: node must be the first group's node "
+                    f"({self.node_groups[0].node!r})"
+                )
+        measured = self.measured_nic_gb_per_s
+        if measured is not None and (
+            len(measured) != self.num_nodes or any(x <= 0 for x in measured)
+        ):
+            raise ValueError(
+                f"cluster {self.name}: measured_nic_gb_per_s needs {self.num_nodes} "
+                f"positive entries (one per node), got {len(measured)}"
+            )
+        return self
 
 
 class HardwareFile(_Frozen):

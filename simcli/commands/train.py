@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from costmodels.select import get_cost_model
-from hardware_specs.registry import load_catalog
+from hardware_specs.registry import load_catalog, load_hardware_file
 from simcli.errors import user_errors
 from simcli.output import Format, emit_object
 from simcli.training.simulator import simulate_iteration
@@ -62,6 +62,12 @@ def train(
     attn_backend: str = typer.Option("", "--attn-backend", help="flash | cudnn | ... (default)"),
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile."),
     hardware: Path | None = typer.Option(None, "--hardware", help="Extra hardware spec file."),
+    cluster: Path | None = typer.Option(
+        None,
+        "--cluster",
+        help="Hardware file describing one cluster (node groups, measured NIC bandwidths) "
+        "instead of reference nodes on a fat-tree.",
+    ),
     trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace."),
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
 ) -> None:
@@ -92,12 +98,31 @@ def train(
             layer_split=_layer_split(layer_split),
         )
         catalog = load_catalog(hardware)
-        system = catalog.system(gpu, gpus)
+        if cluster is not None:
+            catalog = catalog.merged(load_hardware_file(cluster), f"cluster file {cluster}")
+            spec = load_hardware_file(cluster).clusters
+            if len(spec) != 1:
+                raise PlanError(
+                    f"cluster file {cluster} describes {len(spec)} clusters; allowed: exactly one"
+                )
+            system = catalog.system_for_cluster(spec[0], gpus)
+            if system.gpu.id != gpu:
+                raise PlanError(
+                    f"--gpu {gpu} but cluster {spec[0].name} has {system.gpu.id}; "
+                    f"allowed: --gpu {system.gpu.id}"
+                )
+            total = spec[0].num_nodes * system.node.gpus_per_node
+            if gpus > total:
+                raise PlanError(f"--gpus {gpus} exceeds the {total} GPUs of cluster {spec[0].name}")
+        else:
+            system = catalog.system(gpu, gpus)
         if plan.compute_dtype == "fp8" and "fp8" not in {
             d.value for d in system.gpu.peak_dense_tflops
         }:
             raise PlanError(f"--precision fp8 needs fp8 tensor cores; {gpu} has none")
         cm = get_cost_model(gpu, profile=profile, num_gpus=gpus, catalog=catalog)
+        # (the cost model prices the first node's NICs; the simulator scales the
+        # scale-out traffic of other nodes by their bandwidth, see System.slowdown)
         res = simulate_iteration(
             cfg,
             plan,
@@ -107,6 +132,7 @@ def train(
             attn_backend=attn_backend,
             keep_spans=trace is not None,
             framework=framework,  # type: ignore[arg-type]
+            system=system,
         )
         from simcli.training.memory import estimate_memory
 

@@ -41,7 +41,7 @@ from simcli.training.costs import (
 )
 from workloads.layers import optimizer_ops
 from workloads.models import ModelConfig
-from workloads.plan import TrainPlan, check_plan
+from workloads.plan import PlanError, TrainPlan, check_plan
 
 PHASES = ("F", "B")
 
@@ -189,12 +189,14 @@ def _durations(
 
 
 def _run_pipeline(
-    plan: TrainPlan, dur: _Durations, p2p_s: float, spans: list[Span] | None
+    plan: TrainPlan, dur: _Durations, p2p_s: float | np.ndarray, spans: list[Span] | None
 ) -> tuple[np.ndarray, dict[tuple[int, int], tuple[float, float]]]:
     """Event-driven list scheduling. Returns per-rank compute end times and, for each
     (rank, chunk), the (start, end) of its last backward (when its gradients are ready)."""
     order = schedule(plan)
     p, last_chunk = plan.pp, plan.num_chunks - 1
+    # p2p[src, dst]: transfer time of one activation between two pipeline ranks
+    p2p = np.broadcast_to(np.asarray(p2p_s, dtype=float), (p, p))
     done: dict[Task, float] = {}
     free = np.zeros(p)
     pos = [0] * p
@@ -215,7 +217,7 @@ def _run_pipeline(
                 break
             arrive = 0.0
             if dep is not None:
-                arrive = done[dep] + (p2p_s if dep.rank != r else 0.0)
+                arrive = done[dep] + (p2p[dep.rank, r] if dep.rank != r else 0.0)
             start = max(free[r], arrive)
             length = dur.fwd_s[t.chunk] if t.phase == "F" else dur.bwd_s[t.chunk]
             end = start + length
@@ -228,7 +230,7 @@ def _run_pipeline(
                 grads_ready[(r, t.chunk)] = (start, end)
             if spans is not None:
                 spans.append(Span(r, "compute", f"{t.phase} mb{t.mb} chunk{t.chunk}", start, end))
-                if dep is not None and dep.rank != r and p2p_s > 0:
+                if dep is not None and dep.rank != r and p2p[dep.rank, r] > 0:
                     spans.append(Span(r, "pp-comm", f"recv mb{t.mb}", done[dep], arrive))
             # wake the rank that consumes this task's output
             nxt = _consumer_rank(t, last_chunk, p)
@@ -266,12 +268,16 @@ def simulate_iteration(
     keep_spans: bool = False,
     costs: StepCosts | None = None,
     framework: Framework = "megatron",
+    system: System | None = None,
 ) -> TrainResult:
     """Simulate one iteration of ``plan`` for ``model`` on ``plan.num_gpus`` GPUs of
-    ``gpu_id`` (reference nodes of the catalog)."""
+    ``gpu_id`` (reference nodes of the catalog, or ``system`` for a described cluster)."""
     check_plan(plan, model)
     cat = catalog if catalog is not None else builtin_catalog()
-    system = cat.system(gpu_id, plan.num_gpus)
+    if system is None:
+        system = cat.system(gpu_id, plan.num_gpus)
+    elif system.num_gpus < plan.num_gpus:
+        raise PlanError(f"the plan needs {plan.num_gpus} GPUs; the cluster has {system.num_gpus}")
     cm = (
         cost_model
         if cost_model is not None
@@ -293,6 +299,21 @@ def _simulate(
     dp = plan.data_parallel
     dp_span = plan.tp * plan.cp * dp
     dp_nodes = _group_nodes(dp_span, gpn) if dp > 1 else 1
+    # Heterogeneous clusters: a ring or a point-to-point path crossing nodes runs at the
+    # slowest NIC on it (Megatron rank order: stage r starts at rank r * tp * cp * dp).
+    stride = plan.tp * plan.cp
+
+    def stage_nodes(r: int) -> list[int]:
+        first = r * dp_span
+        return sorted({(first + d * stride) // gpn for d in range(dp)})
+
+    dp_slow = [system.slowdown(stage_nodes(r)) for r in range(plan.pp)]
+    p2p = np.zeros((plan.pp, plan.pp))
+    for a in range(plan.pp):
+        for b in range(plan.pp):
+            na, nb = (a * dp_span) // gpn, (b * dp_span) // gpn
+            if a != b:
+                p2p[a, b] = c.p2p_s * (system.slowdown([na, nb]) if na != nb else 1.0)
     grad_elt = 2 if plan.precision == "bf16" else 4  # fp32 main grads under mixed precision
     param_elt = 1 if plan.precision == "fp8" else 2
 
@@ -300,14 +321,17 @@ def _simulate(
     # gradients reduce-scattered after its backward; prefetch hides them behind compute.
     zero3 = (0.0, 0.0)
     if plan.zero == 3 and dp > 1:
-        gather = _collective_s(cm, "all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
-        rs = _collective_s(cm, "reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32")
+        slow = dp_slow[0]
+        gather = slow * _collective_s(cm, "all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
+        rs = slow * _collective_s(
+            cm, "reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32"
+        )
         zf = max(0.0, gather - c.layer_fwd.compute_s)
         zb = max(0.0, gather + rs - c.layer_bwd.compute_s - c.layer_recompute.total_s)
         zero3 = (zf, zb)
     dur = _durations(model, plan, c, zero3)
     spans: list[Span] | None = [] if keep_spans else None
-    compute_end, grads_ready = _run_pipeline(plan, dur, c.p2p_s, spans)
+    compute_end, grads_ready = _run_pipeline(plan, dur, p2p, spans)
 
     # DP gradient reduction per rank: buckets of each chunk become ready during the
     # chunk's last backward and are reduced one after another on the comm stream.
@@ -329,7 +353,7 @@ def _simulate(
                     params += c.lm_head_params
                 nbytes = params * grad_elt
                 n_buckets = max(1, math.ceil(nbytes / plan.grad_bucket_bytes))
-                t_bucket = _collective_s(
+                t_bucket = dp_slow[r] * _collective_s(
                     cm, kind, nbytes / n_buckets, dp, dp_nodes, "fp32" if grad_elt == 4 else "bf16"
                 )
                 for b in range(n_buckets):
@@ -360,7 +384,7 @@ def _simulate(
         ops = [o.op for o in optimizer_ops(model, n_opt, Dtype(plan.master_dtype))]
         opt_s = float(cm.predict_many(_frame(ops)).sum())
         if plan.zero in (1, 2) and dp > 1 and not plan.overlap_grad_reduce:
-            param_gather[r] = _collective_s(
+            param_gather[r] = dp_slow[r] * _collective_s(
                 cm, "all_gather", params * param_elt, dp, dp_nodes, "bf16"
             )
         opt_end[r] = comm_end[r] + opt_s + param_gather[r]

@@ -157,3 +157,64 @@ def test_single_h100_steps():
     errs = sorted(abs(r["error_pct"]) for r in rows)
     assert len(rows) == 9
     assert errs[-2] <= 10.0 and errs[-1] <= 20.0
+
+
+HETERO = """
+nodes:
+  - id: dgx-h100-roce100
+    name: DGX H100 with one 100G RoCE NIC per GPU (test)
+    gpu: h100-sxm
+    gpus_per_node: 8
+    intra_node_link: nvlink4-nvswitch
+    intra_node_gb_per_s: 450
+    switched: true
+    nic: eth-100g
+    nics_per_gpu: 1
+    host_link: pcie-gen5-x16
+    sources: {nics_per_gpu: test fixture, intra_node_gb_per_s: test fixture, gpus_per_node: test fixture}
+clusters:
+  - name: mixed
+    node: dgx-h100
+    num_nodes: 4
+    node_groups: [{node: dgx-h100, num_nodes: 2}, {node: dgx-h100-roce100, num_nodes: 2}]
+"""
+
+
+def _iteration(system, model, plan):
+    return simulate_iteration(model, plan, "h100-sxm", system=system).iteration_s
+
+
+def test_heterogeneous_nics_and_measured_links_slow_the_rings(tmp_path):
+    """Holmes-style node groups with different NICs and Pipette-style measured per-node
+    bandwidths: rings and pipeline links crossing a slow node run at its speed."""
+    from hardware_specs.registry import load_catalog
+
+    path = tmp_path / "mixed.yaml"
+    path.write_text(HETERO)
+    cat = load_catalog(path)
+    model = load_model("llama3-8b")
+    dp_plan = make_plan(model, num_gpus=32, tp=8, global_batch=32, seq_len=2048,
+                        overlap_grad_reduce=False)  # fmt: skip
+    homo = cat.system("h100-sxm", 32)
+    mixed = cat.system_for_cluster(cat.clusters["mixed"])
+    assert mixed.slowdown([0, 3]) == pytest.approx(4.0)  # 400G NDR vs 100G
+    assert _iteration(mixed, model, dp_plan) > _iteration(homo, model, dp_plan)
+    # pipeline over 4 nodes: only the link into the slow group is slower
+    pp_plan = make_plan(model, num_gpus=32, tp=8, pp=4, global_batch=64, seq_len=2048)
+    assert _iteration(mixed, model, pp_plan) > _iteration(homo, model, pp_plan)
+    measured = cat.clusters["mixed"].model_copy(
+        update={"node_groups": [], "measured_nic_gb_per_s": [50.0, 50.0, 50.0, 10.0]}
+    )
+    slow_one = cat.system_for_cluster(measured)
+    assert _iteration(slow_one, model, dp_plan) > _iteration(homo, model, dp_plan)
+
+
+def test_train_cli_cluster_file(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(HETERO)
+    args = ["train", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "32", "--tp", "8",
+            "--global-batch", "32", "--seq-len", "2048", "--format", "json"]  # fmt: skip
+    res = runner.invoke(app, [*args, "--cluster", str(path)])
+    assert res.exit_code == 0, res.output
+    bad = runner.invoke(app, [*args[:4], "a100-sxm-80gb", *args[5:], "--cluster", str(path)])
+    assert bad.exit_code == 2 and "allowed: --gpu h100-sxm" in bad.output

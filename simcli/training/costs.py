@@ -94,8 +94,13 @@ def _frame(ops: list[Op]) -> pd.DataFrame:
     )
 
 
-def _group_nodes(span: int, gpus_per_node: int) -> int:
-    return max(1, math.ceil(span / gpus_per_node))
+def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
+    """Nodes spanned by a group of ``size`` ranks ``stride`` apart (Megatron rank order)."""
+    if size <= 1:
+        return 1
+    if stride >= gpus_per_node:
+        return size
+    return max(1, math.ceil(size / (gpus_per_node // stride)))
 
 
 def _with_nodes(op: Op, nodes: int) -> Op:
@@ -178,7 +183,7 @@ def step_costs(
             f"unknown framework {framework!r}; allowed: megatron, megatron-unfused, pytorch"
         )
     groups = [fwd, bwd, first_f, first_b, last_f, last_b]
-    tp_nodes = _group_nodes(tp, gpn)
+    tp_nodes = group_nodes(tp, 1, gpn)
     ops = [_with_nodes(o.op, tp_nodes) for g in groups for o in g]
     times = cost_model.predict_many(_frame(ops))
     parts: list[np.ndarray] = []
@@ -277,7 +282,7 @@ def _cp_comm(
     if cp == 1:
         return 0.0, 0.0
     gpn = system.node.gpus_per_node
-    nodes = _group_nodes(plan.tp * cp, gpn)
+    nodes = group_nodes(cp, plan.tp, gpn)
     elt = DTYPE_BYTES[Dtype(plan.activation_dtype)]
     tokens = plan.micro_batch * plan.seq_len // cp
     kv_heads = max(1, model.num_kv_heads // plan.tp)
@@ -296,7 +301,7 @@ def _cp_comm(
     # Ring: cp - 1 point-to-point steps, each overlapped with one attention block
     # (the block of 1/cp of the local work). TokenRing splits each step over both
     # directions of the ring, halving the bytes on the slower direction.
-    p2p_nodes = 2 if nodes > 1 and plan.tp * 2 > gpn else 1
+    p2p_nodes = 2 if nodes > 1 else 1  # the ring's slowest hop leaves the node
     step_bytes = kv_bytes / (2.0 if plan.cp_kind == "tokenring" else 1.0)
     step_f = _collective_s(cost_model, "send_recv", step_bytes, 2, p2p_nodes, "bf16")
     step_b = _collective_s(cost_model, "send_recv", 2.0 * step_bytes, 2, p2p_nodes, "bf16")
@@ -313,8 +318,7 @@ def _ep_comm(
     if model.num_experts == 1 or plan.ep == 1:
         return 0.0, 0.0
     gpn = system.node.gpus_per_node
-    span = plan.tp * plan.cp * plan.ep
-    nodes = _group_nodes(span, gpn) if span > gpn else 1
+    nodes = group_nodes(plan.ep, plan.tp * plan.cp, gpn)
     elt = DTYPE_BYTES[Dtype(plan.activation_dtype)]
     tokens = plan.micro_batch * plan.seq_len // plan.cp
     nbytes = tokens * model.experts_per_token * model.hidden_size * elt

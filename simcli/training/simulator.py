@@ -36,7 +36,7 @@ from simcli.training.costs import (
     StepCosts,
     _collective_s,
     _frame,
-    _group_nodes,
+    group_nodes,
     step_costs,
 )
 from workloads.layers import optimizer_ops
@@ -298,7 +298,7 @@ def _simulate(
     gpn = system.node.gpus_per_node
     dp = plan.data_parallel
     dp_span = plan.tp * plan.cp * dp
-    dp_nodes = _group_nodes(dp_span, gpn) if dp > 1 else 1
+    dp_nodes = group_nodes(dp, plan.tp * plan.cp, gpn)
     # Heterogeneous clusters: a ring or a point-to-point path crossing nodes runs at the
     # slowest NIC on it (Megatron rank order: stage r starts at rank r * tp * cp * dp).
     stride = plan.tp * plan.cp

@@ -218,3 +218,20 @@ def test_train_cli_cluster_file(tmp_path):
     assert res.exit_code == 0, res.output
     bad = runner.invoke(app, [*args[:4], "a100-sxm-80gb", *args[5:], "--cluster", str(path)])
     assert bad.exit_code == 2 and "allowed: --gpu h100-sxm" in bad.output
+
+
+def test_context_parallel_variants_cross_over_with_length():
+    """Ulysses' all-to-alls are cheap next to short attention; ring attention hides its KV
+    exchange behind long attention (quadratic work vs linear bytes); TokenRing's two
+    directions never lose to the one-way ring."""
+    model = load_model("llama3-8b")
+
+    def t(kind, seq):
+        plan = make_plan(model, num_gpus=64, tp=2, cp=16, cp_kind=kind, global_batch=4,
+                         seq_len=seq, recompute="full")  # fmt: skip
+        return simulate_iteration(model, plan, "h100-sxm").iteration_s
+
+    assert t("ulysses", 2048) < t("ring", 2048)
+    assert t("ring", 131072) < t("ulysses", 131072)
+    for seq in (2048, 131072):
+        assert t("tokenring", seq) <= t("ring", seq) + 1e-12

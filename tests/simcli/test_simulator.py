@@ -171,7 +171,7 @@ nodes:
     nic: eth-100g
     nics_per_gpu: 1
     host_link: pcie-gen5-x16
-    sources: {nics_per_gpu: test fixture, intra_node_gb_per_s: test fixture, gpus_per_node: test fixture}
+    sources: {nics_per_gpu: fixture, intra_node_gb_per_s: fixture, gpus_per_node: fixture}
 clusters:
   - name: mixed
     node: dgx-h100

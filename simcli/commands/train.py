@@ -69,6 +69,9 @@ def train(
         "instead of reference nodes on a fat-tree.",
     ),
     trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace."),
+    ignore_memory: bool = typer.Option(
+        False, "--ignore-memory", help="Report a plan even if it does not fit in memory."
+    ),
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
 ) -> None:
     """Iteration time, tokens/s, MFU, peak memory and a time breakdown for one plan."""
@@ -137,6 +140,13 @@ def train(
         from simcli.training.memory import estimate_memory
 
         mem = estimate_memory(cfg, plan, system.gpu, framework=framework)  # type: ignore[arg-type]
+        if not mem.fits and not ignore_memory:
+            raise PlanError(
+                f"plan does not fit: peak {mem.total_bytes / GIB:.1f} GiB per GPU on pipeline "
+                f"rank {mem.peak_stage} > {mem.capacity_bytes / GIB:.1f} GiB of {gpu}; "
+                "allowed: plans that fit (try --recompute selective|full, a higher --zero, "
+                "more --tp/--pp, a smaller --micro-batch) or --ignore-memory"
+            )
         if trace is not None:
             res.write_trace(trace)
         out = {

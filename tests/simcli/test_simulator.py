@@ -235,3 +235,13 @@ def test_context_parallel_variants_cross_over_with_length():
     assert t("ring", 131072) < t("ulysses", 131072)
     for seq in (2048, 131072):
         assert t("tokenring", seq) <= t("ring", seq) + 1e-12
+
+
+def test_train_cli_refuses_a_plan_that_does_not_fit(tmp_path):
+    trace = tmp_path / "t.json"
+    args = ["train", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "8",
+            "--global-batch", "8", "--seq-len", "8192", "--trace", str(trace)]  # fmt: skip
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "does not fit" in res.output and not trace.exists()
+    ok = runner.invoke(app, [*args, "--ignore-memory", "--format", "json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["fits"] is False

@@ -233,3 +233,23 @@ def test_scripts_import_only_stdlib_torch_and_calibrate():
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names.add(node.module.split(".")[0])
         assert not names & forbidden, f"{path.name} imports {sorted(names & forbidden)}"
+
+
+def test_dist_step_ddp_on_two_cpu_processes(tmp_path):
+    """torchrun with two gloo processes: DDP-wrapped step, rank 0 writes one ok row."""
+    import csv
+    import shutil
+    import subprocess
+    import sys
+
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun not installed")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "-m", "calibrate.steps.dist_step", "--out", str(tmp_path), "--mode", "ddp",
+           "--tiny", "--device", "cpu", "--warmup", "1", "--steps", "2"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "dist_step.ddp.2gpu.csv").open()))
+    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["world_size"] == "2"
+    assert float(rows[0]["step_ms"]) > 0

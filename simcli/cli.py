@@ -10,6 +10,7 @@ from simcli.commands import models as models_cmd
 from simcli.commands import predict as predict_cmd
 from simcli.commands import specs as specs_cmd
 from simcli.commands import train as train_cmd
+from simcli.commands import varlen as varlen_cmd
 from simcli.errors import set_debug
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ app.add_typer(models_cmd.app, name="models")
 app.add_typer(predict_cmd.app, name="predict")
 app.add_typer(calibrate_cmd.app, name="calibrate")
 app.add_typer(train_cmd.app, name="train")
+app.add_typer(varlen_cmd.app, name="varlen")
 
 
 def _version(flag: bool) -> None:

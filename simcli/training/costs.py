@@ -363,6 +363,7 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
     f = 2.0 * t * model.ffn_hidden_size / tp
     casts = 3 + (2 if model.activation == "swiglu" else 1)
     layer_params = params_per_tp_rank(model, tp)["layer"]
+    shard = plan.data_parallel * plan.cp if plan.zero == 3 else 1
     fwd = [
         _traffic("eager_rmsnorm", 2 * 6.0 * x, 8),
         _traffic("eager_input_casts", casts * 1.5 * x, casts),
@@ -370,7 +371,8 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
         _traffic("eager_attn_out_copy", 2.0 * q),
         _traffic("eager_residual_fp32", 2.0 * x, 2),
         _traffic("eager_silu_mul", 2.0 * f, 1),
-        _traffic("eager_weight_cast", 6.0 * layer_params, 7),
+        # FSDP with bf16 MixedPrecision casts only its shard before the all-gather
+        _traffic("eager_weight_cast", 6.0 * layer_params / shard, 7),
     ]
     bwd = [
         _traffic(o.name + "_bwd", 2 * o.op.bytes * o.count * EAGER_BACKWARD_RATIO, o.count)
@@ -388,7 +390,7 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
         "first_bwd": [_traffic("eager_embedding_grad", 2.0 * 4.0 * vocab * h, 2)],
         "last_fwd": [
             _traffic("eager_final_norm", 6.0 * x + 1.5 * x, 6),
-            _traffic("eager_lm_head_weight_cast", 6.0 * head),
+            _traffic("eager_lm_head_weight_cast", 6.0 * head / shard),
             _traffic("eager_cross_entropy", 7.0 * logits - 3.0 * logits, 2),
         ],
         "last_bwd": [

@@ -359,6 +359,10 @@ def _stage(model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, lay
     optim = sharded((o_b * dense, o_b * expert), 1)
     linear = layers_r * (sh["attn"] + model.router_params + expert_layer)
     copies = lcopy_b * linear + np.where(last, hcopy_b * sh["head"], 0.0)
+    if fw == "pytorch":
+        # FSDP with MixedPrecision(param_dtype=bf16) gathers bf16 weights directly: no
+        # autocast copies beyond the gathered units (counted in the ZeRO-3 buffer below)
+        copies = np.where(zero >= 3, 0.0, copies)
 
     # ---- activations of the in-flight micro-batches
     none, sel, full = _layer_acts(model, fw, sh, t_sp, prec, a["seq"], unfused)
@@ -389,6 +393,11 @@ def _stage(model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, lay
     unit = np.maximum(dense_layer + expert_layer, np.where(first, sh["embedding"], 0.0))
     unit = np.maximum(unit, np.where(head_held, sh["head"], 0.0))
     comm = np.where(zero >= 3, np.minimum(2 * w_b * unit, w_full - weights), 0.0)
+    if fw == "pytorch":
+        # DistributedDataParallel copies gradients into flat buckets it allocates at
+        # construction (gradient_as_bucket_view=False, the default): one more full set of
+        # gradients (measured: calibrate/data/steps-h200-x4, +5.6 GiB for 1.5e9 params)
+        comm = comm + np.where((zero == 0) & (dp * cp > 1), g_full, 0.0)
 
     # ---- the peak moment
     if fw == "megatron":

@@ -113,6 +113,24 @@ class TrainResult:
         atomic_write_text(Path(path), json.dumps({"traceEvents": self.trace_events()}))
 
 
+# Seconds added to the compute stream per second of NVLink collective running beside it:
+# NCCL's kernels take SMs and HBM bandwidth from the GEMMs they overlap. Fitted (0.7, the
+# min-max error over 0.5..1.0) on the 2-GPU DDP steps of calibrate/data/steps-h200-x4,
+# where a 6 GB fp32 all-reduce that the backward could hide three times over still added
+# 70-80% of its duration; the 4-GPU DDP and the FSDP rows of that folder are the check.
+# Network-bound collectives move bytes (and load the GPU) slower, in proportion to the
+# NIC / NVLink bandwidth ratio.
+INTERFERENCE = 0.7
+
+
+def interference(system: System, nodes: int) -> float:
+    """:data:`INTERFERENCE` for a group inside one node; scaled down across nodes."""
+    if nodes <= 1:
+        return INTERFERENCE
+    ratio = system.nominal_nic_bytes_per_s / system.node.intra_node_bytes_per_s
+    return INTERFERENCE * min(1.0, ratio)
+
+
 # --------------------------------------------------------------------------- schedules
 
 
@@ -308,6 +326,7 @@ def _simulate(
         return sorted({(first + d * stride) // gpn for d in range(dp)})
 
     dp_slow = [system.slowdown(stage_nodes(r)) for r in range(plan.pp)]
+    kappa = interference(system, dp_nodes)
     p2p = np.zeros((plan.pp, plan.pp))
     for a in range(plan.pp):
         for b in range(plan.pp):
@@ -326,8 +345,10 @@ def _simulate(
         rs = slow * _collective_s(
             cm, "reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32"
         )
-        zf = max(0.0, gather - c.layer_fwd.compute_s)
-        zb = max(0.0, gather + rs - c.layer_bwd.compute_s - c.layer_recompute.total_s)
+        cf = c.layer_fwd.compute_s
+        cb = c.layer_bwd.compute_s + c.layer_recompute.total_s
+        zf = max(0.0, gather - cf) + kappa * min(gather, cf)
+        zb = max(0.0, gather + rs - cb) + kappa * min(gather + rs, cb)
         zero3 = (zf, zb)
     dur = _durations(model, plan, c, zero3)
     spans: list[Span] | None = [] if keep_spans else None
@@ -337,10 +358,9 @@ def _simulate(
     # chunk's last backward and are reduced one after another on the comm stream.
     kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
     comm_end = compute_end.copy()
-    dp_comm_total = 0.0
     if dp > 1 and plan.zero != 3:
         for r in range(plan.pp):
-            stream = 0.0
+            stream = overlapped = 0.0
             chunks = sorted(
                 (ch for (rr, ch) in grads_ready if rr == r), key=lambda ch: grads_ready[(r, ch)]
             )
@@ -362,10 +382,11 @@ def _simulate(
                         ready = compute_end[r]
                     s0 = max(stream, ready)
                     stream = s0 + t_bucket
-                    dp_comm_total += t_bucket if r == 0 else 0.0
+                    overlapped += max(0.0, min(stream, compute_end[r]) - s0)
                     if spans is not None:
                         spans.append(Span(r, "dp-comm", f"{kind} chunk{ch} b{b}", s0, stream))
-            comm_end[r] = max(compute_end[r], stream)
+            # compute that ran beside the reduction was slowed by it (see INTERFERENCE)
+            comm_end[r] = max(compute_end[r] + kappa * overlapped, stream)
 
     # Optimizer step on this rank's share, then (ZeRO-1/2, distributed optimizer) the
     # updated parameters all-gathered; overlapped with the next forward when grad
@@ -439,7 +460,6 @@ def _simulate(
                 "end_s": float(opt_end[r]),
             }
         )
-    del dp_comm_total
     return TrainResult(
         iteration_s=iteration_s,
         tokens_per_s=tokens / iteration_s,

@@ -18,6 +18,7 @@ from workloads.plan import make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS_CSV = ROOT / "calibrate" / "data" / "steps-h100" / "train_step.csv"
+DIST_DIR = ROOT / "calibrate" / "data" / "steps-h200-x4"
 
 
 def megatron_rows() -> list[dict]:
@@ -101,6 +102,47 @@ def h100_step_rows(path: Path = STEPS_CSV) -> list[dict]:
                 "simulated_ms": ms,
                 "error_pct": 100.0 * (ms / float(row.step_ms) - 1.0),
                 "peak_allocated_bytes": float(row.peak_allocated_bytes),
+            }
+        )
+    return out
+
+
+def h200_dist_rows(folder: Path = DIST_DIR) -> list[dict]:
+    """Measured 1/2/4-GPU steps on H200s (single GPU, DDP = ZeRO-0 with overlapped
+    all-reduce, FSDP = ZeRO-3), simulated. ``fitted`` marks the rows the overlap
+    interference constant was fitted on (simulator.INTERFERENCE)."""
+    frames = []
+    single = pd.read_csv(folder / "train_step.csv")
+    frames.append(single.assign(mode="single", world_size=1))
+    for path in sorted(folder.glob("dist_step.*.csv")):
+        frames.append(pd.read_csv(path))
+    out = []
+    for _, row in pd.concat(frames).iterrows():
+        if row.status != "ok":
+            continue
+        model = step_model(row)
+        n = int(row.world_size)
+        zero = {"single": 0, "ddp": 0, "fsdp": 3}[str(row["mode"])]
+        plan = make_plan(
+            model,
+            num_gpus=n,
+            global_batch=int(row.batch) * n,
+            micro_batch=int(row.batch),
+            seq_len=int(row.seq_len),
+            zero=zero,
+            grad_bucket_bytes=25 * 2**20,  # DDP's default bucket_cap_mb
+        )
+        res = simulate_iteration(model, plan, "h200-sxm", attn_backend="cudnn", framework="pytorch")
+        ms = res.iteration_s * 1e3
+        out.append(
+            {
+                "mode": str(row["mode"]),
+                "gpus": n,
+                "shape": f"{int(row.batch)}x{int(row.seq_len)}",
+                "measured_ms": float(row.step_ms),
+                "simulated_ms": ms,
+                "error_pct": 100.0 * (ms / float(row.step_ms) - 1.0),
+                "fitted": str(row["mode"]) == "ddp" and n == 2,
             }
         )
     return out

@@ -7,6 +7,7 @@ import typer
 from simcli import __version__
 from simcli.commands import calibrate as calibrate_cmd
 from simcli.commands import models as models_cmd
+from simcli.commands import plan as plan_cmd
 from simcli.commands import predict as predict_cmd
 from simcli.commands import specs as specs_cmd
 from simcli.commands import train as train_cmd
@@ -25,6 +26,7 @@ app.add_typer(models_cmd.app, name="models")
 app.add_typer(predict_cmd.app, name="predict")
 app.add_typer(calibrate_cmd.app, name="calibrate")
 app.add_typer(train_cmd.app, name="train")
+app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(varlen_cmd.app, name="varlen")
 
 

@@ -327,6 +327,16 @@ def _simulate(
 
     dp_slow = [system.slowdown(stage_nodes(r)) for r in range(plan.pp)]
     kappa = interference(system, dp_nodes)
+    # Collectives and optimizer steps priced once per distinct argument set (a plan has
+    # many identical DP buckets; pricing one op at a time dominates otherwise).
+    priced: dict[tuple, float] = {}
+
+    def collective_s(kind: str, nbytes: float, ranks: int, nodes: int, dtype: str) -> float:
+        key = (kind, nbytes, ranks, nodes, dtype)
+        if key not in priced:
+            priced[key] = _collective_s(cm, kind, nbytes, ranks, nodes, dtype)
+        return priced[key]
+
     p2p = np.zeros((plan.pp, plan.pp))
     for a in range(plan.pp):
         for b in range(plan.pp):
@@ -341,10 +351,8 @@ def _simulate(
     zero3 = (0.0, 0.0)
     if plan.zero == 3 and dp > 1:
         slow = dp_slow[0]
-        gather = slow * _collective_s(cm, "all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
-        rs = slow * _collective_s(
-            cm, "reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32"
-        )
+        gather = slow * collective_s("all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
+        rs = slow * collective_s("reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32")
         cf = c.layer_fwd.compute_s
         cb = c.layer_bwd.compute_s + c.layer_recompute.total_s
         zf = max(0.0, gather - cf) + kappa * min(gather, cf)
@@ -373,8 +381,8 @@ def _simulate(
                     params += c.lm_head_params
                 nbytes = params * grad_elt
                 n_buckets = max(1, math.ceil(nbytes / plan.grad_bucket_bytes))
-                t_bucket = dp_slow[r] * _collective_s(
-                    cm, kind, nbytes / n_buckets, dp, dp_nodes, "fp32" if grad_elt == 4 else "bf16"
+                t_bucket = dp_slow[r] * collective_s(
+                    kind, nbytes / n_buckets, dp, dp_nodes, "fp32" if grad_elt == 4 else "bf16"
                 )
                 for b in range(n_buckets):
                     ready = start + (end - start) * (b + 1) / n_buckets
@@ -403,10 +411,12 @@ def _simulate(
             params += c.lm_head_params
         n_opt = max(1, math.ceil(params / shard))
         ops = [o.op for o in optimizer_ops(model, n_opt, Dtype(plan.master_dtype))]
-        opt_s = float(cm.predict_many(_frame(ops)).sum())
+        if ("adamw", n_opt) not in priced:
+            priced[("adamw", n_opt)] = float(cm.predict_many(_frame(ops)).sum())
+        opt_s = priced[("adamw", n_opt)]
         if plan.zero in (1, 2) and dp > 1 and not plan.overlap_grad_reduce:
-            param_gather[r] = dp_slow[r] * _collective_s(
-                cm, "all_gather", params * param_elt, dp, dp_nodes, "bf16"
+            param_gather[r] = dp_slow[r] * collective_s(
+                "all_gather", params * param_elt, dp, dp_nodes, "bf16"
             )
         opt_end[r] = comm_end[r] + opt_s + param_gather[r]
         if spans is not None:

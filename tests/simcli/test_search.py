@@ -1,0 +1,330 @@
+"""Plan search: enumeration, the closed form against the simulator, ranking, balance, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from costmodels.select import get_cost_model
+from hardware_specs.registry import builtin_catalog
+from simcli.commands import plan as plan_cmd
+from simcli.errors import set_debug
+from simcli.training.costs import step_costs
+from simcli.training.memory import estimate_memory
+from simcli.training.search import (
+    SearchSpace,
+    _Context,
+    _memory_bytes,
+    _pipeline_exact,
+    balance_split,
+    enumerate_plans,
+    estimate_iteration_s,
+    memory_capacity_bytes,
+    pipeline_times,
+    plan_from_row,
+    search_plans,
+    step_costs_many,
+)
+from simcli.training.simulator import _Durations, _run_pipeline, simulate_iteration
+from workloads.models import load_model
+from workloads.plan import PlanError, check_plan, make_plan
+
+GPU = "h100-sxm"
+LLAMA = load_model("llama3-8b")  # 128k vocabulary: a heavy last pipeline stage
+
+
+def _context(model, num_gpus: int, seq_len: int, global_batch: int) -> _Context:
+    system = builtin_catalog().system(GPU, num_gpus)
+    cm = get_cost_model(GPU, num_gpus=num_gpus)
+    return _Context(model, system, cm, num_gpus, seq_len, global_batch, "bf16-mixed")
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _close(a, b, path=""):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            _close(a[key], b[key], f"{path}.{key}")
+    else:
+        assert a == pytest.approx(b, rel=1e-12, abs=1e-15), path
+
+
+@pytest.mark.parametrize("model_id", ["llama3-8b", "mixtral-8x7b"])
+def test_step_costs_many_is_step_costs(model_id):
+    """The batched pricing the search relies on equals step_costs field by field."""
+    model = load_model(model_id)
+    n = 64
+    ctx = _context(model, n, 4096, 128)
+
+    def ep(tp, pp, cp):
+        return 2 if model.is_moe and (n // (tp * pp * cp)) % 2 == 0 else 1
+
+    plans = [
+        make_plan(model, num_gpus=n, tp=tp, pp=pp, cp=cp, ep=ep(tp, pp, cp), cp_kind=kind,
+                  recompute=rec,
+                  micro_batch=mb, global_batch=128, seq_len=4096, sequence_parallel=sp)
+        for tp, pp, cp, kind, rec, mb, sp in [
+            (1, 1, 1, "ring", "none", 1, False),
+            (2, 4, 1, "ring", "selective", 2, True),
+            (8, 2, 2, "ring", "full", 1, True),
+            (4, 1, 4, "ulysses", "selective", 1, False),
+            (2, 2, 8, "tokenring", "none", 1, True),
+            (8, 8, 1, "ring", "full", 1, False),
+        ]
+    ]  # fmt: skip
+    many = step_costs_many(model, plans, ctx.cost_model, ctx.system)
+    for plan, got in zip(plans, many, strict=True):
+        want = step_costs(model, plan, ctx.cost_model, ctx.system)
+        _close(dataclasses.asdict(got), dataclasses.asdict(want))
+
+
+def test_pipeline_closed_form_matches_the_simulator_schedule():
+    """Exact for even stages (1F1B and interleaved, with p2p); within 2.5 % with heavy
+    first/last-stage extras (up to 3 stages' work on the last one)."""
+    rng = random.Random(7)
+    worst_even = worst_extra = 0.0
+    for _ in range(120):
+        p = rng.choice([1, 2, 3, 4, 8])
+        v = rng.choice([1, 1, 2, 3]) if p > 1 else 1
+        m = p * rng.randint(1, 6) if v > 1 else rng.randint(1, 40)
+        f = rng.uniform(0.1, 2.0)
+        b = f * rng.uniform(1.5, 3.0)
+        c = rng.choice([0.0, f * rng.uniform(0.0, 0.5)])
+        extra = rng.choice([0.0, 0.0, 0.2, 1.0, 3.0])
+        ef, eb = 0.05 * extra * f, 0.05 * extra * b
+        lf, lb = extra * v * f * rng.uniform(0.3, 1), extra * v * b * rng.uniform(0.3, 1)
+        n = p * v
+        fw, bw = [f] * n, [b] * n
+        fw[0] += ef
+        bw[0] += eb
+        fw[-1] += lf
+        bw[-1] += lb
+        sched = "interleaved" if v > 1 else "1f1b"
+        plan = make_plan(num_gpus=p, pp=p, vpp=v, pp_schedule=sched, global_batch=m,
+                         seq_len=128)  # fmt: skip
+        end, _ = _run_pipeline(plan, _Durations(tuple(fw), tuple(bw), (1,) * n), c, None)
+        a = [np.array([x], dtype=float) for x in (p, v, m, f, b)]
+        t0, t1, tl = pipeline_times(
+            *a[:3], a[3], a[4], (np.array([ef]), np.array([eb])),
+            (np.array([lf]), np.array([lb])), np.array([c]),
+        )  # fmt: skip
+        err = abs(t0[0] / end.max() - 1)
+        if extra == 0:
+            worst_even = max(worst_even, err)
+            if p > 1:
+                assert t1[0] == pytest.approx(end[1], rel=1e-9)
+            assert tl[0] == pytest.approx(end[-1], rel=1e-9)
+        else:
+            worst_extra = max(worst_extra, err)
+    assert worst_even < 1e-9
+    assert worst_extra < 0.025
+
+
+def test_exact_pipeline_is_the_simulator_schedule_and_bounds_the_closed_form():
+    """Interleaved plans with transfers above EXACT_P2P_RATIO of a chunk: the closed form
+    is a lower bound there (used to prune), the list scheduling is exact."""
+    rng = random.Random(11)
+    for _ in range(30):
+        p, v = rng.choice([2, 4, 8]), rng.choice([2, 3, 5])
+        m = p * rng.randint(1, 4)
+        f = rng.uniform(0.5, 1.5)
+        b = f * rng.uniform(1.5, 2.5)
+        c = (f + b) * rng.uniform(0.25, 1.5)
+        ef, eb, lf, lb = 0.05 * f, 0.05 * b, rng.uniform(0, 2) * f, rng.uniform(0, 2) * b
+        n = p * v
+        fw, bw = [f] * n, [b] * n
+        fw[0] += ef
+        bw[0] += eb
+        fw[-1] += lf
+        bw[-1] += lb
+        plan = make_plan(num_gpus=p, pp=p, vpp=v, pp_schedule="interleaved", global_batch=m,
+                         seq_len=128)  # fmt: skip
+        end, _ = _run_pipeline(plan, _Durations(tuple(fw), tuple(bw), (1,) * n), c, None)
+        args = (
+            *(np.array([x]) for x in (p, v, m)), np.array([f]), np.array([b]),
+            (np.array([ef]), np.array([eb])), (np.array([lf]), np.array([lb])), np.array([c]),
+        )  # fmt: skip
+        t0, t1, tl = _pipeline_exact(*args)
+        assert t0[0] == pytest.approx(end.max(), rel=1e-12)
+        assert t1[0] == pytest.approx(end[1], rel=1e-12)
+        assert tl[0] == pytest.approx(end[-1], rel=1e-12)
+        assert pipeline_times(*args)[0][0] <= end.max() * 1.005
+
+
+def test_fast_estimate_within_one_percent_of_the_simulator():
+    """The guarantee the ranking rests on: on a random sample of fitting plans (even
+    stages, every schedule / ZeRO / CP kind), the closed form is the simulator's time."""
+    ctx = _context(LLAMA, 16, 4096, 64)
+    table = enumerate_plans(LLAMA, 16, 4096, 64, 8)
+    fits = np.flatnonzero(_memory_bytes(ctx, table) <= memory_capacity_bytes(ctx.system))
+    rng = np.random.default_rng(3)
+    # stratify so the sample has interleaved, ZeRO-3 and CP plans
+    groups = [
+        fits[table["vpp"][fits] > 1],
+        fits[table["zero"][fits] == 3],
+        fits[table["cp"][fits] > 1],
+        fits[table["pp"][fits] > 1],
+        fits,
+    ]
+    idx = np.unique(np.concatenate([rng.choice(g, 3, replace=False) for g in groups]))
+    sub = {k: v[idx] for k, v in table.items()}
+    est = estimate_iteration_s(ctx, sub, exact=True)["iteration_s"]
+    errors = []
+    for i in range(len(idx)):
+        plan = plan_from_row(sub, i, num_gpus=16, seq_len=4096, global_batch=64,
+                             precision="bf16-mixed")  # fmt: skip
+        sim = simulate_iteration(LLAMA, plan, GPU, cost_model=ctx.cost_model)
+        errors.append(abs(est[i] / sim.iteration_s - 1))
+    assert max(errors) < 0.01
+
+
+def test_enumeration_applies_the_pruning_rules():
+    model = load_model("gpt3-175b")
+    t = enumerate_plans(model, 1024, 2048, 1536, 8)
+    assert len(t["tp"]) > 50_000
+    assert (t["tp"] <= 8).all()
+    assert (2048 // t["cp"] >= 512).all()
+    assert (t["tp"] * t["pp"] * t["cp"] * t["dp"] == 1024).all()
+    assert (model.num_layers % (t["pp"] * t["vpp"]) == 0).all()
+    assert (t["mb"] * t["dp"] * t["m"] == 1536).all()
+    inter = t["vpp"] > 1
+    assert (t["m"][inter] % t["pp"][inter] == 0).all()
+    assert (t["dp"][t["zero"] > 0] > 1).all()
+    assert (t["pp"][t["zero"] >= 2] == 1).all()
+    assert (t["sp"][t["tp"] == 1] == 0).all()
+    for i in np.random.default_rng(0).choice(len(t["tp"]), 200, replace=False):
+        plan = plan_from_row(t, int(i), num_gpus=1024, seq_len=2048, global_batch=1536,
+                             precision="bf16-mixed")  # fmt: skip
+        check_plan(plan, model)
+
+
+def test_balance_split_binary_search():
+    # 12 layers, 4 stages, the last stage carries 2.5 layers' worth of LM head
+    assert balance_split(12, [0.0, 0.0, 0.0, 2.5], 1.0) == (4, 4, 3, 1)
+    # memory allows the first stage only 2 layers
+    split = balance_split(12, [0.0, 0.0, 0.0, 2.5], 1.0, max_layers=[2, 12, 12, 12])
+    assert split is not None and split[0] <= 2 and sum(split) == 12
+    assert max(w + n for w, n in zip([0, 0, 0, 2.5], split, strict=True)) == 4.5
+    assert balance_split(12, [0.0] * 4, 1.0, max_layers=[2, 2, 2, 2]) is None
+
+
+# --------------------------------------------------------------------------- search
+
+
+@pytest.fixture(scope="module")
+def small_search():
+    return search_plans(LLAMA, GPU, 8, seq_len=4096, global_batch=32, top=5)
+
+
+def test_search_returns_valid_fitting_plans_ranked_by_the_simulator(small_search):
+    r = small_search
+    assert 1 <= len(r.plans) <= 5
+    assert r.configs_evaluated >= r.configs_fit >= len(r.plans)
+    assert r.search_seconds > 0
+    times = [p.iteration_s for p in r.plans]
+    assert times == sorted(times)
+    gpu = builtin_catalog().gpu(GPU)
+    for p in r.plans:
+        check_plan(p.plan, LLAMA)
+        assert estimate_memory(LLAMA, p.plan, gpu).fits
+        assert p.peak_memory_bytes <= p.capacity_bytes
+        assert p.estimate_s == pytest.approx(p.iteration_s, rel=0.02)
+    best = r.plans[0]
+    again = simulate_iteration(LLAMA, best.plan, GPU)
+    assert again.iteration_s == pytest.approx(best.iteration_s, rel=1e-9)
+
+
+def test_top_plan_beats_a_hand_picked_one(small_search):
+    hand = make_plan(LLAMA, num_gpus=8, tp=2, dp=4, zero=1, micro_batch=1, global_batch=32,
+                     seq_len=4096, recompute="selective")  # fmt: skip
+    assert estimate_memory(LLAMA, hand, builtin_catalog().gpu(GPU)).fits
+    assert small_search.plans[0].iteration_s <= simulate_iteration(LLAMA, hand, GPU).iteration_s
+
+
+def test_balance_moves_layers_off_the_lm_head_stage():
+    """Galvatron-BMW balancing on a 128k-vocabulary model at pp=8: the last stage holds
+    the LM head (about two layers' work), so even stages leave the others idle."""
+    space = SearchSpace(tp=(1,), pp=(8,), schedules=("1f1b",), recompute=("selective",),
+                        zero=(0,))  # fmt: skip
+    kwargs = dict(seq_len=4096, global_batch=64, top=1, space=space)
+    even = search_plans(LLAMA, GPU, 8, **kwargs).plans[0]
+    bal = search_plans(LLAMA, GPU, 8, balance=True, **kwargs).plans[0]
+    split = bal.plan.layer_split
+    assert split is not None and sum(split) == LLAMA.num_layers
+    assert split[-1] < LLAMA.num_layers // 8  # the LM-head stage got fewer layers
+    assert bal.iteration_s < 0.95 * even.iteration_s
+    assert estimate_memory(LLAMA, bal.plan, builtin_catalog().gpu(GPU)).fits
+
+
+def test_cost_objective_ranks_by_dollars_and_tries_fewer_gpus():
+    r = search_plans(LLAMA, GPU, 16, seq_len=2048, global_batch=64, top=3, objective="cost",
+                     price_usd_per_gpu_hour=2.0)  # fmt: skip
+    assert r.price_usd_per_gpu_hour == 2.0
+    costs = [p.cost_usd_per_iteration for p in r.plans]
+    assert costs == sorted(costs)
+    for p in r.plans:
+        assert p.cost_usd_per_iteration == pytest.approx(
+            p.iteration_s * p.plan.num_gpus * 2.0 / 3600
+        )
+    assert r.configs_evaluated > len(enumerate_plans(LLAMA, 16, 2048, 64, 8)["tp"])
+
+
+def test_no_fitting_plan_is_one_clear_error():
+    with pytest.raises(PlanError, match="no plan of llama3.1-405b fits"):
+        search_plans(load_model("llama3.1-405b"), "l40s", 8, seq_len=4096, global_batch=8)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cli():
+    app = typer.Typer()
+    app.add_typer(plan_cmd.app, name="plan")
+
+    @app.callback()
+    def _root() -> None:
+        set_debug(False)
+
+    return app
+
+
+def test_cli_json_has_the_contract_keys():
+    res = CliRunner().invoke(
+        _cli(),
+        ["plan", "--model", "llama3-8b", "--gpu", GPU, "--gpus", "8", "--seq-len", "4096",
+         "--global-batch", "32", "--top", "3", "--format", "json"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    for key in ("configs_evaluated", "search_seconds", "plans"):
+        assert key in out
+    assert 1 <= len(out["plans"]) <= 3
+    first = out["plans"][0]
+    for key in ("tp", "pp", "dp", "micro_batch", "iteration_s", "tokens_per_s", "mfu",
+                "peak_memory_gib", "cost_usd_per_iteration"):  # fmt: skip
+        assert key in first
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no-such-model", "--gpu", GPU], "unknown model"),
+        (["--model", "llama3-8b", "--gpu", "no-such-gpu"], "unknown GPU"),
+        (["--model", "llama3-8b", "--gpu", GPU, "--objective", "speed"], "objective"),
+    ],
+)
+def test_cli_errors_are_one_line(args, message):
+    res = CliRunner().invoke(
+        _cli(), ["plan", *args, "--gpus", "8", "--seq-len", "4096", "--global-batch", "32"]
+    )
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]

@@ -133,26 +133,16 @@ def _sum_phase(
     return Phase(compute_s=compute, tp_comm_s=tp, by_op_s=by_op)
 
 
-def step_costs(
-    model: ModelConfig,
-    plan: TrainPlan,
-    cost_model: CostModel,
-    system: System,
-    attn_backend: str = "",
-    framework: Framework = "megatron",
-) -> StepCosts:
-    """Price one micro-batch of ``plan`` on one rank (see the module docstring).
-
-    ``framework``: ``megatron`` prices fused kernels (the layer ops as they are);
-    ``megatron-unfused`` replaces the flash kernel by Megatron-LM's pre-FlashAttention
-    core attention (see :func:`_unfused_attention`); ``pytorch`` adds the extra memory
-    traffic of a plain eager PyTorch model under
-    autocast (see :func:`eager_extra_ops`)."""
-    gpn = system.node.gpus_per_node
+def op_groups(
+    model: ModelConfig, plan: TrainPlan, attn_backend: str = "", framework: Framework = "megatron"
+) -> list[list[LayerOp]]:
+    """The ops of one micro-batch on one rank, unpriced, in six groups: layer forward,
+    layer backward, first-stage forward / backward, last-stage forward / backward.
+    Attention ops are those of the full sequence under context parallelism (the caller
+    scales them by 1/cp). Shared by :func:`step_costs` and the batched plan search."""
     tp, cp, mb = plan.tp, plan.cp, plan.micro_batch
     seq_local = plan.seq_len // cp
     dtype = plan.compute_dtype
-    act_dtype = plan.activation_dtype
     args = dict(tp=tp, sequence_parallel=plan.sp, dtype=dtype, attn_backend=attn_backend)
     fwd = layer_forward_ops(model, mb, seq_local, **args)
     bwd = layer_backward_ops(model, mb, seq_local, **args)
@@ -163,7 +153,6 @@ def step_costs(
         full_b = {o.name: o for o in layer_backward_ops(model, mb, plan.seq_len, **args)}
         fwd = [full_f[o.name] if o.op.op.value in ATTENTION else o for o in fwd]
         bwd = [full_b[o.name] if o.op.op.value in ATTENTION else o for o in bwd]
-    attn_scale = 1.0 / cp
     stage_args = dict(tp=tp, sequence_parallel=plan.sp, dtype=dtype)
     first_f = model_step_ops(model, mb, seq_local, phase="forward", stage="first", **stage_args)
     first_b = model_step_ops(model, mb, seq_local, phase="backward", stage="first", **stage_args)
@@ -182,7 +171,32 @@ def step_costs(
         raise ValueError(
             f"unknown framework {framework!r}; allowed: megatron, megatron-unfused, pytorch"
         )
-    groups = [fwd, bwd, first_f, first_b, last_f, last_b]
+    if plan.compute_dtype == "fp8":
+        fwd, bwd = fwd + _fp8_casts(model, plan, "fwd"), bwd + _fp8_casts(model, plan, "bwd")
+    return [fwd, bwd, first_f, first_b, last_f, last_b]
+
+
+def step_costs(
+    model: ModelConfig,
+    plan: TrainPlan,
+    cost_model: CostModel,
+    system: System,
+    attn_backend: str = "",
+    framework: Framework = "megatron",
+) -> StepCosts:
+    """Price one micro-batch of ``plan`` on one rank (see the module docstring).
+
+    ``framework``: ``megatron`` prices fused kernels (the layer ops as they are);
+    ``megatron-unfused`` replaces the flash kernel by Megatron-LM's pre-FlashAttention
+    core attention (see :func:`_unfused_attention`); ``pytorch`` adds the extra memory
+    traffic of a plain eager PyTorch model under
+    autocast (see :func:`eager_extra_ops`)."""
+    gpn = system.node.gpus_per_node
+    tp, cp, mb = plan.tp, plan.cp, plan.micro_batch
+    seq_local = plan.seq_len // cp
+    act_dtype = plan.activation_dtype
+    attn_scale = 1.0 / cp
+    groups = op_groups(model, plan, attn_backend, framework)
     tp_nodes = group_nodes(tp, 1, gpn)
     ops = [_with_nodes(o.op, tp_nodes) for g in groups for o in g]
     times = cost_model.predict_many(_frame(ops))
@@ -439,3 +453,21 @@ def _unfused_attention(
     out_f = [x for o in fwd for x in (core_f if o.op.op.value in ATTENTION else [o])]
     out_b = [x for o in bwd for x in (core_b if o.op.op.value in ATTENTION else [o])]
     return out_f, out_b
+
+
+def _fp8_casts(model: ModelConfig, plan: TrainPlan, phase: str) -> list[LayerOp]:
+    """FP8 GEMMs need their operands quantised (Micikevicius et al. 2022, "FP8 formats for
+    deep learning"; Transformer Engine): each GEMM input is read in bf16 and written in
+    fp8 plus, on Hopper, a transposed fp8 copy for the other GEMMs of the backward (4
+    bytes of traffic per element). Forward: the inputs of QKV, output, up and down
+    projections; backward: the gradients of their outputs. Weights are cast once per
+    iteration (negligible next to activations at training batch sizes)."""
+    tp = plan.tp
+    t = plan.micro_batch * plan.seq_len // plan.cp
+    h = model.hidden_size
+    q = model.num_heads * model.head_dim / tp
+    kv = max(1, model.num_kv_heads // tp) * model.head_dim
+    f = model.ffn_hidden_size / tp * (2 if model.activation == "swiglu" else 1)
+    fwd_widths = [h, q, h, model.ffn_hidden_size / tp]
+    widths = fwd_widths if phase == "fwd" else [q + 2 * kv, h, f, h]
+    return [_traffic(f"fp8_cast_{phase}", 4.0 * t * sum(widths), len(widths))]

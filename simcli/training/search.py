@@ -47,7 +47,6 @@ from costmodels.select import get_cost_model
 from hardware_specs.registry import Catalog, System, builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from simcli.training.costs import (
-    ATTENTION,
     CostModel,
     Phase,
     StepCosts,
@@ -57,13 +56,11 @@ from simcli.training.costs import (
     _with_nodes,
     group_nodes,
     model_flops,
+    op_groups,
 )
 from simcli.training.memory import DRIVER_RESERVED_BYTES, estimate_memory, memory_bytes_many
 from simcli.training.simulator import _dependency, interference, schedule, simulate_iteration
 from workloads.layers import (
-    layer_backward_ops,
-    layer_forward_ops,
-    model_step_ops,
     optimizer_ops,
     params_per_tp_rank,
     valid_tp_degrees,
@@ -233,16 +230,6 @@ def step_costs_many(
     # systems (the cost objective's GPU counts) passes one cache for all of them
     op_lists: dict[tuple, list] = op_cache if op_cache is not None else {}
 
-    def layer_lists(tp: int, sp: bool, mb: int, seq: int, dtype: str) -> tuple[list, list]:
-        key = ("layer", model.id, tp, sp, mb, seq, dtype, attn_backend)
-        if key not in op_lists:
-            args = dict(tp=tp, sequence_parallel=sp, dtype=dtype, attn_backend=attn_backend)
-            op_lists[key] = [
-                layer_forward_ops(model, mb, seq, **args),
-                layer_backward_ops(model, mb, seq, **args),
-            ]
-        return op_lists[key][0], op_lists[key][1]
-
     # 1. the ops of every distinct phase key
     phase_keys: dict[tuple, dict[str, Any]] = {}
     plan_phase: list[tuple] = []
@@ -259,29 +246,11 @@ def step_costs_many(
         plan_phase.append(key)
         if key in phase_keys:
             continue
-        tp, sp, mb, cp = plan.tp, plan.sp, plan.micro_batch, plan.cp
-        dtype = plan.compute_dtype
-        seq_local = plan.seq_len // cp
-        fwd, bwd = layer_lists(tp, sp, mb, seq_local, dtype)
-        if cp > 1:
-            full_f, full_b = layer_lists(tp, sp, mb, plan.seq_len, dtype)
-            ff = {o.name: o for o in full_f}
-            fb = {o.name: o for o in full_b}
-            fwd = [ff[o.name] if o.op.op.value in ATTENTION else o for o in fwd]
-            bwd = [fb[o.name] if o.op.op.value in ATTENTION else o for o in bwd]
-        skey = ("stage", model.id, tp, sp, mb, seq_local, dtype)
-        if skey not in op_lists:
-            stage_args = dict(tp=tp, sequence_parallel=sp, dtype=dtype)
-            op_lists[skey] = [
-                model_step_ops(model, mb, seq_local, phase=phase, stage=stage, **stage_args)
-                for stage, phase in (
-                    ("first", "forward"),
-                    ("first", "backward"),
-                    ("last", "forward"),
-                    ("last", "backward"),
-                )
-            ]
-        groups = [fwd, bwd, *op_lists[skey]]
+        tp = plan.tp
+        okey = ("groups", model.id, *key[:6], attn_backend)
+        if okey not in op_lists:
+            op_lists[okey] = op_groups(model, plan, attn_backend, "megatron")
+        groups = op_lists[okey]
         tp_nodes = group_nodes(tp, 1, gpn)
         index = [[pricer.add(_with_nodes(o.op, tp_nodes)) for o in g] for g in groups]
         phase_keys[key] = {"plan": plan, "groups": groups, "index": index}

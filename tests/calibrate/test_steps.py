@@ -238,13 +238,10 @@ def test_scripts_import_only_stdlib_torch_and_calibrate():
 def test_dist_step_ddp_on_two_cpu_processes(tmp_path):
     """torchrun with two gloo processes: DDP-wrapped step, rank 0 writes one ok row."""
     import csv
-    import shutil
     import subprocess
     import sys
 
-    torchrun = shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun not installed")
+    pytest.importorskip("torch.distributed.run")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "-m", "calibrate.steps.dist_step", "--out", str(tmp_path), "--mode", "ddp",
            "--tiny", "--device", "cpu", "--warmup", "1", "--steps", "2"]  # fmt: skip

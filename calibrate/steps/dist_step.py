@@ -31,6 +31,7 @@ from typing import Any
 
 from calibrate.bench import common as C
 from calibrate.steps import Marks, RowWriter, base_meta, free_memory, median, peaks, reset_peak
+from calibrate.steps.train_step import COLUMNS as TRAIN_COLUMNS
 from calibrate.steps.train_step import (
     MODELS,
     TINY_MODELS,
@@ -41,31 +42,16 @@ from calibrate.steps.train_step import (
     train_step,
 )
 
+# train_step's columns with per-GPU throughput, without the per-call SDPA details, and
+# the job's shape first
 COLUMNS = (
     "mode",
     "world_size",
-    "model",
-    "layers",
-    "hidden",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "ffn",
-    "vocab",
-    "batch",
-    "seq_len",
-    "params",
-    "step_ms",
-    "fwd_ms",
-    "bwd_ms",
-    "optim_ms",
-    "peak_allocated_bytes",
-    "peak_reserved_bytes",
-    "tokens_per_s_per_gpu",
-    "steps_timed",
-    "loss",
-    "status",
-    "error",
+    *(
+        "tokens_per_s_per_gpu" if c == "tokens_per_s" else c
+        for c in TRAIN_COLUMNS
+        if c not in ("sdpa_backend", "gqa_mode")
+    ),
 )
 
 

@@ -9,7 +9,9 @@ from simcli.commands import calibrate as calibrate_cmd
 from simcli.commands import models as models_cmd
 from simcli.commands import plan as plan_cmd
 from simcli.commands import predict as predict_cmd
+from simcli.commands import serve as serve_cmd
 from simcli.commands import specs as specs_cmd
+from simcli.commands import step as step_cmd
 from simcli.commands import train as train_cmd
 from simcli.commands import varlen as varlen_cmd
 from simcli.errors import set_debug
@@ -28,6 +30,8 @@ app.add_typer(calibrate_cmd.app, name="calibrate")
 app.add_typer(train_cmd.app, name="train")
 app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(varlen_cmd.app, name="varlen")
+app.add_typer(step_cmd.app, name="step")
+app.add_typer(serve_cmd.app, name="serve")
 
 
 def _version(flag: bool) -> None:

@@ -1,0 +1,137 @@
+"""Serving-simulator speed: requests simulated per second of wall time, and peak memory.
+
+Run: python benchmarks/serve_speed.py [--requests 100000 --replicas 8 --model llama3-8b
+     --gpu h100-sxm --tp 1 --qps 200 --schedulers vllm,sarathi,orca --sizes 10000,100000]
+
+Each (scheduler, size) runs in a fresh process so its peak RSS (``resource.getrusage``,
+``ru_maxrss``) is its own; the sizes show that memory stays flat as the trace grows
+(arrivals are drawn in fixed-size chunks, metrics are bounded sketches, nothing per token
+is kept). Reported per run: wall time of the simulation (the StepModel built beforehand),
+simulated requests per wall second, engine iterations per second, peak RSS, and the
+simulated figures (TTFT/TPOT p50/p99, throughput) so the load can be checked. For
+reference, Vidur (Agrawal et al., MLSys 2024) simulates on the order of hundreds of
+requests per second; the target here is >= 10,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def _child(args: argparse.Namespace) -> None:
+    from simcli.serving.metrics import EnergyMeter
+    from simcli.serving.requests import SyntheticSpec, synthetic_requests
+    from simcli.serving.schedulers import SchedulerConfig
+    from simcli.serving.simulator import ServeConfig, Simulator
+    from simcli.serving.step import StepModel
+    from workloads.lengths import parse_dist
+    from workloads.models import load_model
+
+    cfg = load_model(args.model)
+    max_tokens = max(cfg.max_seq_len, 2048)
+    chunk = 512
+    step = StepModel(
+        cfg,
+        args.gpu,
+        tp=args.tp,
+        max_num_batched_tokens=chunk if args.schedulers == "sarathi" else max_tokens,
+    )
+    spec = SyntheticSpec(
+        qps=args.qps,
+        num_requests=args.requests,
+        prompt_len=parse_dist(args.prompt_len),
+        output_len=parse_dist(args.output_len),
+        seed=args.seed,
+    )
+    config = ServeConfig(
+        replicas=args.replicas,
+        gpus_per_replica=args.tp,
+        scheduler=SchedulerConfig(kind=args.schedulers, max_tokens=max_tokens, chunk_size=chunk),
+    )
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    sim = Simulator(step, config, energy=EnergyMeter.for_step_model(step))  # as the CLI
+    t0 = time.perf_counter()
+    res = sim.run(synthetic_requests(spec))
+    wall = time.perf_counter() - t0
+    s = res.summary
+    print(
+        json.dumps(
+            {
+                "scheduler": args.schedulers,
+                "requests": s["requests_completed"],
+                "wall_s": wall,
+                "requests_per_s": s["requests_completed"] / wall,
+                "iterations_per_s": s["iterations"] / wall,
+                "iterations": s["iterations"],
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "rss_before_sim_mib": rss0 / 1024,
+                "simulated_s": s["duration_s"],
+                "ttft_s_p50": s["ttft_s_p50"],
+                "ttft_s_p99": s["ttft_s_p99"],
+                "tpot_s_p50": s["tpot_s_p50"],
+                "tpot_s_p99": s["tpot_s_p99"],
+                "throughput_tokens_per_s": s["throughput_tokens_per_s"],
+                "mean_decode_batch": s["mean_decode_batch"],
+                "kv_util_mean": s["kv_util_mean"],
+                "preemptions": s["preemptions"],
+            }
+        )
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--gpu", default="h100-sxm")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--qps", type=float, default=200.0)
+    ap.add_argument("--prompt-len", default="lognormal:512:1:4096")
+    ap.add_argument("--output-len", default="lognormal:128:1:2048")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--schedulers", default="vllm,sarathi,orca")
+    ap.add_argument("--sizes", default="10000,100000", help="request counts, one run each")
+    ap.add_argument("--requests", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(args)
+        return
+    print(
+        f"{args.model} on {args.replicas} x {args.gpu} tp={args.tp}, qps {args.qps:g}, "
+        f"prompt {args.prompt_len}, output {args.output_len}"
+    )
+    for sched in args.schedulers.split(","):
+        for n in (int(x) for x in args.sizes.split(",")):
+            argv = [
+                sys.executable, __file__, "--child", "--requests", str(n),
+                "--schedulers", sched, "--model", args.model, "--gpu", args.gpu,
+                "--tp", str(args.tp), "--replicas", str(args.replicas), "--qps", str(args.qps),
+                "--prompt-len", args.prompt_len, "--output-len", args.output_len,
+                "--seed", str(args.seed),
+            ]  # fmt: skip
+            out = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if out.returncode:
+                print(out.stderr.strip().splitlines()[-1] if out.stderr else "failed")
+                continue
+            r = json.loads(out.stdout)
+            print(
+                f"{sched:8s} {r['requests']:>7d} requests in {r['wall_s']:6.2f} s: "
+                f"{r['requests_per_s']:>8.0f} requests/s, {r['iterations_per_s']:>7.0f} "
+                f"iterations/s, peak RSS {r['peak_rss_mib']:.0f} MiB "
+                f"(before the run {r['rss_before_sim_mib']:.0f})  | simulated "
+                f"{r['simulated_s']:.0f} s, TTFT p50/p99 {r['ttft_s_p50']:.3f}/"
+                f"{r['ttft_s_p99']:.3f} s, TPOT p50/p99 {r['tpot_s_p50'] * 1e3:.1f}/"
+                f"{r['tpot_s_p99'] * 1e3:.1f} ms, {r['throughput_tokens_per_s']:.0f} tok/s, "
+                f"batch {r['mean_decode_batch']:.0f}, KV {r['kv_util_mean']:.2f}, "
+                f"preemptions {r['preemptions']}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""Streaming serving metrics in bounded memory.
+
+Latency quantiles come from :class:`LogHistogram`, a fixed log-bucketed histogram (the
+DDSketch idea, Masson et al. VLDB 2019): bucket ``i`` covers ``[lo * g**i, lo * g**(i+1))``
+with ``g = 1.01``, so a quantile is reported within 0.5% (relative) of an exact order
+statistic, clamped to the exact min and max (one sample gives its exact value). Memory is
+a few thousand counters per metric whatever the number of requests, which is why this was
+chosen over per-request arrays: a simulation of 10^8 requests needs the same memory as one
+of 10^3, and the sketches of several replicas merge by adding counts. Means, minima,
+maxima and counts are exact.
+
+Per-request rows, when wanted, are streamed to a file as requests finish (``sink``), never
+kept. Token-level history is never stored: time between tokens is recorded per decode
+iteration with a weight (every sequence in a decode batch gets its token at the same
+moment, so one sample weighted by the batch size is exact).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from costmodels.common import Work
+
+if TYPE_CHECKING:
+    from simcli.serving.replica import Batch, Engine
+    from simcli.serving.requests import Request
+
+
+class LogHistogram:
+    """Weighted samples of a positive quantity, quantiles to 0.5% relative error."""
+
+    GAMMA = 1.01
+    LO = 1e-7  # seconds; smaller samples land in the first bucket (min/max stay exact)
+    NBINS = 3500  # up to LO * GAMMA**NBINS ~ 1.4e8 s
+
+    def __init__(self) -> None:
+        self.counts = [0] * self.NBINS
+        self.n = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self._inv_log_g = 1.0 / math.log(self.GAMMA)
+        self._log_lo = math.log(self.LO)
+
+    def add(self, value: float, weight: int = 1) -> None:
+        if value > self.LO:
+            i = int((math.log(value) - self._log_lo) * self._inv_log_g)
+            if i >= self.NBINS:
+                i = self.NBINS - 1
+        else:
+            i = 0
+        self.counts[i] += weight
+        self.n += weight
+        self.total += value * weight
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+
+    def merge(self, other: LogHistogram) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.n += other.n
+        self.total += other.total
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else math.nan
+
+    def quantile(self, q: float) -> float:
+        """Nearest-rank quantile: the bucket holding the ``ceil(q n)``-th smallest sample,
+        reported at its geometric centre, clamped to [min, max]."""
+        if not self.n:
+            return math.nan
+        rank = max(1, math.ceil(q * self.n))
+        cum = np.cumsum(np.asarray(self.counts, dtype=np.int64))
+        i = int(np.searchsorted(cum, rank))
+        centre = math.exp(self._log_lo + (i + 0.5) / self._inv_log_g)
+        return min(max(centre, self.min), self.max)
+
+
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+
+class EnergyMeter:
+    """Energy of the iterations, from the cost model's board-power model
+    (:class:`costmodels.energy.PowerModel`: P = min(cap, idle + compute_w x tensor-core
+    utilisation + memory_w x HBM utilisation), fitted on NVML samples).
+
+    The utilisations of an iteration are its model FLOPs and HBM bytes over its time on
+    each GPU: FLOPs ``2 N`` per token through the layer matmuls plus the LM head per
+    sequence, and causal attention ``4 L q_size`` per (query, key) pair; bytes the weights
+    once plus the KV cache read and written. Each GPU of a ``tp x pp`` replica does
+    ``1/(tp pp)`` of that in ``step_s / pp``. Samples are buffered in fixed-size arrays and
+    priced in vectorised batches (bounded memory). Idle GPUs draw ``idle_w``.
+    """
+
+    CHUNK = 4096
+
+    def __init__(
+        self,
+        power: Any,
+        gpu: Any,
+        *,
+        matmul_flops_per_token: float,
+        head_flops_per_seq: float,
+        attn_flops_per_pair: float,
+        weight_bytes: float,
+        kv_bytes_per_token: float,
+        tp: int,
+        pp: int,
+        dtype: str = "bf16",
+    ) -> None:
+        self.power, self.gpu = power, gpu
+        self.idle_w = float(power.idle_w)
+        self.f_tok, self.f_seq, self.f_pair = (
+            matmul_flops_per_token,
+            head_flops_per_seq,
+            attn_flops_per_pair,
+        )
+        self.weight_bytes, self.kv_bytes = weight_bytes, kv_bytes_per_token
+        self.tp, self.pp, self.dtype = tp, pp, dtype
+        self._t = np.zeros(self.CHUNK)
+        self._f = np.zeros(self.CHUNK)
+        self._b = np.zeros(self.CHUNK)
+        self._n = 0
+        self.joules = 0.0
+
+    @classmethod
+    def for_step_model(cls, step: Any) -> EnergyMeter | None:
+        """A meter for ``simcli.serving.step.StepModel`` when its cost model has a power
+        model (calibrated profiles do), else None."""
+        cm = getattr(step, "cost_model", None)
+        power = getattr(cm, "power", None)
+        model = getattr(step, "model", None)
+        gpu = getattr(step, "gpu", None)
+        if power is None or model is None or gpu is None:
+            return None
+        head = 2.0 * model.vocab_size * model.hidden_size
+        elt = 2.0  # bf16/fp16 weights
+        return cls(
+            power,
+            gpu,
+            matmul_flops_per_token=2.0 * model.matmul_params_per_token - head,
+            head_flops_per_seq=head,
+            attn_flops_per_pair=4.0 * model.num_layers * model.q_size,
+            weight_bytes=elt * model.num_params,
+            kv_bytes_per_token=float(step.kv_bytes_per_token),
+            tp=int(getattr(step, "tp", 1)),
+            pp=int(getattr(step, "pp", 1)),
+        )
+
+    def add(
+        self, new: np.ndarray, past: np.ndarray, n_decode: int, ctx_sum: int, dt_s: float
+    ) -> None:
+        """One iteration: prefill chunks ``new`` over ``past`` cached tokens, ``n_decode``
+        decodes over ``ctx_sum`` cached tokens in all, ``dt_s`` seconds."""
+        tokens = seqs = pairs = keys = 0.0
+        if len(new):
+            s_new = float(new.sum())
+            n_past = float(np.dot(new, past))
+            tokens += s_new
+            seqs += len(new)
+            pairs += n_past + 0.5 * float(np.dot(new, new + 1))
+            keys += n_past + s_new
+        if n_decode:
+            s_ctx = float(ctx_sum + n_decode)  # each decode attends over ctx + 1 keys
+            tokens += n_decode
+            seqs += n_decode
+            pairs += s_ctx
+            keys += s_ctx
+        flops = self.f_tok * tokens + self.f_seq * seqs + self.f_pair * pairs
+        nbytes = self.weight_bytes + self.kv_bytes * (keys + tokens)
+        i = self._n
+        self._t[i] = dt_s
+        self._f[i] = flops
+        self._b[i] = nbytes
+        self._n = i + 1
+        if self._n == self.CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        n = self._n
+        if not n:
+            return
+        gpus = self.tp * self.pp
+        t = self._t[:n] / self.pp  # each GPU's share of the iteration
+        work = Work(time_s=t, flops=self._f[:n] / gpus, bytes=self._b[:n] / gpus)
+        watts = self.power.power_w(work, np.full(n, self.dtype), self.gpu)
+        self.joules += float(np.sum(watts * t)) * gpus
+        self._n = 0
+
+    def busy_joules(self) -> float:
+        self._flush()
+        return self.joules
+
+
+class Metrics:
+    """Collects everything a serving run reports; the replicas call it."""
+
+    def __init__(
+        self,
+        *,
+        slo_ttft_s: float | None = None,
+        slo_tpot_s: float | None = None,
+        sink: Callable[[Request], None] | None = None,
+        energy: EnergyMeter | None = None,
+    ) -> None:
+        self.slo_ttft_s = slo_ttft_s if slo_ttft_s is not None else math.inf
+        self.slo_tpot_s = slo_tpot_s if slo_tpot_s is not None else math.inf
+        self.sink = sink
+        self.energy = energy
+        self.ttft = LogHistogram()
+        self.tpot = LogHistogram()
+        self.e2e = LogHistogram()
+        self.tbt_hist = LogHistogram()
+        self.queue = LogHistogram()
+        self.completed = 0
+        self.slo_met = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.preempted_requests = 0
+        self.first_arrival_s = math.inf
+        self.last_finish_s = 0.0
+        self.iterations = 0
+        self.decode_seq_iters = 0
+        self.batched_tokens = 0
+        self.kv_block_s = 0.0  # sum over iterations of (active blocks / capacity) x time
+        self.kv_util_max = 0.0
+        self.engine_busy_s = 0.0
+
+    # called by replicas -----------------------------------------------------------------
+    def iteration(
+        self, engine: Engine, batch: Batch, dt_s: float, new: np.ndarray, ctx: np.ndarray
+    ) -> None:
+        self.iterations += 1
+        self.decode_seq_iters += batch.n_decode
+        kv = engine.kv
+        util = (kv.used_blocks - kv.evictable_blocks) / kv.num_blocks
+        self.kv_block_s += util * dt_s
+        if util > self.kv_util_max:
+            self.kv_util_max = util
+        self.engine_busy_s += dt_s
+        if batch.prefills:
+            self.batched_tokens += sum(batch.prefill_new)
+        self.batched_tokens += batch.n_decode
+        if self.energy is not None:
+            past = np.array(batch.prefill_past, dtype=np.int64) if batch.prefills else new
+            n_dec = batch.n_decode
+            self.energy.add(new, past, n_dec, engine.decode.context_sum() if n_dec else 0, dt_s)
+
+    def tbt(self, gap_s: float, weight: int) -> None:
+        self.tbt_hist.add(gap_s, weight)
+
+    def request_done(self, req: Request) -> None:
+        self.completed += 1
+        ttft = req.first_token_s - req.arrival_s  # type: ignore[operator]
+        e2e = req.finish_s - req.arrival_s  # type: ignore[operator]
+        self.ttft.add(ttft)
+        self.e2e.add(e2e)
+        out = req.output_tokens
+        ok = ttft <= self.slo_ttft_s
+        if out > 1:
+            tpot = (req.finish_s - req.first_token_s) / (out - 1)  # type: ignore[operator]
+            self.tpot.add(tpot)
+            ok = ok and tpot <= self.slo_tpot_s
+        if ok:
+            self.slo_met += 1
+        self.prompt_tokens += req.prompt_tokens
+        self.output_tokens += out * len(req.seqs)
+        if req.preemptions:
+            self.preempted_requests += 1
+        if req.arrival_s < self.first_arrival_s:
+            self.first_arrival_s = req.arrival_s
+        if req.finish_s > self.last_finish_s:  # type: ignore[operator]
+            self.last_finish_s = req.finish_s  # type: ignore[assignment]
+        if self.sink is not None:
+            self.sink(req)
+
+    # results ------------------------------------------------------------------------------
+    @property
+    def duration_s(self) -> float:
+        """From the first arrival to the last completion."""
+        if not self.completed:
+            return 0.0
+        return max(self.last_finish_s - self.first_arrival_s, 1e-12)
+
+    def summary(self) -> dict[str, float | int | None]:
+        dur = self.duration_s
+        out: dict[str, float | int | None] = {
+            "requests_completed": self.completed,
+            "duration_s": dur,
+        }
+        for name, hist in (
+            ("ttft_s", self.ttft),
+            ("tpot_s", self.tpot),
+            ("tbt_s", self.tbt_hist),
+            ("e2e_s", self.e2e),
+        ):
+            out[f"{name}_mean"] = hist.mean
+            for label, q in QUANTILES:
+                out[f"{name}_{label}"] = hist.quantile(q)
+            out[f"{name}_max"] = hist.max if hist.n else math.nan
+        rate = 1.0 / dur if dur > 0 else math.nan
+        out |= {
+            "throughput_tokens_per_s": self.output_tokens * rate,
+            "total_tokens_per_s": (self.output_tokens + self.prompt_tokens) * rate,
+            "throughput_requests_per_s": self.completed * rate,
+            "goodput_requests_per_s": self.slo_met * rate,
+            "slo_attainment": self.slo_met / self.completed if self.completed else math.nan,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "preempted_requests": self.preempted_requests,
+            "iterations": self.iterations,
+            "mean_decode_batch": self.decode_seq_iters / self.iterations
+            if self.iterations
+            else math.nan,
+        }
+        return out
+
+
+__all__ = ["QUANTILES", "EnergyMeter", "LogHistogram", "Metrics"]

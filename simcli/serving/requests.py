@@ -1,0 +1,367 @@
+"""Requests, their sequences, and the arrival streams that create them.
+
+A :class:`Request` is what a user sends (arrival time, prompt, wanted output); the work a
+replica schedules is a :class:`Sequence`. Plain serving has one sequence per request, but
+the model keeps them apart so a request can own several (parallel sampling, multi-branch
+reasoning): the request completes when its last sequence finishes
+(:meth:`Request.sequence_finished`).
+
+Arrival streams are generators that draw in fixed-size chunks, so memory stays flat however
+many requests are simulated and the draw for a given ``seed`` does not depend on how far
+the simulation has read:
+
+- :func:`synthetic_requests`: Poisson arrivals (``burstiness`` = coefficient of variation
+  of the inter-arrival gaps = 1) or gamma arrivals (bursty for CV > 1, smoother for CV < 1;
+  shape ``1 / CV**2``, mean gap ``1 / qps``), lengths from :func:`workloads.lengths.parse_dist`
+  distributions or resampled from a trace's rows (the empirical joint distribution).
+- :func:`trace_requests`: replay of a CSV trace ``arrival_s, prompt_tokens, output_tokens``
+  (optional ``prefix_id, prefix_tokens``), read line by line.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from workloads.lengths import LengthDist
+
+
+class TraceError(ValueError):
+    """A malformed request trace; the message is one line naming the file and line."""
+
+
+# Sequence states
+WAITING = 0  # queued for (re)prefill, holds no KV blocks
+PREFILLING = 1  # admitted, KV blocks held, prompt partly in the cache (chunked prefill)
+DECODING = 2  # in a replica's decode batch
+SWAPPED = 3  # preempted by swapping: its KV blocks are in host memory
+FINISHED = 4
+
+
+class Request:
+    """One user request. Times are simulated seconds; ``None`` until they happen."""
+
+    __slots__ = (
+        "id",
+        "arrival_s",
+        "prompt_tokens",
+        "output_tokens",
+        "prefix_key",
+        "prefix_tokens",
+        "first_token_s",
+        "finish_s",
+        "seqs",
+        "seqs_left",
+        "replica",
+        "preemptions",
+    )
+
+    def __init__(
+        self,
+        rid: int,
+        arrival_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        prefix_key: int | None = None,
+        prefix_tokens: int = 0,
+        num_seqs: int = 1,
+    ) -> None:
+        self.id = rid
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.prefix_key = prefix_key
+        self.prefix_tokens = prefix_tokens
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.seqs = [Sequence(self, prompt_tokens, output_tokens) for _ in range(num_seqs)]
+        self.seqs_left = num_seqs
+        self.replica = -1
+        self.preemptions = 0
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(s.generated for s in self.seqs)
+
+    def token_emitted(self, now_s: float) -> None:
+        """A sequence of this request produced a token (the first one sets TTFT)."""
+        if self.first_token_s is None:
+            self.first_token_s = now_s
+
+    def sequence_finished(self, now_s: float) -> bool:
+        """One sequence finished; True when that completes the request."""
+        self.seqs_left -= 1
+        if self.seqs_left == 0:
+            self.finish_s = now_s
+            return True
+        return False
+
+
+class Sequence:
+    """One generation stream of a request: the unit a replica batches and holds KV for.
+
+    ``prefill_target`` tokens must be in the KV cache before the next token can be
+    produced: the prompt at first, prompt plus generated tokens after a recompute
+    preemption. While the sequence is in a replica's decode batch its context and
+    generated counts advance in lockstep with the batch (see ``replica.DecodeBatch``);
+    ``ctx_tokens``/``generated`` are then refreshed when it leaves the batch.
+    """
+
+    __slots__ = (
+        "request",
+        "prompt_tokens",
+        "output_tokens",
+        "generated",
+        "ctx_tokens",
+        "prefill_target",
+        "prefilled",
+        "private_blocks",
+        "shared_blocks",
+        "prefix_entry",
+        "owns_prefix",
+        "state",
+        "last_token_s",
+        "slot",
+        "join_dit",
+        "res_key",
+        "finish_dit",
+        "order",
+    )
+
+    def __init__(self, request: Request, prompt_tokens: int, output_tokens: int) -> None:
+        self.request = request
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.generated = 0
+        self.ctx_tokens = 0  # tokens in the KV cache (valid outside the decode batch)
+        self.prefill_target = prompt_tokens
+        self.prefilled = 0  # of prefill_target, including prefix-cache hits
+        self.private_blocks = 0  # KV blocks held by this sequence alone
+        self.shared_blocks = 0  # prefix blocks held through ``prefix_entry``
+        self.prefix_entry = None
+        self.owns_prefix = False  # this sequence's prefill fills ``prefix_entry``
+        self.state = WAITING
+        self.last_token_s = 0.0
+        self.slot = -1
+        self.join_dit = 0
+        self.res_key = 0
+        self.finish_dit = 0
+        # priority for FCFS admission and LIFO preemption: (arrival, id) folded into a float
+        self.order = request.arrival_s
+
+
+class SyntheticSpec(BaseModel):
+    """How synthetic requests arrive and how long they are."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    qps: float = Field(gt=0, description="mean arrival rate, requests per second")
+    num_requests: int = Field(gt=0)
+    burstiness: float = Field(
+        default=1.0, gt=0, description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma)"
+    )
+    prompt_len: LengthDist | None = None
+    output_len: LengthDist | None = None
+    shared_prefix_len: int = Field(
+        default=0, ge=0, description="tokens of shared prefix prepended to every prompt"
+    )
+    prefix_groups: int = Field(default=1, gt=0, description="distinct shared prefixes")
+    seed: int = 0
+
+
+CHUNK = 4096  # requests drawn per chunk: bounded memory, same draws for any run length
+
+
+def synthetic_requests(
+    spec: SyntheticSpec, empirical: tuple[np.ndarray, np.ndarray] | None = None
+) -> Iterator[Request]:
+    """Requests with Poisson/gamma arrivals; lengths from the spec's distributions, or, with
+    ``empirical = (prompts, outputs)``, rows of a trace drawn with replacement."""
+    if empirical is None and (spec.prompt_len is None or spec.output_len is None):
+        raise ValueError("synthetic requests need prompt and output length distributions")
+    rng = np.random.default_rng(spec.seed)
+    cv = spec.burstiness
+    shape = 1.0 / (cv * cv)
+    t = 0.0
+    rid = 0
+    while rid < spec.num_requests:
+        n = min(CHUNK, spec.num_requests - rid)
+        if cv == 1.0:
+            gaps = rng.exponential(1.0 / spec.qps, n)
+        else:
+            gaps = rng.gamma(shape, 1.0 / (spec.qps * shape), n)
+        if empirical is None:
+            prompts = spec.prompt_len.sample(n, rng)  # type: ignore[union-attr]
+            outputs = spec.output_len.sample(n, rng)  # type: ignore[union-attr]
+        else:
+            pick = rng.integers(0, len(empirical[0]), n)
+            prompts, outputs = empirical[0][pick], empirical[1][pick]
+        groups = (
+            rng.integers(0, spec.prefix_groups, n)
+            if spec.shared_prefix_len > 0
+            else np.zeros(n, dtype=np.int64)
+        )
+        arrivals = t + np.cumsum(gaps)
+        t = float(arrivals[-1])
+        plen = spec.shared_prefix_len
+        for a, p, o, g in zip(
+            arrivals.tolist(), prompts.tolist(), outputs.tolist(), groups.tolist(), strict=True
+        ):
+            if plen:
+                yield Request(rid, a, p + plen, o, g, plen)
+            else:
+                yield Request(rid, a, p, o)
+            rid += 1
+
+
+TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+OPTIONAL_COLUMNS = ("prefix_id", "prefix_tokens")
+
+
+def _open_trace(path: Path) -> tuple[Iterator[list[str]], dict[str, int], object]:
+    where = f"trace {path}"
+    try:
+        fh = path.open(newline="")
+    except FileNotFoundError:
+        raise TraceError(f"{where} does not exist") from None
+    except IsADirectoryError:
+        raise TraceError(f"{where} is a directory") from None
+    except OSError as exc:
+        raise TraceError(f"{where} cannot be read: {str(exc).splitlines()[0]}") from None
+    reader = csv.reader(fh)
+    try:
+        header = next(reader, None)
+    except (csv.Error, UnicodeDecodeError) as exc:
+        fh.close()
+        raise TraceError(f"{where} is not a CSV file: {str(exc).splitlines()[0]}") from None
+    if header is None:
+        fh.close()
+        raise TraceError(f"{where} is empty; allowed columns: {', '.join(TRACE_COLUMNS)}")
+    names = [h.strip().lower() for h in header]
+    missing = [c for c in TRACE_COLUMNS if c not in names]
+    unknown = [c for c in names if c not in TRACE_COLUMNS + OPTIONAL_COLUMNS]
+    if missing or unknown or len(set(names)) != len(names):
+        fh.close()
+        raise TraceError(
+            f"{where} has columns {','.join(names)!r}; allowed: {', '.join(TRACE_COLUMNS)} "
+            f"(required) and {', '.join(OPTIONAL_COLUMNS)} (optional)"
+        )
+    return reader, {n: i for i, n in enumerate(names)}, fh
+
+
+def _cell_int(where: str, line: int, column: str, cell: str, low: int) -> int:
+    try:
+        value = float(cell)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not value.is_integer() or value < low:
+        raise TraceError(
+            f"{where} line {line}: {column} {cell.strip()!r} is invalid; "
+            f"allowed: an integer >= {low}"
+        )
+    return int(value)
+
+
+def _rows(path: Path) -> Iterator[tuple[int, float, int, int, int | None, int]]:
+    """Validated rows ``(line, arrival_s, prompt, output, prefix_key, prefix_tokens)``."""
+    where = f"trace {path}"
+    reader, col, fh = _open_trace(path)
+    ia, ip, io_ = col["arrival_s"], col["prompt_tokens"], col["output_tokens"]
+    ig, it = col.get("prefix_id"), col.get("prefix_tokens")
+    keys: dict[str, int] = {}
+    last = 0.0
+    line = 1
+    seen = 0
+    try:
+        for row in reader:
+            line = reader.line_num
+            if not any(c.strip() for c in row):
+                continue
+            if len(row) != len(col):
+                raise TraceError(
+                    f"{where} line {line}: {len(row)} values, expected {len(col)} ({','.join(col)})"
+                )
+            try:
+                arrival = float(row[ia])
+            except ValueError:
+                arrival = math.nan
+            if not math.isfinite(arrival) or arrival < 0:
+                raise TraceError(
+                    f"{where} line {line}: arrival_s {row[ia].strip()!r} is invalid; "
+                    "allowed: a number >= 0"
+                )
+            if arrival < last:
+                raise TraceError(
+                    f"{where} line {line}: arrival_s {arrival:g} is before the previous row's "
+                    f"{last:g}; allowed: rows sorted by arrival_s"
+                )
+            last = arrival
+            prompt = _cell_int(where, line, "prompt_tokens", row[ip], 1)
+            output = _cell_int(where, line, "output_tokens", row[io_], 1)
+            key: int | None = None
+            ptoks = 0
+            if ig is not None and row[ig].strip():
+                key = keys.setdefault(row[ig].strip(), len(keys))
+                if it is None:
+                    raise TraceError(f"{where} line {line}: prefix_id needs a prefix_tokens column")
+                ptoks = _cell_int(where, line, "prefix_tokens", row[it], 0)
+                if ptoks > prompt:
+                    raise TraceError(
+                        f"{where} line {line}: prefix_tokens {ptoks} > prompt_tokens {prompt}; "
+                        "allowed: prefix_tokens <= prompt_tokens"
+                    )
+            elif (
+                it is not None
+                and row[it].strip()
+                and _cell_int(where, line, "prefix_tokens", row[it], 0) > 0
+            ):
+                raise TraceError(f"{where} line {line}: prefix_tokens without a prefix_id")
+            seen += 1
+            yield line, arrival, prompt, output, key, ptoks
+    except csv.Error as exc:
+        raise TraceError(f"{where} line {line}: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{where} line {line}: not UTF-8 text") from None
+    finally:
+        fh.close()  # type: ignore[attr-defined]
+    if seen == 0:
+        raise TraceError(f"{where} has a header but no rows")
+
+
+def trace_requests(path: str | Path, num_requests: int | None = None) -> Iterator[Request]:
+    """Replay a trace, streaming: one row at a time, the first ``num_requests`` rows."""
+    for rid, (_, arrival, prompt, output, key, ptoks) in enumerate(_rows(Path(path))):
+        if num_requests is not None and rid >= num_requests:
+            return
+        yield Request(rid, arrival, prompt, output, key, ptoks)
+
+
+def trace_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """All ``(prompt_tokens, output_tokens)`` of a trace, for empirical resampling."""
+    prompts: list[int] = []
+    outputs: list[int] = []
+    for _, _, p, o, _, _ in _rows(Path(path)):
+        prompts.append(p)
+        outputs.append(o)
+    return np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
+
+
+__all__ = [
+    "DECODING",
+    "FINISHED",
+    "PREFILLING",
+    "SWAPPED",
+    "WAITING",
+    "Request",
+    "Sequence",
+    "SyntheticSpec",
+    "TraceError",
+    "synthetic_requests",
+    "trace_lengths",
+    "trace_requests",
+]

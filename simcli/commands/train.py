@@ -168,4 +168,7 @@ def train(
             "stages": res.stages,
             "plan": plan.model_dump(mode="json") | {"dp": plan.data_parallel, "sp": plan.sp},
         }
+        if fmt == Format.csv:  # one flat row: the breakdowns become columns
+            out |= {f"breakdown_{k}": v for k, v in res.breakdown_s.items()}
+            out |= {f"memory_{k}_gib": v for k, v in mem.breakdown_gib().items()}
         emit_object(out, fmt, title=f"{cfg.id} on {gpus} x {gpu}")

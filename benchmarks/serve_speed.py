@@ -1,7 +1,8 @@
 """Serving-simulator speed: requests simulated per second of wall time, and peak memory.
 
 Run: python benchmarks/serve_speed.py [--requests 100000 --replicas 8 --model llama3-8b
-     --gpu h100-sxm --tp 1 --qps 200 --schedulers vllm,sarathi,orca --sizes 10000,100000]
+     --gpu h100-sxm --tp 1 --qps 200 --schedulers vllm,sarathi,orca --sizes 10000,100000
+     --features plain,spec,sart,disagg]
 
 Each (scheduler, size) runs in a fresh process so its peak RSS (``resource.getrusage``,
 ``ru_maxrss``) is its own; the sizes show that memory stays flat as the trace grows
@@ -11,6 +12,13 @@ simulated requests per wall second, engine iterations per second, peak RSS, and 
 simulated figures (TTFT/TPOT p50/p99, throughput) so the load can be checked. For
 reference, Vidur (Agrawal et al., MLSys 2024) simulates on the order of hundreds of
 requests per second; the target here is >= 10,000.
+
+``--features`` adds runs of the optional features (vLLM scheduler, each size): ``spec``
+(speculative decoding with a Llama-3.2-1B-shaped draft, k = 4, acceptance 0.7: two step
+prices per iteration and a per-sequence context array instead of the lockstep batch),
+``sart`` (4 branches per request, stop at 2, SART pruning, at a quarter of the qps: four
+times the sequences per request) and ``disagg`` (half the replicas prefill, half decode,
+KV transfers priced by the cost model). ``plain`` is the runs above, one per scheduler.
 """
 
 from __future__ import annotations
@@ -20,14 +28,33 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+LLAMA_1B = {  # Llama-3.2-1B's config.json (the keys simcli reads): the draft of `spec`
+    "_name_or_path": "llama3.2-1b",
+    "model_type": "llama",
+    "num_hidden_layers": 16,
+    "hidden_size": 2048,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "intermediate_size": 8192,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+}
 
 
 def _child(args: argparse.Namespace) -> None:
+    from simcli.serving.branches import BranchConfig
+    from simcli.serving.disagg import DisaggConfig
     from simcli.serving.metrics import EnergyMeter
     from simcli.serving.requests import SyntheticSpec, synthetic_requests
     from simcli.serving.schedulers import SchedulerConfig
     from simcli.serving.simulator import ServeConfig, Simulator
+    from simcli.serving.spec import SpecConfig
     from simcli.serving.step import StepModel
     from workloads.lengths import parse_dist
     from workloads.models import load_model
@@ -48,13 +75,38 @@ def _child(args: argparse.Namespace) -> None:
         output_len=parse_dist(args.output_len),
         seed=args.seed,
     )
+    feature = args.feature
+    extra: dict = {}
+    kw: dict = {}
+    if feature == "spec":
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.json"
+            path.write_text(json.dumps(LLAMA_1B))
+            extra["draft_step_model"] = StepModel(str(path), args.gpu, tp=args.tp)
+        kw["speculative"] = SpecConfig(k=4, acceptance=(0.7,))
+    elif feature == "sart":
+        kw["branching"] = BranchConfig(
+            branches=4, stop_after=2, prune="sart", output_len=parse_dist(args.output_len)
+        )
+        spec = spec.model_copy(update={"qps": args.qps / 4})
+    elif feature == "disagg":
+        half = max(1, args.replicas // 2)
+        kw["disaggregation"] = DisaggConfig(
+            prefill_replicas=half, decode_replicas=max(1, args.replicas - half)
+        )
+        kw["replicas"] = half + max(1, args.replicas - half)
     config = ServeConfig(
-        replicas=args.replicas,
-        gpus_per_replica=args.tp,
-        scheduler=SchedulerConfig(kind=args.schedulers, max_tokens=max_tokens, chunk_size=chunk),
+        **{
+            "replicas": args.replicas,
+            "gpus_per_replica": args.tp,
+            "scheduler": SchedulerConfig(
+                kind=args.schedulers, max_tokens=max_tokens, chunk_size=chunk
+            ),
+            **kw,
+        }
     )
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    sim = Simulator(step, config, energy=EnergyMeter.for_step_model(step))  # as the CLI
+    sim = Simulator(step, config, energy=EnergyMeter.for_step_model(step), **extra)  # as the CLI
     t0 = time.perf_counter()
     res = sim.run(synthetic_requests(spec))
     wall = time.perf_counter() - t0
@@ -63,6 +115,7 @@ def _child(args: argparse.Namespace) -> None:
         json.dumps(
             {
                 "scheduler": args.schedulers,
+                "feature": feature,
                 "requests": s["requests_completed"],
                 "wall_s": wall,
                 "requests_per_s": s["requests_completed"] / wall,
@@ -79,6 +132,11 @@ def _child(args: argparse.Namespace) -> None:
                 "mean_decode_batch": s["mean_decode_batch"],
                 "kv_util_mean": s["kv_util_mean"],
                 "preemptions": s["preemptions"],
+                "extra": {
+                    "spec": f"{s['spec_tokens_per_step'] or 0:.2f} tokens/step",
+                    "sart": f"pruned {s['branches_pruned']}, e2e p50 {s['e2e_s_p50']:.1f} s",
+                    "disagg": f"KV transfer {(s['kv_transfer_s_mean'] or 0) * 1e3:.1f} ms",
+                }.get(feature, ""),
             }
         )
     )
@@ -96,6 +154,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--schedulers", default="vllm,sarathi,orca")
     ap.add_argument("--sizes", default="10000,100000", help="request counts, one run each")
+    ap.add_argument(
+        "--features", default="plain,spec,sart,disagg", help="plain, spec, sart, disagg"
+    )
+    ap.add_argument("--feature", default="plain", help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -106,22 +168,26 @@ def main() -> None:
         f"{args.model} on {args.replicas} x {args.gpu} tp={args.tp}, qps {args.qps:g}, "
         f"prompt {args.prompt_len}, output {args.output_len}"
     )
-    for sched in args.schedulers.split(","):
+    features = args.features.split(",")
+    runs = [(sched, "plain") for sched in args.schedulers.split(",") if "plain" in features]
+    runs += [("vllm", f) for f in features if f != "plain"]
+    for sched, feature in runs:
         for n in (int(x) for x in args.sizes.split(",")):
             argv = [
                 sys.executable, __file__, "--child", "--requests", str(n),
                 "--schedulers", sched, "--model", args.model, "--gpu", args.gpu,
                 "--tp", str(args.tp), "--replicas", str(args.replicas), "--qps", str(args.qps),
                 "--prompt-len", args.prompt_len, "--output-len", args.output_len,
-                "--seed", str(args.seed),
+                "--seed", str(args.seed), "--feature", feature,
             ]  # fmt: skip
             out = subprocess.run(argv, capture_output=True, text=True, check=False)
             if out.returncode:
                 print(out.stderr.strip().splitlines()[-1] if out.stderr else "failed")
                 continue
             r = json.loads(out.stdout)
+            label = sched if feature == "plain" else f"{sched}+{feature}"
             print(
-                f"{sched:8s} {r['requests']:>7d} requests in {r['wall_s']:6.2f} s: "
+                f"{label:12s} {r['requests']:>7d} requests in {r['wall_s']:6.2f} s: "
                 f"{r['requests_per_s']:>8.0f} requests/s, {r['iterations_per_s']:>7.0f} "
                 f"iterations/s, peak RSS {r['peak_rss_mib']:.0f} MiB "
                 f"(before the run {r['rss_before_sim_mib']:.0f})  | simulated "
@@ -129,7 +195,7 @@ def main() -> None:
                 f"{r['ttft_s_p99']:.3f} s, TPOT p50/p99 {r['tpot_s_p50'] * 1e3:.1f}/"
                 f"{r['tpot_s_p99'] * 1e3:.1f} ms, {r['throughput_tokens_per_s']:.0f} tok/s, "
                 f"batch {r['mean_decode_batch']:.0f}, KV {r['kv_util_mean']:.2f}, "
-                f"preemptions {r['preemptions']}"
+                f"preemptions {r['preemptions']}  {r['extra']}"
             )
 
 

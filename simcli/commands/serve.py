@@ -4,6 +4,11 @@ Replicas of ``tp x pp`` GPUs, a router, a replica scheduler (vLLM, Orca or Sarat
 style) over a paged KV cache, fed by Poisson/gamma arrivals or a replayed trace; reports
 latency percentiles, throughput, goodput under SLOs, KV use, preemptions, GPU-hours and
 cost. Iteration times come from ``simcli.serving.step.StepModel``.
+
+Optional, each off by default: prefill/decode disaggregation (``--disaggregate``, see
+:mod:`simcli.serving.disagg`), speculative decoding (``--draft-model``, see
+:mod:`simcli.serving.spec`) and multi-branch reasoning (``--branches``, see
+:mod:`simcli.serving.branches`).
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ import typer
 import yaml
 
 from hardware_specs.registry import load_catalog
+from simcli.commands.serve_plan import serve_plan
 from simcli.errors import fail, user_errors
 from simcli.output import Format, emit_object
+from simcli.serving.branches import BranchConfig
+from simcli.serving.disagg import DisaggConfig
 from simcli.serving.metrics import EnergyMeter
 from simcli.serving.requests import (
     Request,
@@ -37,6 +45,7 @@ from simcli.serving.requests import (
 from simcli.serving.router import ROUTERS
 from simcli.serving.schedulers import PREEMPTION, SCHEDULERS, SchedulerConfig
 from simcli.serving.simulator import ServeConfig, Simulator
+from simcli.serving.spec import SpecConfig
 from workloads.lengths import parse_dist
 from workloads.models import load_model
 
@@ -111,7 +120,8 @@ def _request_writer(path: Path | None) -> Iterator[csv.Writer | None]:
 
 def _row_sink(writer: csv.Writer):
     def sink(req: Request) -> None:
-        out = req.output_tokens
+        # a multi-branch request: the branch that completed it
+        out = req.output_tokens if req.branch is None else req.branch.last_len
         first = req.first_token_s
         fin = req.finish_s
         tpot = (fin - first) / (out - 1) if out > 1 else ""  # type: ignore[operator]
@@ -132,6 +142,46 @@ def _row_sink(writer: csv.Writer):
     return sink
 
 
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(not (0.0 <= v <= 1.0) for v in values):
+        raise fail(f"{flag} {text!r} is invalid; allowed: comma-separated numbers in [0, 1]")
+    return values
+
+
+def _pools(
+    replicas: int, prefill: int | None, decode: int | None, ratio: str | None
+) -> tuple[int, int]:
+    """Pool sizes from --prefill-replicas/--decode-replicas or --pd-ratio P:D of --replicas."""
+    if prefill is not None or decode is not None:
+        if prefill is None or decode is None or ratio is not None:
+            raise fail(
+                "give both --prefill-replicas and --decode-replicas, or --pd-ratio P:D with "
+                "--replicas (not both ways)"
+            )
+        if replicas not in (1, prefill + decode):
+            raise fail(
+                f"--replicas {replicas} != --prefill-replicas {prefill} + --decode-replicas "
+                f"{decode}; allowed: leave --replicas out, or their sum"
+            )
+        return prefill, decode
+    if ratio is None:
+        raise fail("--disaggregate needs --prefill-replicas P --decode-replicas D, or --pd-ratio")
+    try:
+        p_w, d_w = (float(x) for x in ratio.split(":"))
+    except ValueError:
+        p_w = d_w = math.nan
+    if not (p_w > 0 and d_w > 0 and math.isfinite(p_w + d_w)):
+        raise fail(f"--pd-ratio {ratio!r} is invalid; allowed: P:D, two positive numbers")
+    if replicas < 2:
+        raise fail(f"--pd-ratio splits --replicas {replicas}; allowed: --replicas >= 2")
+    p = min(max(round(replicas * p_w / (p_w + d_w)), 1), replicas - 1)
+    return p, replicas - p
+
+
 def _step_model(model_cfg, gpu: str, *, tp: int, pp: int, engine: str, **kw):
     from simcli.serving.step import StepModel
 
@@ -140,8 +190,9 @@ def _step_model(model_cfg, gpu: str, *, tp: int, pp: int, engine: str, **kw):
 
 @app.callback(invoke_without_command=True)
 def serve(
-    model: str = typer.Option(..., "--model", help="Built-in model id or config.json."),
-    gpu: str = typer.Option(..., "--gpu", help="GPU id (see `simcli specs list`)."),
+    ctx: typer.Context,
+    model: str | None = typer.Option(None, "--model", help="Built-in model id or config.json."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU id (see `simcli specs list`)."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs per replica."),
     pp: int = typer.Option(
         1, "--pp", help="Pipeline stages per replica (pp batches in flight, KV split pp ways)."
@@ -205,10 +256,79 @@ def serve(
     output: Path | None = typer.Option(
         None, "--output", help="Write one CSV row per request here (atomically)."
     ),
+    disaggregate: bool = typer.Option(
+        False, "--disaggregate/--no-disaggregate", help="Separate prefill and decode pools."
+    ),
+    prefill_replicas: int | None = typer.Option(
+        None, "--prefill-replicas", help="Disaggregation: prefill replicas."
+    ),
+    decode_replicas: int | None = typer.Option(
+        None, "--decode-replicas", help="Disaggregation: decode replicas."
+    ),
+    pd_ratio: str | None = typer.Option(
+        None, "--pd-ratio", help="Disaggregation: split --replicas P:D (e.g. 1:2)."
+    ),
+    prefill_tp: int | None = typer.Option(None, "--prefill-tp", help="Prefill TP (--tp)."),
+    decode_tp: int | None = typer.Option(None, "--decode-tp", help="Decode TP (--tp)."),
+    kv_transfer: str | None = typer.Option(
+        None, "--kv-transfer", help="KV link: inter (NIC, default) | intra (NVLink, one node)."
+    ),
+    kv_transfer_overlap: bool = typer.Option(
+        False,
+        "--kv-transfer-overlap/--no-kv-transfer-overlap",
+        help="Send KV layer by layer during the prefill.",
+    ),
+    decode_router: str | None = typer.Option(
+        None,
+        "--decode-router",
+        help="Decode pool routing: kv_aware (default) | least_outstanding | round_robin.",
+    ),
+    draft_model: str | None = typer.Option(
+        None, "--draft-model", help="Speculative decoding: draft model id or config.json."
+    ),
+    spec_k: int | None = typer.Option(None, "--spec-k", help="Draft tokens per step (4)."),
+    spec_acceptance: float | None = typer.Option(
+        None, "--spec-acceptance", help="Per-token acceptance rate of the drafts (0.7)."
+    ),
+    spec_acceptance_per_position: str | None = typer.Option(
+        None, "--spec-acceptance-per-position", help="Acceptance per position: a1,a2,...,ak."
+    ),
+    spec_drafts: int | None = typer.Option(
+        None, "--spec-drafts", help="SpecTr: draft sequences verified together (1)."
+    ),
+    spec_hierarchy: str | None = typer.Option(
+        None, "--spec-hierarchy", help="TriForce: a tiny model id drafting for the draft."
+    ),
+    spec_tiny_k: int | None = typer.Option(
+        None, "--spec-tiny-k", help="Tiny-model draft length (2)."
+    ),
+    spec_tiny_acceptance: float | None = typer.Option(
+        None, "--spec-tiny-acceptance", help="Tiny-model acceptance rate (0.6)."
+    ),
+    branches: int = typer.Option(1, "--branches", help="Sampled branches per request (N)."),
+    branches_stop: int | None = typer.Option(
+        None, "--branches-stop", help="Finished branches that complete a request (M; N)."
+    ),
+    prune: str | None = typer.Option(None, "--prune", help="Branch pruning: none | sart."),
+    prune_interval: int | None = typer.Option(
+        None, "--prune-interval", help="Decode steps between pruning checks (64)."
+    ),
+    prune_threshold: float | None = typer.Option(
+        None, "--prune-threshold", help="SART phase-1 score threshold alpha (0.2)."
+    ),
+    prune_max: int | None = typer.Option(
+        None, "--prune-max", help="SART phase-1 most pruned branches beta (N - M)."
+    ),
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
 ) -> None:
-    """Latency percentiles, throughput, goodput, KV use and cost of a serving setup."""
+    """Latency percentiles, throughput, goodput, KV use and cost of a serving setup.
+    `simcli serve plan ...` searches for the cheapest deployment meeting SLOs."""
+    if ctx.invoked_subcommand is not None:
+        return
     with user_errors():
+        for flag, value in (("--model", model), ("--gpu", gpu)):
+            if value is None:
+                raise ValueError(f"{flag} is required (or run `simcli serve plan`)")
         _check_choice("--scheduler", scheduler, SCHEDULERS)
         _check_choice("--router", router, ROUTERS)
         _check_choice("--preemption", preemption, PREEMPTION)
@@ -237,8 +357,93 @@ def serve(
             )
         if qps is None and trace is None:
             raise fail("give --qps X (synthetic arrivals) or --trace FILE (replay), or both")
+        for flag, value in (
+            ("--prefill-replicas", prefill_replicas),
+            ("--decode-replicas", decode_replicas),
+            ("--prefill-tp", prefill_tp),
+            ("--decode-tp", decode_tp),
+            ("--spec-k", spec_k),
+            ("--spec-drafts", spec_drafts),
+            ("--spec-tiny-k", spec_tiny_k),
+            ("--branches", branches),
+            ("--branches-stop", branches_stop),
+            ("--prune-interval", prune_interval),
+        ):
+            _check_positive(flag, value)
+        _check_positive("--prune-max", prune_max, zero_ok=True)
+        _check_choice("--kv-transfer", kv_transfer or "inter", ("inter", "intra"))
+        _check_choice("--decode-router", decode_router or "kv_aware", ROUTERS)
+        _check_choice("--prune", prune or "none", ("none", "sart"))
+        spec_cfg = _spec_config(
+            draft_model,
+            spec_k,
+            spec_acceptance,
+            spec_acceptance_per_position,
+            spec_drafts,
+            spec_hierarchy,
+            spec_tiny_k,
+            spec_tiny_acceptance,
+        )
+        branch_cfg = _branch_config(
+            branches, branches_stop, prune, prune_interval, prune_threshold, prune_max
+        )
+        if not disaggregate:
+            for flag, value in (
+                ("--prefill-replicas", prefill_replicas),
+                ("--decode-replicas", decode_replicas),
+                ("--pd-ratio", pd_ratio),
+                ("--prefill-tp", prefill_tp),
+                ("--decode-tp", decode_tp),
+                ("--kv-transfer", kv_transfer),
+                ("--decode-router", decode_router),
+            ):
+                if value is not None:
+                    raise fail(f"{flag} needs --disaggregate")
+            if kv_transfer_overlap:
+                raise fail("--kv-transfer-overlap needs --disaggregate")
+        else:
+            if spec_cfg is not None:
+                raise fail(
+                    "--draft-model with --disaggregate is not modelled; allowed: one of the two"
+                )
+            if branch_cfg is not None:
+                raise fail(
+                    "--branches with --disaggregate is not modelled; allowed: one of the two"
+                )
+            prefill_replicas, decode_replicas = _pools(
+                replicas, prefill_replicas, decode_replicas, pd_ratio
+            )
+            replicas = prefill_replicas + decode_replicas
+        if spec_cfg is not None and pp > 1:
+            raise fail(f"--draft-model with --pp {pp}; allowed: --pp 1 (as in vLLM)")
         cfg = load_model(model)
-        spec = load_catalog().gpu(gpu)
+        catalog = load_catalog()
+        spec = catalog.gpu(gpu)
+        ptp, dtp = prefill_tp or tp, decode_tp or tp
+        if disaggregate and (kv_transfer or "inter") == "intra":
+            per_node = catalog.system(gpu, 1).node.gpus_per_node
+            if (ptp + dtp) * pp > per_node:
+                raise fail(
+                    f"--kv-transfer intra needs a prefill and a decode replica in one node: "
+                    f"{ptp * pp} + {dtp * pp} GPUs > {per_node} per {gpu} node; allowed: "
+                    "--kv-transfer inter, or smaller replicas"
+                )
+        drafts = []
+        if spec_cfg is not None:
+            for flag, ident in (
+                ("--draft-model", draft_model),
+                ("--spec-hierarchy", spec_hierarchy),
+            ):
+                if ident is None:
+                    continue
+                dcfg = load_model(ident)
+                if dcfg.vocab_size != cfg.vocab_size:
+                    raise fail(
+                        f"{flag} {ident} has a vocabulary of {dcfg.vocab_size} tokens, the "
+                        f"target {cfg.id} {cfg.vocab_size}; allowed: a draft with the target's "
+                        "vocabulary"
+                    )
+                drafts.append(dcfg)
         if trace is not None and qps is None:
             requests = trace_requests(trace, num_requests)
             next(trace_requests(trace, 1))  # header and first row: fail before simulating
@@ -255,6 +460,12 @@ def serve(
                 seed=seed,
             )
             requests = synthetic_requests(syn, empirical)
+        branch_lengths = None
+        if branch_cfg is not None:
+            if trace is not None:  # branches resample the trace's output lengths
+                branch_lengths = trace_lengths(trace)[1]
+            else:
+                branch_cfg = branch_cfg.model_copy(update={"output_len": parse_dist(output_len)})
         price = _price_table().get(gpu) if price_per_gpu_hour is None else price_per_gpu_hour
         sched = SchedulerConfig(
             kind=scheduler,  # type: ignore[arg-type]
@@ -263,10 +474,27 @@ def serve(
             chunk_size=chunk_size,
             preemption=preemption,  # type: ignore[arg-type]
         )
+        disagg_cfg = (
+            DisaggConfig(
+                prefill_replicas=prefill_replicas,  # type: ignore[arg-type]
+                decode_replicas=decode_replicas,  # type: ignore[arg-type]
+                prefill_gpus_per_replica=ptp * pp,
+                decode_gpus_per_replica=dtp * pp,
+                kv_transfer=kv_transfer or "inter",  # type: ignore[arg-type]
+                kv_transfer_overlap=kv_transfer_overlap,
+                decode_router=decode_router or "kv_aware",  # type: ignore[arg-type]
+            )
+            if disaggregate
+            else None
+        )
         config = ServeConfig(
             replicas=replicas,
             gpus_per_replica=tp * pp,
             pp=pp,
+            seed=seed,
+            disaggregation=disagg_cfg,
+            speculative=spec_cfg,
+            branching=branch_cfg,
             scheduler=sched,
             router=router,  # type: ignore[arg-type]
             block_size=block_size,
@@ -277,16 +505,21 @@ def serve(
             slo_tpot_s=slo_tpot_s,
             price_per_gpu_hour=price,
         )
-        step = _step_model(
-            cfg,
-            gpu,
-            tp=tp,
+        step_kw = dict(
             pp=pp,
             engine=engine,
             profile=profile,
             max_num_batched_tokens=chunk_size if scheduler == "sarathi" else sched.max_tokens,
             max_num_seqs=max_batch_size,
         )
+        pre_step = dec_step = None
+        if disaggregate:
+            pre_step = _step_model(cfg, gpu, tp=ptp, **step_kw)
+            dec_step = pre_step if dtp == ptp else _step_model(cfg, gpu, tp=dtp, **step_kw)
+            step = dec_step
+        else:
+            step = _step_model(cfg, gpu, tp=tp, **step_kw)
+        draft_steps = [_step_model(d, gpu, tp=tp, **step_kw) for d in drafts]
         t0 = time.perf_counter()
         with _request_writer(output) as writer:
             sim = Simulator(
@@ -294,6 +527,11 @@ def serve(
                 config,
                 sink=_row_sink(writer) if writer else None,
                 energy=EnergyMeter.for_step_model(step),
+                prefill_step_model=pre_step,
+                decode_step_model=dec_step,
+                draft_step_model=draft_steps[0] if draft_steps else None,
+                tiny_step_model=draft_steps[1] if len(draft_steps) > 1 else None,
+                branch_output_lengths=branch_lengths,
             )
             result = sim.run(requests)
         wall = time.perf_counter() - t0
@@ -308,6 +546,10 @@ def serve(
             "scheduler": scheduler,
             "router": router,
             "arrivals": "trace" if trace is not None and qps is None else f"qps {qps:g}",
+            "prefill_tp": ptp if disaggregate else None,
+            "decode_tp": dtp if disaggregate else None,
+            "draft_model": drafts[0].id if drafts else None,
+            "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
             **summary,
             "price_per_gpu_hour": price,
             "simulation_wall_s": wall,
@@ -317,4 +559,110 @@ def serve(
         }
         if fmt == Format.json:
             out["per_replica"] = result.per_replica
-        emit_object(out, fmt, title=f"serving {cfg.id} on {replicas} x {tp * pp} {gpu}")
+        where = (
+            f"{prefill_replicas} x {ptp * pp} + {decode_replicas} x {dtp * pp} {gpu} "
+            "(prefill + decode)"
+            if disaggregate
+            else f"{replicas} x {tp * pp} {gpu}"
+        )
+        emit_object(out, fmt, title=f"serving {cfg.id} on {where}")
+
+
+def _spec_config(
+    draft_model: str | None,
+    k: int | None,
+    acceptance: float | None,
+    per_position: str | None,
+    drafts: int | None,
+    hierarchy: str | None,
+    tiny_k: int | None,
+    tiny_acceptance: float | None,
+) -> SpecConfig | None:
+    if draft_model is None:
+        for flag, value in (
+            ("--spec-k", k),
+            ("--spec-acceptance", acceptance),
+            ("--spec-acceptance-per-position", per_position),
+            ("--spec-drafts", drafts),
+            ("--spec-hierarchy", hierarchy),
+            ("--spec-tiny-k", tiny_k),
+            ("--spec-tiny-acceptance", tiny_acceptance),
+        ):
+            if value is not None:
+                raise fail(f"{flag} needs --draft-model (the model that drafts the tokens)")
+        return None
+    if hierarchy is None:
+        for flag, value in (("--spec-tiny-k", tiny_k), ("--spec-tiny-acceptance", tiny_acceptance)):
+            if value is not None:
+                raise fail(f"{flag} needs --spec-hierarchy (the tiny model)")
+    if acceptance is not None and per_position is not None:
+        raise fail("give --spec-acceptance or --spec-acceptance-per-position, not both")
+    for flag, value in (
+        ("--spec-acceptance", acceptance),
+        ("--spec-tiny-acceptance", tiny_acceptance),
+    ):
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise fail(f"{flag} {value} is invalid; allowed: a number in [0, 1]")
+    if per_position is not None:
+        rates = _floats("--spec-acceptance-per-position", per_position)
+        if k is not None and len(rates) != k:
+            raise fail(
+                f"--spec-acceptance-per-position has {len(rates)} values for --spec-k {k}; "
+                "allowed: one value per draft position"
+            )
+        k = len(rates)
+    else:
+        rates = (0.7 if acceptance is None else acceptance,)
+    return SpecConfig(
+        k=k or 4,
+        acceptance=rates,
+        drafts=drafts or 1,
+        tiny_k=(tiny_k or 2) if hierarchy is not None else 0,
+        tiny_acceptance=0.6 if tiny_acceptance is None else tiny_acceptance,
+    )
+
+
+def _branch_config(
+    branches: int,
+    stop: int | None,
+    prune: str | None,
+    interval: int | None,
+    threshold: float | None,
+    beta: int | None,
+) -> BranchConfig | None:
+    if stop is not None and stop > branches:
+        raise fail(
+            f"--branches-stop {stop} > --branches {branches}; allowed: 1 <= --branches-stop "
+            "<= --branches"
+        )
+    if branches == 1:
+        for flag, value in (
+            ("--prune", prune),
+            ("--prune-interval", interval),
+            ("--prune-threshold", threshold),
+            ("--prune-max", beta),
+        ):
+            if value is not None:
+                raise fail(f"{flag} needs --branches N (N > 1)")
+        return None
+    if (prune or "none") == "none":
+        for flag, value in (
+            ("--prune-interval", interval),
+            ("--prune-threshold", threshold),
+            ("--prune-max", beta),
+        ):
+            if value is not None:
+                raise fail(f"{flag} needs --prune sart")
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise fail(f"--prune-threshold {threshold} is invalid; allowed: a number in [0, 1]")
+    return BranchConfig(
+        branches=branches,
+        stop_after=stop,
+        prune=prune or "none",  # type: ignore[arg-type]
+        prune_interval=interval or 64,
+        prune_threshold=0.2 if threshold is None else threshold,
+        prune_max=beta,
+    )
+
+
+app.command("plan", help="Cheapest deployment meeting SLOs at a target QPS.")(serve_plan)

@@ -18,5 +18,14 @@ Contract between the step model and the simulator (both sides rely on it):
   activation workspace on each replica; raises a one-line error when the model does not
   fit the GPU at that TP/PP.
 - ``verify_step_s(decode_ctx, k)``: a speculative-decoding verification step, k + 1 query
-  tokens per sequence over its cache (decode_ctx + the k drafts).
+  tokens per sequence over its cache (decode_ctx + the k drafts). A speculative engine
+  calls it (and the draft model's ``step_s``) once per decode-only iteration instead of
+  ``step_s`` (:mod:`simcli.serving.spec`).
+
+Modules: ``requests`` (requests, sequences, arrival streams), ``kv`` (paged blocks, prefix
+cache), ``replica`` (engines and their iteration loop), ``schedulers``, ``router``,
+``metrics``, ``simulator`` (the event loop, ``ServeConfig``, ``simulate``), and the optional
+features, each a ``ServeConfig`` field: ``disagg`` (prefill/decode pools joined by KV
+transfers), ``spec`` (speculative decoding: draft model, SpecTr drafts, TriForce hierarchy),
+``branches`` (N branches per request, early stopping at M, SART pruning).
 """

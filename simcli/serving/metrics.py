@@ -233,6 +233,7 @@ class Metrics:
         self.kv_block_s = 0.0  # sum over iterations of (active blocks / capacity) x time
         self.kv_util_max = 0.0
         self.engine_busy_s = 0.0
+        self.handoff = LogHistogram()  # disaggregation: prefill end to KV on the decode side
 
     # called by replicas -----------------------------------------------------------------
     def iteration(
@@ -249,13 +250,17 @@ class Metrics:
         if batch.prefills:
             self.batched_tokens += sum(batch.prefill_new)
         self.batched_tokens += batch.n_decode
-        if self.energy is not None:
+        energy = engine.replica.energy
+        if energy is not None:
             past = np.array(batch.prefill_past, dtype=np.int64) if batch.prefills else new
             n_dec = batch.n_decode
-            self.energy.add(new, past, n_dec, engine.decode.context_sum() if n_dec else 0, dt_s)
+            energy.add(new, past, n_dec, engine.decode.context_sum() if n_dec else 0, dt_s)
 
     def tbt(self, gap_s: float, weight: int) -> None:
         self.tbt_hist.add(gap_s, weight)
+
+    def kv_transfer(self, handoff_s: float) -> None:
+        self.handoff.add(handoff_s)
 
     def request_done(self, req: Request) -> None:
         self.completed += 1
@@ -264,6 +269,10 @@ class Metrics:
         self.ttft.add(ttft)
         self.e2e.add(e2e)
         out = req.output_tokens
+        tokens = out * len(req.seqs)
+        if req.branch is not None:  # TPOT over the branch that completed the request
+            out = req.branch.last_len
+            tokens = req.finished_tokens
         ok = ttft <= self.slo_ttft_s
         if out > 1:
             tpot = (req.finish_s - req.first_token_s) / (out - 1)  # type: ignore[operator]
@@ -272,7 +281,7 @@ class Metrics:
         if ok:
             self.slo_met += 1
         self.prompt_tokens += req.prompt_tokens
-        self.output_tokens += out * len(req.seqs)
+        self.output_tokens += tokens
         if req.preemptions:
             self.preempted_requests += 1
         if req.arrival_s < self.first_arrival_s:

@@ -22,8 +22,11 @@ per-token history is never stored.
 
 Extension points: ``Replica.role`` is ``"mixed"`` (prefill and decode), ``"prefill"`` (a
 finished prefill is handed to ``Replica.handoff`` instead of decoding here) or
-``"decode"`` (sequences arrive with their KV through :meth:`Engine.admit_decoding`); a
-request may own several sequences (branches) that are scheduled independently.
+``"decode"`` (sequences arrive with their KV through :meth:`Engine.admit_decoding`, or
+through the transfer methods that :mod:`simcli.serving.disagg` drives); a request may own
+several sequences (branches, :mod:`simcli.serving.branches`) that are scheduled
+independently; a speculative engine swaps the lockstep batch for
+:class:`simcli.serving.spec.SpecDecodeBatch` and prices iterations with ``Replica.spec``.
 """
 
 from __future__ import annotations
@@ -34,11 +37,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from simcli.serving.branches import branch_finished, fork, fork_extra_blocks, prune
 from simcli.serving.kv import BlockManager
 from simcli.serving.requests import (
+    ARRIVED,
+    CANCELLED,
     DECODING,
     FINISHED,
     PREFILLING,
+    SENDING,
     SWAPPED,
     WAITING,
     Request,
@@ -68,11 +75,15 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 class DecodeBatch:
     """The sequences decoding on one engine, advanced in lockstep (see module docstring).
 
-    The engine uses only ``add``, ``remove``, ``needing_blocks``, ``needs_block``,
-    ``contexts``, ``context_sum``, ``advance`` and ``newest``: a decoder that adds a
-    varying number of tokens per sequence per step (speculative decoding) can replace this
-    class with one keeping an explicit context array behind the same methods.
+    The engine uses only ``add``, ``remove``, ``needing_blocks``, ``blocks_needed``,
+    ``join_need``, ``reserved``, ``contexts``, ``context_sum``, ``advance``, ``newest`` and
+    ``held_blocks``: :class:`simcli.serving.spec.SpecDecodeBatch`, whose sequences gain a
+    varying number of tokens per step (speculative decoding), keeps an explicit context
+    array behind the same methods.
     """
+
+    variable = False  # every sequence gains exactly one token per iteration
+    lookahead = 1  # KV slots a sequence's next iteration writes
 
     def __init__(self, block_size: int, capacity: int = 64) -> None:
         self.block_size = block_size
@@ -84,8 +95,10 @@ class DecodeBatch:
         self.finish: dict[int, list[Sequence]] = {}
         self.sum_ctx0 = 0
 
-    def add(self, seq: Sequence) -> None:
-        """Join with ``seq.ctx_tokens`` cached and ``seq.generated`` tokens produced."""
+    def add(self, seq: Sequence, reserved: bool = False) -> None:
+        """Join with ``seq.ctx_tokens`` cached and ``seq.generated`` tokens produced
+        (``reserved``: the block for its next token is already allocated; here that is
+        implied by its context, see :meth:`held_blocks`)."""
         n = self.n
         if n == len(self.ctx0):
             self.ctx0 = np.concatenate([self.ctx0, np.zeros(n, dtype=np.int64)])
@@ -108,8 +121,9 @@ class DecodeBatch:
             bucket.append(seq)
         seq.state = DECODING
 
-    def remove(self, seq: Sequence) -> None:
-        """Leave the batch; ``seq.ctx_tokens``/``generated`` are brought up to date."""
+    def remove(self, seq: Sequence) -> int:
+        """Leave the batch; ``seq.ctx_tokens``/``generated`` are brought up to date.
+        Returns the blocks the sequence holds."""
         d = self.dit - seq.join_dit
         seq.ctx_tokens += d
         seq.generated += d
@@ -125,6 +139,7 @@ class DecodeBatch:
         self.n = last
         self.res[seq.res_key] -= 1
         seq.slot = -1
+        return -(-seq.ctx_tokens // self.block_size)
 
     def needing_blocks(self) -> int:
         """Sequences whose next token starts a new KV block."""
@@ -132,6 +147,25 @@ class DecodeBatch:
 
     def needs_block(self, seq: Sequence) -> bool:
         return seq.res_key == -self.dit % self.block_size
+
+    def blocks_needed(self, seq: Sequence) -> int:
+        """Blocks ``seq``'s next token needs (0 or 1)."""
+        return 1 if seq.res_key == -self.dit % self.block_size else 0
+
+    def join_need(self, seq: Sequence) -> int:
+        """Blocks a sequence joining with ``seq.ctx_tokens`` cached needs for its next
+        token, beyond its context's."""
+        return 1 if seq.ctx_tokens % self.block_size == 0 else 0
+
+    def reserved(self) -> None:
+        """The engine allocated :meth:`needing_blocks` (implied by the contexts here)."""
+
+    def held_blocks(self, in_flight: bool) -> int:
+        """Blocks the sequences hold (shared ones counted per sequence), with the blocks
+        reserved for an iteration in flight."""
+        ctx = self.contexts()
+        held = int((-(-ctx // self.block_size)).sum()) if self.n else 0
+        return held + (self.needing_blocks() if in_flight else 0)
 
     def contexts(self) -> np.ndarray:
         return self.ctx0[: self.n] + self.dit
@@ -210,6 +244,7 @@ class Engine:
         block_size: int,
         prefix_caching: bool,
         watermark: float,
+        decode_batch: object = None,
     ) -> None:
         self.replica = replica
         self.index = index
@@ -220,14 +255,23 @@ class Engine:
         self.prefilling: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.incoming: deque[Sequence] = deque()  # decode-only pools: KV already transferred
-        self.decode = DecodeBatch(block_size)
+        self.decode: DecodeBatch = decode_batch or DecodeBatch(block_size)  # type: ignore[assignment]
         self.joins: list[Sequence] = []  # joined the decode batch since its last iteration
         self.batch: Batch | None = None
+        self.batch_start_s = 0.0
         self.outstanding = 0  # requests routed here and not finished
         self.queued_blocks = 0  # KV demand of the waiting queue (routing hint)
         self.last_decode_end_s = 0.0
         self.preemptions = 0
         self.swap_bytes = 0.0
+        self.busy_s = 0.0
+        # disaggregation: prefilled sequences whose KV is still here (queued or in flight)
+        self.sending: dict[int, Sequence] = {}
+        # disaggregation: blocks allocated here for transfers in flight or arrived
+        self.incoming_blocks = 0
+        self.in_transit = 0  # transfers in flight to this engine
+        # multi-branch: requests whose branches a PRM checks, by decode iteration
+        self.prune_at: dict[int, list[Request]] = {}
 
     # --- admission -----------------------------------------------------------------------
     @property
@@ -245,11 +289,14 @@ class Engine:
     def admission_cost(self, seq: Sequence) -> tuple[int, int, object]:
         """``(blocks taken from available, prefix tokens reused, plan)`` for admitting the
         waiting sequence ``seq``; ``plan`` is the prefix entry to reuse, a key to create, or
-        None."""
+        None. A multi-branch root also takes a copy of its partial last block per extra
+        branch."""
         bs = self.block_size
         target = seq.prefill_target
         total = -(-target // bs)
         req = seq.request
+        if req.branch is not None:
+            total += fork_extra_blocks(req, bs)
         kv = self.kv
         if req.prefix_key is None or not kv.prefix_caching:
             return total, 0, None
@@ -277,6 +324,9 @@ class Engine:
         bs = self.block_size
         total = -(-seq.prefill_target // bs)
         self.queued_blocks -= total
+        req = seq.request
+        if req.branch is not None:
+            total += fork_extra_blocks(req, bs)
         kv = self.kv
         if plan is None:
             seq.shared_blocks = 0
@@ -300,15 +350,26 @@ class Engine:
         """Remove from the decode batch and settle its block count."""
         if self.decode.dit > seq.join_dit:
             seq.last_token_s = self.last_decode_end_s
-        self.decode.remove(seq)
-        seq.private_blocks = -(-seq.ctx_tokens // self.block_size) - seq.shared_blocks
+        seq.private_blocks = self.decode.remove(seq) - seq.shared_blocks
 
     def _drop_prefix(self, seq: Sequence) -> None:
         if seq.prefix_entry is not None:
             self.kv.release_entry(seq.prefix_entry)
             seq.prefix_entry = None
             seq.owns_prefix = False
+        group = seq.fork
+        if group is not None:
+            group.refs -= 1
+            if not group.refs:
+                self.kv.release(group.blocks)
+            seq.fork = None
         seq.shared_blocks = 0
+
+    def release_seq(self, seq: Sequence) -> None:
+        """Free everything ``seq`` holds on the GPU (private blocks, shared references)."""
+        self.kv.release(seq.private_blocks)
+        self._drop_prefix(seq)
+        seq.private_blocks = 0
 
     def preempt(self, seq: Sequence, mode: str) -> None:
         """Evict a decoding sequence: ``recompute`` drops its KV and requeues it at the
@@ -316,7 +377,7 @@ class Engine:
         blocks to host memory (swap-out time charged to this iteration)."""
         self._leave_decode(seq)
         kv = self.kv
-        blocks = seq.private_blocks + seq.shared_blocks
+        blocks = -(-seq.ctx_tokens // self.block_size)  # its KV (not speculative lookahead)
         kv.release(seq.private_blocks)
         self._drop_prefix(seq)
         seq.private_blocks = 0
@@ -335,7 +396,7 @@ class Engine:
             self.enqueue(seq, front=True)
 
     def reserve_decode_blocks(self, mode: str) -> bool:
-        """Blocks for every decoding sequence's next token, preempting the newest
+        """Blocks for every decoding sequence's next token(s), preempting the newest
         sequences while they do not fit (vLLM). True if anything was preempted."""
         dec = self.decode
         kv = self.kv
@@ -343,39 +404,119 @@ class Engine:
         preempted = False
         while need > kv.available_blocks and dec.n:
             victim = dec.newest()
-            if dec.needs_block(victim):
-                need -= 1
+            need -= dec.blocks_needed(victim)
             self.preempt(victim, mode)
             preempted = True
         kv.allocate(need)
+        dec.reserved()
         return preempted
 
-    def resume(self, batch: Batch, max_seqs: int) -> None:
-        """Bring swapped-out (then transferred-in) sequences back into the decode batch,
-        oldest first, while their blocks fit; swap-in traffic is charged to ``batch``."""
-        for queue, swap in ((self.swapped, True), (self.incoming, False)):
-            while queue and self.num_running < max_seqs:
-                seq = queue[0]
-                cost = seq.private_blocks + (1 if seq.ctx_tokens % self.block_size == 0 else 0)
+    def resume(self, batch: Batch, max_seqs: int, swapped: bool = True) -> None:
+        """Bring swapped-out (if ``swapped``) then transferred-in sequences back into the
+        decode batch, oldest first, while their blocks fit; swap-in traffic is charged to
+        ``batch``. Runs after the batch's blocks were reserved: joiners take their own."""
+        dec = self.decode
+        kv = self.kv
+        queue = self.swapped
+        while swapped and queue and self.num_running < max_seqs:
+            seq = queue[0]
+            cost = seq.private_blocks + dec.join_need(seq)
+            if not self.can_admit(cost):
+                break
+            queue.popleft()
+            kv.allocate(cost)
+            self.swap_bytes += (
+                seq.private_blocks * self.block_size * self.replica.kv_bytes_per_token
+            )
+            seq.shared_blocks = 0
+            dec.add(seq, reserved=True)
+            self.joins.append(seq)
+        queue = self.incoming
+        while queue and self.num_running < max_seqs:
+            seq = queue[0]
+            if seq.state == ARRIVED:  # its blocks, next token's included, were reserved
+                queue.popleft()
+                self.incoming_blocks -= seq.private_blocks
+            else:  # admit_decoding: blocks allocated now
+                cost = seq.private_blocks + dec.join_need(seq)
                 if not self.can_admit(cost):
                     return
                 queue.popleft()
-                self.kv.allocate(cost)
-                if swap:
-                    self.swap_bytes += (
-                        seq.private_blocks * self.block_size * self.replica.kv_bytes_per_token
-                    )
-                seq.shared_blocks = 0
-                self.decode.add(seq)
-                self.joins.append(seq)
+                kv.allocate(cost)
+            seq.shared_blocks = 0
+            dec.add(seq, reserved=True)
+            self.joins.append(seq)
+
+    def join_arrived(self, max_seqs: int) -> None:
+        """Transferred-in sequences join the decode batch before its blocks are reserved,
+        so they take part in (and can be victims of) preemption: the blocks reserved for
+        their next token are handed back for that reservation to take."""
+        incoming = self.incoming
+        dec = self.decode
+        bs = self.block_size
+        while incoming and incoming[0].state == ARRIVED and self.num_running < max_seqs:
+            seq = incoming.popleft()
+            self.incoming_blocks -= seq.private_blocks
+            kv_blocks = -(-seq.ctx_tokens // bs)
+            self.kv.release(seq.private_blocks - kv_blocks)
+            seq.private_blocks = kv_blocks
+            dec.add(seq)
+            self.joins.append(seq)
 
     def admit_decoding(self, seq: Sequence, now_s: float) -> list:
         """Decode-only pools: take a sequence whose prompt KV (``seq.ctx_tokens``) was
-        computed elsewhere and transferred here."""
+        computed elsewhere and transferred here (its blocks are allocated when it joins the
+        decode batch)."""
         seq.private_blocks = -(-seq.ctx_tokens // self.block_size)
         seq.state = SWAPPED
         self.incoming.append(seq)
+        self.outstanding += 1
+        self.replica.outstanding += 1
         return self.try_start(now_s)
+
+    # --- disaggregation ------------------------------------------------------------------
+    def transfer_blocks(self, seq: Sequence) -> int:
+        """Blocks a decode engine reserves for a transfer of ``seq``'s KV: its prompt and
+        the slot(s) of its next decode step, so that it can always join the batch."""
+        return -(-(seq.ctx_tokens + self.decode.lookahead) // self.block_size)
+
+    def can_take_transfer(self, blocks: int, max_seqs: int) -> bool:
+        if self.num_running + len(self.incoming) + self.in_transit >= max_seqs:
+            return False
+        return self.can_admit(blocks)
+
+    def start_transfer_in(self, blocks: int) -> None:
+        """Reserve the blocks a transfer will write into."""
+        self.kv.allocate(blocks)
+        self.incoming_blocks += blocks
+        self.in_transit += 1
+
+    def transfer_arrived(self, seq: Sequence, blocks: int, now_s: float) -> list:
+        """The transfer into ``blocks`` reserved blocks completed (the sender has freed its
+        copy)."""
+        self.in_transit -= 1
+        seq.state = ARRIVED
+        seq.private_blocks = blocks
+        seq.shared_blocks = 0
+        self.incoming.append(seq)
+        self.outstanding += 1
+        self.replica.outstanding += 1
+        return self.try_start(now_s)
+
+    def transfer_sent(self, seq: Sequence, now_s: float) -> list:
+        """A prefill engine's KV of ``seq`` reached the decode side: free it here."""
+        del self.sending[id(seq)]
+        self.release_seq(seq)
+        return self.try_start(now_s)
+
+    # --- multi-branch --------------------------------------------------------------------
+    def schedule_prune(self, req: Request) -> None:
+        at = self.decode.dit + req.branch.config.prune_interval  # type: ignore[union-attr]
+        bucket = self.prune_at.get(at)
+        if bucket is None:
+            self.prune_at[at] = [req]
+        else:
+            bucket.append(req)
 
     # --- the iteration loop --------------------------------------------------------------
     def try_start(self, now_s: float) -> list:
@@ -395,7 +536,10 @@ class Engine:
         else:
             new = past = _EMPTY
         ctx = self.decode.contexts() if batch.n_decode else _EMPTY
-        dt = rep.step_model.step_s(new, past, ctx) + batch.extra_s
+        if rep.spec is None:
+            dt = rep.step_model.step_s(new, past, ctx) + batch.extra_s
+        else:
+            dt = rep.spec.iteration_s(new, past, ctx) + batch.extra_s
         start = now_s if now_s > rep.stage0_free_s else rep.stage0_free_s
         if rep.pp > 1:
             # the next micro-batch enters when this one leaves the slowest stage
@@ -404,6 +548,8 @@ class Engine:
         else:
             rep.stage0_free_s = start + dt
         self.batch = batch
+        self.batch_start_s = start
+        self.busy_s += dt
         rep.metrics.iteration(self, batch, dt, new, ctx)
         return [BatchDone(start + dt, self)]
 
@@ -418,18 +564,29 @@ class Engine:
             dec = self.decode
             done = dec.advance()
             joined = batch.joined
-            old = batch.n_decode - len(joined)
-            if old:
-                metrics.tbt(now_s - self.last_decode_end_s, old)
-            for s in joined:
-                metrics.tbt(now_s - s.last_token_s, 1)
+            if dec.variable:
+                dec.record_tbt(metrics, now_s - self.last_decode_end_s, joined, now_s)  # type: ignore[attr-defined]
+            else:
+                old = batch.n_decode - len(joined)
+                if old:
+                    metrics.tbt(now_s - self.last_decode_end_s, old)
+                for s in joined:
+                    metrics.tbt(now_s - s.last_token_s, 1)
             self.last_decode_end_s = now_s
             for s in done:
+                if s.slot < 0:  # cancelled by a sibling branch that finished first
+                    continue
                 self._leave_decode(s)
                 self._finish(s, now_s)
+            if self.prune_at:
+                for req in self.prune_at.pop(dec.dit, ()):
+                    if prune(self, req):
+                        self.schedule_prune(req)
         if batch.prefills:
             bs = self.block_size
             for seq, n_new in zip(batch.prefills, batch.prefill_new, strict=True):
+                if seq.state != PREFILLING:  # a branch cancelled above
+                    continue
                 seq.prefilled += n_new
                 if seq.owns_prefix and seq.prefilled >= seq.shared_blocks * bs:
                     self.kv.touch(seq.prefix_entry)  # type: ignore[arg-type]
@@ -440,59 +597,93 @@ class Engine:
                 seq.ctx_tokens = seq.prefill_target
                 seq.generated += 1
                 req = seq.request
+                if rep.role == "prefill" and seq.generated < seq.output_tokens:
+                    events.extend(self._hand_off(seq, now_s))
+                    continue
                 if req.first_token_s is None:
                     req.first_token_s = now_s
                 else:
                     metrics.tbt(now_s - seq.last_token_s, 1)
                 seq.last_token_s = now_s
-                if seq.generated >= seq.output_tokens:
+                if req.branch is not None and not req.branch.forked:
+                    fork(self, seq, now_s)
+                elif seq.generated >= seq.output_tokens:
                     self._finish(seq, now_s)
-                elif rep.role == "prefill":
-                    self.kv.release(seq.private_blocks)
-                    self._drop_prefix(seq)
-                    seq.private_blocks = 0
-                    events.extend(rep.handoff(seq, now_s))  # type: ignore[misc]
                 else:
                     self.decode.add(seq)
                     self.joins.append(seq)
         events.extend(self.try_start(now_s))
+        if rep.on_free is not None:
+            events.extend(rep.on_free(now_s))
         return events
 
+    def _hand_off(self, seq: Sequence, now_s: float) -> list:
+        """A prefill-only replica finished ``seq``'s prompt: pass it to the decode pool.
+        With ``Replica.hold_kv`` its KV stays here until the transfer completes
+        (:meth:`transfer_sent`); otherwise it is freed now."""
+        rep = self.replica
+        self.outstanding -= 1
+        rep.outstanding -= 1
+        if rep.hold_kv:
+            seq.state = SENDING
+            self.sending[id(seq)] = seq
+            return rep.handoff(seq, now_s, self, now_s - self.batch_start_s)  # type: ignore[misc]
+        # the extension-point contract: the first token counts at the prefill's end
+        if seq.request.first_token_s is None:
+            seq.request.first_token_s = now_s
+        seq.last_token_s = now_s
+        self.release_seq(seq)
+        return rep.handoff(seq, now_s)  # type: ignore[misc]
+
     def _finish(self, seq: Sequence, now_s: float) -> None:
-        self.kv.release(seq.private_blocks)
-        self._drop_prefix(seq)
-        seq.private_blocks = 0
+        self.release_seq(seq)
         seq.state = FINISHED
         req = seq.request
-        if req.sequence_finished(now_s):
+        done = req.sequence_finished(now_s)
+        if done:
             self.outstanding -= 1
             self.replica.outstanding -= 1
+        if req.branch is not None:
+            branch_finished(self, seq, done)
+        if done:
             self.replica.metrics.request_done(req)
 
     def check(self) -> None:
         """Invariants (tests): KV within capacity and equal to what sequences hold."""
         kv = self.kv
         kv.check()
-        held = 0
-        for s in self.decode.seqs:
-            ctx = s.ctx_tokens + self.decode.dit - s.join_dit
-            held += -(-ctx // self.block_size) - s.shared_blocks
+        dec = self.decode
+        in_flight = self.batch is not None and self.batch.n_decode > 0
+        # blocks reserved for the in-flight decode step are counted by held_blocks
+        held = dec.held_blocks(bool(in_flight)) - sum(s.shared_blocks for s in dec.seqs)
+        holders = self._holders()
         held += sum(s.private_blocks for s in self.prefilling)
-        entries = {id(s.prefix_entry): s.prefix_entry for s in self._holders() if s.prefix_entry}
+        held += sum(s.private_blocks for s in self.sending.values())
+        held += self.incoming_blocks
+        entries = {id(s.prefix_entry): s.prefix_entry for s in holders if s.prefix_entry}
         held += sum(e.blocks for e in entries.values())  # type: ignore[union-attr]
-        # blocks reserved for the in-flight decode step are counted by the +1 context
-        assert self.decode.context_sum() == int(self.decode.contexts().sum())
-        in_flight = self.batch is not None and self.batch.n_decode
-        if in_flight:
-            held += self.decode.needing_blocks()
+        groups = {id(s.fork): s.fork for s in holders if s.fork is not None}
+        held += sum(g.blocks for g in groups.values())  # type: ignore[attr-defined]
+        assert dec.context_sum() == int(dec.contexts().sum())
         assert held == kv.active_blocks, (held, kv.active_blocks)
+        for s in holders:
+            assert s.state not in (FINISHED, CANCELLED), s.state
 
     def _holders(self) -> list[Sequence]:
-        return [*self.decode.seqs, *self.prefilling]
+        return [*self.decode.seqs, *self.prefilling, *self.sending.values()]
 
 
 class Replica:
-    """``tp x pp`` GPUs serving one model copy: ``pp`` engines sharing the KV cache."""
+    """``tp x pp`` GPUs serving one model copy: ``pp`` engines sharing the KV cache.
+
+    ``role``: ``mixed``, ``prefill`` (finished prefills go to ``handoff``) or ``decode``.
+    ``hold_kv``: a prefill replica keeps a handed-off sequence's KV until the decode side
+    calls :meth:`Engine.transfer_sent` (``handoff(seq, now_s, engine, prefill_s)``);
+    without it the KV is freed first (``handoff(seq, now_s)``). ``on_free(now_s)`` runs
+    after each iteration (a decode pool pulls waiting transfers). ``spec``: a
+    :class:`~simcli.serving.spec.SpecCost` pricing speculative iterations, with
+    ``decode_batch(engine_index)`` building each engine's decode batch.
+    """
 
     def __init__(
         self,
@@ -508,7 +699,12 @@ class Replica:
         watermark: float = 0.01,
         swap_bytes_per_s: float = 25e9,
         role: str = "mixed",
-        handoff: Callable[[Sequence, float], list] | None = None,
+        handoff: Callable[..., list] | None = None,
+        hold_kv: bool = False,
+        spec: object = None,
+        decode_batch: Callable[[int], object] | None = None,
+        kv_bytes_per_token: float | None = None,
+        gpus: int = 1,
     ) -> None:
         self.index = index
         self.step_model = step_model
@@ -517,16 +713,34 @@ class Replica:
         self.pp = pp
         self.role = role
         self.handoff = handoff
+        self.hold_kv = hold_kv
+        self.on_free: Callable[[float], list] | None = None
+        self.spec = spec
+        self.branch_stats = None
+        self.energy = None  # the EnergyMeter its iterations are priced by, if any
+        self.gpus = gpus
         self.block_size = block_size
-        self.kv_bytes_per_token = float(step_model.kv_bytes_per_token)
+        self.kv_bytes_per_token = float(
+            step_model.kv_bytes_per_token if kv_bytes_per_token is None else kv_bytes_per_token
+        )
         self.swap_bytes_per_s = swap_bytes_per_s
         self.stage0_free_s = 0.0
         # StepModel.stage_s (the slowest pipeline stage), if the step model has it
         self.stage_fn = getattr(step_model, "stage_s", None) if pp > 1 else None
         self.outstanding = 0
+        self.kv_capacity_tokens = kv_capacity_tokens
         blocks = kv_capacity_tokens // block_size // pp
         self.engines = [
-            Engine(self, i, blocks, block_size, prefix_caching, watermark) for i in range(pp)
+            Engine(
+                self,
+                i,
+                blocks,
+                block_size,
+                prefix_caching,
+                watermark,
+                decode_batch(i) if decode_batch is not None else None,
+            )
+            for i in range(pp)
         ]
         self.blocks_per_engine = blocks
 
@@ -542,7 +756,8 @@ class Replica:
         return any(e.kv.has_ready(key) for e in self.engines)
 
     def add_request(self, req: Request, now_s: float) -> list:
-        """Take a routed request: queue its sequences on the least-loaded engine."""
+        """Take a routed request: queue its sequences on the least-loaded engine (a
+        multi-branch request: its root, which forks after its prefill)."""
         req.replica = self.index
         self.outstanding += 1
         engines = self.engines
@@ -552,8 +767,13 @@ class Replica:
                 if e.outstanding < eng.outstanding:
                     eng = e
         eng.outstanding += 1
-        for seq in req.seqs:
-            eng.enqueue(seq)
+        if req.branch is not None:
+            root = req.seqs[0]
+            root.seats = req.branch.config.branches
+            eng.enqueue(root)
+        else:
+            for seq in req.seqs:
+                eng.enqueue(seq)
         return eng.try_start(now_s)
 
     def check(self) -> None:

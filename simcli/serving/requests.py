@@ -2,9 +2,10 @@
 
 A :class:`Request` is what a user sends (arrival time, prompt, wanted output); the work a
 replica schedules is a :class:`Sequence`. Plain serving has one sequence per request, but
-the model keeps them apart so a request can own several (parallel sampling, multi-branch
-reasoning): the request completes when its last sequence finishes
-(:meth:`Request.sequence_finished`).
+the model keeps them apart so a request can own several: the request completes when
+``seqs_left`` of them have finished (:meth:`Request.sequence_finished`) -- all of them, or
+the first M of N branches (:mod:`simcli.serving.branches`, whose state is
+``Request.branch``).
 
 Arrival streams are generators that draw in fixed-size chunks, so memory stays flat however
 many requests are simulated and the draw for a given ``seed`` does not depend on how far
@@ -41,6 +42,9 @@ PREFILLING = 1  # admitted, KV blocks held, prompt partly in the cache (chunked 
 DECODING = 2  # in a replica's decode batch
 SWAPPED = 3  # preempted by swapping: its KV blocks are in host memory
 FINISHED = 4
+SENDING = 5  # disaggregation: prefilled, its KV still on the prefill replica (queued or in flight)
+ARRIVED = 6  # disaggregation: its KV transferred into blocks reserved on a decode replica
+CANCELLED = 7  # multi-branch: pruned, or cut when enough sibling branches finished
 
 
 class Request:
@@ -59,6 +63,7 @@ class Request:
         "seqs_left",
         "replica",
         "preemptions",
+        "branch",
     )
 
     def __init__(
@@ -83,10 +88,21 @@ class Request:
         self.seqs_left = num_seqs
         self.replica = -1
         self.preemptions = 0
+        self.branch = None  # multi-branch state (simcli.serving.branches.BranchState)
 
     @property
     def generated_tokens(self) -> int:
+        """Tokens produced by all its sequences (cancelled branches included)."""
         return sum(s.generated for s in self.seqs)
+
+    @property
+    def finished_tokens(self) -> int:
+        """Tokens of the sequences that finished (not those cancelled)."""
+        return sum(s.generated for s in self.seqs if s.state == FINISHED)
+
+    @property
+    def cancelled_tokens(self) -> int:
+        return sum(s.generated for s in self.seqs if s.state == CANCELLED)
 
     def token_emitted(self, now_s: float) -> None:
         """A sequence of this request produced a token (the first one sets TTFT)."""
@@ -94,7 +110,8 @@ class Request:
             self.first_token_s = now_s
 
     def sequence_finished(self, now_s: float) -> bool:
-        """One sequence finished; True when that completes the request."""
+        """One sequence finished; True when that completes the request (``seqs_left``
+        starts at the number of sequences, or at the branches to wait for)."""
         self.seqs_left -= 1
         if self.seqs_left == 0:
             self.finish_s = now_s
@@ -131,6 +148,9 @@ class Sequence:
         "res_key",
         "finish_dit",
         "order",
+        "fork",
+        "score",
+        "seats",
     )
 
     def __init__(self, request: Request, prompt_tokens: int, output_tokens: int) -> None:
@@ -153,6 +173,9 @@ class Sequence:
         self.finish_dit = 0
         # priority for FCFS admission and LIFO preemption: (arrival, id) folded into a float
         self.order = request.arrival_s
+        self.fork = None  # multi-branch: the prompt blocks shared with sibling branches
+        self.score = 0.0  # multi-branch: the branch's (seeded) process-reward score
+        self.seats = 1  # batch seats taken at admission (a multi-branch root takes N)
 
 
 class SyntheticSpec(BaseModel):
@@ -352,9 +375,12 @@ def trace_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 __all__ = [
+    "ARRIVED",
+    "CANCELLED",
     "DECODING",
     "FINISHED",
     "PREFILLING",
+    "SENDING",
     "SWAPPED",
     "WAITING",
     "Request",

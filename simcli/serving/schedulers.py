@@ -62,9 +62,12 @@ class Scheduler:
     def _decodes(self, engine: Engine, batch: Batch) -> None:
         """Reserve KV for every decode (preempting if short), resume swapped ones, and
         put them all in ``batch``."""
+        if engine.incoming:
+            engine.join_arrived(self.max_seqs)
         preempted = engine.reserve_decode_blocks(self.mode) if engine.decode.n else False
-        if not preempted and (engine.swapped or engine.incoming):
-            engine.resume(batch, self.max_seqs)
+        if (engine.swapped and not preempted) or engine.incoming:
+            # no swap-in right after a preemption (vLLM); transferred-in KV always joins
+            engine.resume(batch, self.max_seqs, swapped=not preempted)
         n = engine.decode.n
         if n:
             batch.n_decode = n
@@ -86,6 +89,8 @@ class Scheduler:
             seq = waiting[0]
             cost, cached, plan = engine.admission_cost(seq)
             todo = seq.prefill_target - cached
+            if seq.seats > 1 and engine.num_running and engine.num_running + seq.seats > max_seqs:
+                break  # a multi-branch root needs a seat per branch (unless alone)
             if chunked:
                 if token_room <= 0:
                     break

@@ -8,7 +8,16 @@ most one iteration per engine: memory does not grow with the number of requests.
 
 Each engine iteration calls ``StepModel.step_s`` exactly once (the contract in
 ``simcli.serving``); everything else per iteration is O(1) Python plus one numpy add (see
-``replica.DecodeBatch``).
+``replica.DecodeBatch``). A speculative iteration calls the draft's ``step_s`` and the
+target's ``verify_step_s`` once each instead (:mod:`simcli.serving.spec`).
+
+Optional features, each off by default and each a field of :class:`ServeConfig`:
+
+- ``disaggregation`` (:mod:`simcli.serving.disagg`): prefill and decode pools, each with
+  its own step model (TP), joined by priced KV transfers.
+- ``speculative`` (:mod:`simcli.serving.spec`): a draft model on every replica's GPUs.
+- ``branching`` (:mod:`simcli.serving.branches`): N branches per request, early stopping
+  at M, SART-style pruning.
 """
 
 from __future__ import annotations
@@ -20,13 +29,23 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simcli.serving.branches import BranchConfig, BranchState, BranchStats
+from simcli.serving.disagg import DisaggConfig, Disaggregation, KVTransferModel
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.replica import Replica, StepModelLike
 from simcli.serving.requests import Request
 from simcli.serving.router import make_router
 from simcli.serving.schedulers import SchedulerConfig, make_scheduler
+from simcli.serving.spec import (
+    SpecConfig,
+    SpecCost,
+    SpecDecodeBatch,
+    SpecStats,
+    spec_kv_capacity_tokens,
+)
 
 
 class SimulationError(ValueError):
@@ -52,6 +71,47 @@ class ServeConfig(BaseModel):
     slo_ttft_s: float | None = Field(default=None, gt=0)
     slo_tpot_s: float | None = Field(default=None, gt=0)
     price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    seed: int = Field(default=0, description="seeds speculative acceptance and branches")
+    disaggregation: DisaggConfig | None = Field(
+        default=None, description="prefill and decode pools (replicas = their sum)"
+    )
+    speculative: SpecConfig | None = None
+    branching: BranchConfig | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ServeConfig:
+        d = self.disaggregation
+        if d is not None and d.prefill_replicas + d.decode_replicas != self.replicas:
+            raise ValueError(
+                f"replicas {self.replicas} != {d.prefill_replicas} prefill + "
+                f"{d.decode_replicas} decode replicas; allowed: replicas = their sum"
+            )
+        if self.speculative is not None and self.pp > 1:
+            raise ValueError(
+                f"speculative decoding with pp={self.pp}; allowed: pp = 1 (as in vLLM)"
+            )
+        if d is not None and self.branching is not None and self.branching.branches > 1:
+            raise ValueError(
+                "multi-branch requests with disaggregation are not modelled; allowed: one "
+                "of the two"
+            )
+        if d is not None and self.speculative is not None:
+            raise ValueError(
+                "speculative decoding with disaggregation is not modelled (the draft's KV "
+                "would move too); allowed: one of the two"
+            )
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the whole deployment."""
+        d = self.disaggregation
+        if d is None:
+            return self.replicas * self.gpus_per_replica
+        g = self.gpus_per_replica
+        return d.prefill_replicas * (d.prefill_gpus_per_replica or g) + d.decode_replicas * (
+            d.decode_gpus_per_replica or g
+        )
 
 
 class Arrival:
@@ -74,6 +134,18 @@ class ServeResult:
 
 
 class Simulator:
+    """The event loop over a deployment's replicas.
+
+    Step models: ``step_model`` serves every replica; with disaggregation
+    ``prefill_step_model`` / ``decode_step_model`` (default ``step_model``) serve the two
+    pools (their TP may differ). ``draft_step_model`` (and ``tiny_step_model`` for a
+    speculative hierarchy) price the drafts of ``config.speculative``. ``kv_transfer``
+    prices KV transfers (default: from the prefill step model's cost model).
+    ``branch_output_lengths``: output lengths that branches resample when
+    ``config.branching.output_len`` is not given (a trace's). ``kv_capacity_tokens``
+    overrides every replica's KV capacity.
+    """
+
     def __init__(
         self,
         step_model: StepModelLike,
@@ -83,43 +155,136 @@ class Simulator:
         sink: Callable[[Request], None] | None = None,
         energy: EnergyMeter | None = None,
         check: bool = False,
+        prefill_step_model: StepModelLike | None = None,
+        decode_step_model: StepModelLike | None = None,
+        draft_step_model: object = None,
+        tiny_step_model: object = None,
+        kv_transfer: KVTransferModel | None = None,
+        branch_output_lengths: np.ndarray | None = None,
     ) -> None:
         self.config = config
         self.step_model = step_model
         bs = config.block_size
-        if kv_capacity_tokens is None:
-            kv_capacity_tokens = int(
-                step_model.kv_capacity_tokens(bs, config.gpu_memory_utilization)
-            )
-        blocks = kv_capacity_tokens // bs // config.pp
-        if blocks < 1:
-            raise SimulationError(
-                f"no room for the KV cache: {kv_capacity_tokens} tokens per replica "
-                f"(block size {bs}, pp {config.pp}); allowed: a model that leaves GPU memory "
-                "for at least one KV block (more --tp/--pp, a bigger GPU, a higher "
-                "--gpu-memory-utilization)"
-            )
-        self.kv_capacity_tokens = kv_capacity_tokens
-        self.engine_capacity_tokens = blocks * bs
+        util = config.gpu_memory_utilization
+        spec = config.speculative
+        dis = config.disaggregation
         self.metrics = Metrics(
             slo_ttft_s=config.slo_ttft_s, slo_tpot_s=config.slo_tpot_s, sink=sink, energy=energy
         )
         sched = make_scheduler(config.scheduler)
-        self.replicas = [
-            Replica(
-                i,
-                step_model,
+        gpr = config.gpus_per_replica
+        if spec is not None:
+            if draft_step_model is None:
+                raise SimulationError(
+                    "speculative decoding needs the draft model's steps (draft_step_model)"
+                )
+            if spec.tiny_k and tiny_step_model is None:
+                raise SimulationError(
+                    "a speculative hierarchy needs the tiny model's steps (tiny_step_model)"
+                )
+            _check_vocab(step_model, draft_step_model, "draft")
+            if spec.tiny_k:
+                _check_vocab(step_model, tiny_step_model, "tiny draft")
+        drafts = [
+            d for d in (draft_step_model, tiny_step_model if spec and spec.tiny_k else None) if d
+        ]
+
+        def capacity(model: StepModelLike, with_drafts: bool) -> int:
+            if kv_capacity_tokens is not None:
+                return kv_capacity_tokens
+            if with_drafts and drafts:
+                try:
+                    return spec_kv_capacity_tokens(model, drafts, bs, util)
+                except ValueError as exc:
+                    raise SimulationError(str(exc).splitlines()[0]) from None
+            return int(model.kv_capacity_tokens(bs, util))
+
+        def check_blocks(tokens: int) -> None:
+            if tokens // bs // config.pp < 1:
+                raise SimulationError(
+                    f"no room for the KV cache: {tokens} tokens per replica "
+                    f"(block size {bs}, pp {config.pp}); allowed: a model that leaves GPU memory "
+                    "for at least one KV block (more --tp/--pp, a bigger GPU, a higher "
+                    "--gpu-memory-utilization)"
+                )
+
+        def build(
+            index: int, model: StepModelLike, cap: int, gpus: int, meter: EnergyMeter | None
+        ) -> Replica:
+            spec_cost = decode_batch = None
+            kv_bytes = None
+            if spec is not None:
+                spec_cost = SpecCost(spec, model, draft_step_model, tiny_step_model)
+                stats = self.spec_stats
+
+                def decode_batch(i: int, _r: int = index) -> SpecDecodeBatch:
+                    rng = np.random.default_rng((config.seed, _r, i, 0x5BEC))
+                    return SpecDecodeBatch(bs, spec, rng, stats)
+
+                kv_bytes = float(model.kv_bytes_per_token) + sum(
+                    float(d.kv_bytes_per_token) for d in drafts
+                )
+            rep = Replica(
+                index,
+                model,
                 sched,
                 self.metrics,
-                kv_capacity_tokens=kv_capacity_tokens,
+                kv_capacity_tokens=cap,
                 block_size=bs,
                 pp=config.pp,
                 prefix_caching=config.prefix_caching,
                 watermark=config.scheduler.watermark,
-                swap_bytes_per_s=config.swap_bytes_per_s * config.gpus_per_replica,
+                swap_bytes_per_s=config.swap_bytes_per_s * gpus,
+                spec=spec_cost,
+                decode_batch=decode_batch,
+                kv_bytes_per_token=kv_bytes,
+                gpus=gpus,
             )
-            for i in range(config.replicas)
-        ]
+            rep.energy = meter
+            rep.branch_stats = self.branch_stats  # type: ignore[assignment]
+            return rep
+
+        self.spec_stats = SpecStats() if spec is not None else None
+        self.branching = (
+            config.branching
+            if config.branching is not None and config.branching.branches > 1
+            else None
+        )
+        self.branch_stats = BranchStats() if self.branching is not None else None
+        self.branch_output_lengths = branch_output_lengths
+        self.disagg: Disaggregation | None = None
+        if dis is None:
+            cap = capacity(step_model, True)
+            check_blocks(cap)
+            self.replicas = [build(i, step_model, cap, gpr, energy) for i in range(config.replicas)]
+            self.entry = self.replicas
+            self.kv_capacity_tokens = cap
+            self.prefill_capacity_tokens = cap
+        else:
+            pre_model = prefill_step_model or step_model
+            dec_model = decode_step_model or step_model
+            pre_cap, dec_cap = capacity(pre_model, False), capacity(dec_model, True)
+            check_blocks(pre_cap)
+            check_blocks(dec_cap)
+            pg = dis.prefill_gpus_per_replica or gpr
+            dg = dis.decode_gpus_per_replica or gpr
+            pre_meter = _meter_for(pre_model, energy)
+            dec_meter = _meter_for(dec_model, energy)
+            pre = [build(i, pre_model, pre_cap, pg, pre_meter) for i in range(dis.prefill_replicas)]
+            dec = [
+                build(dis.prefill_replicas + i, dec_model, dec_cap, dg, dec_meter)
+                for i in range(dis.decode_replicas)
+            ]
+            if kv_transfer is None:
+                kv_transfer = _default_transfer(dis, pre_model, dec_model, pg, dg)
+            self.disagg = Disaggregation(dis, pre, dec, kv_transfer, sched.max_seqs, self.metrics)
+            self.replicas = pre + dec
+            self.entry = pre
+            self.kv_capacity_tokens = dec_cap
+            self.prefill_capacity_tokens = pre_cap
+        self.engine_capacity_tokens = self.kv_capacity_tokens // bs // config.pp * bs
+        self.prefill_engine_capacity_tokens = self.prefill_capacity_tokens // bs // config.pp * bs
+        self.lookahead = spec.lookahead if spec is not None else 1
         self.router = make_router(config.router)
         self.check = check
         self.now_s = 0.0
@@ -129,17 +294,37 @@ class Simulator:
 
     # --- events -----------------------------------------------------------------------------
     def arrive(self, req: Request, now_s: float) -> list:
-        need = req.prompt_tokens + req.output_tokens - 1
-        if need > self.engine_capacity_tokens:
+        out = req.output_tokens
+        if self.branching is not None:
+            st = BranchState.draw(self.branching, req, self.config.seed, self.branch_output_lengths)
+            req.branch = st
+            req.seqs_left = self.branching.m
+            out = int(st.lengths.max())
+            bs = self.config.block_size
+            root = -(-req.prompt_tokens // bs) + (self.branching.branches - 1) * (
+                1 if req.prompt_tokens % bs else 0
+            )
+            if root * bs > self.prefill_engine_capacity_tokens:
+                raise SimulationError(
+                    f"request {req.id}'s prompt of {req.prompt_tokens} tokens and "
+                    f"{self.branching.branches} branches need {root} KV blocks but a replica "
+                    f"holds {self.prefill_engine_capacity_tokens // bs}; allowed: fewer "
+                    "branches, shorter prompts or more KV room"
+                )
+        need = req.prompt_tokens + out - 2 + self.lookahead
+        if need > self.engine_capacity_tokens or req.prompt_tokens > (
+            self.prefill_engine_capacity_tokens
+        ):
             raise SimulationError(
                 f"request {req.id} needs {need} tokens of KV cache (prompt "
-                f"{req.prompt_tokens} + output {req.output_tokens}) but a replica"
-                f"{' engine' if self.config.pp > 1 else ''} holds "
-                f"{self.engine_capacity_tokens}; allowed: shorter requests or more KV room "
-                "(more --tp, a bigger GPU)"
+                f"{req.prompt_tokens} + output {out}"
+                f"{f' + lookahead {self.lookahead - 1}' if self.lookahead > 1 else ''}) but a "
+                f"replica{' engine' if self.config.pp > 1 else ''} holds "
+                f"{min(self.engine_capacity_tokens, self.prefill_engine_capacity_tokens)}; "
+                "allowed: shorter requests or more KV room (more --tp, a bigger GPU)"
             )
         self.arrived += 1
-        replica = self.router.choose(self.replicas, req)
+        replica = self.router.choose(self.entry, req)
         events = replica.add_request(req, now_s)
         nxt = self._next_arrival()
         if nxt is not None:
@@ -207,7 +392,7 @@ class Simulator:
         hits = sum(e.kv.prefix_hits for e in engines)
         out["prefix_cache_hits"] = hits
         out["prefix_cache_hit_tokens"] = sum(e.kv.prefix_hit_tokens for e in engines)
-        gpus = cfg.replicas * cfg.gpus_per_replica
+        gpus = cfg.gpus
         gpu_hours = gpus * dur / 3600.0
         out["gpus"] = gpus
         out["gpu_hours"] = gpu_hours
@@ -218,21 +403,25 @@ class Simulator:
             if price is not None and m.output_tokens
             else None
         )
-        if m.energy is not None:
+        meters = {id(r.energy): r.energy for r in self.replicas if r.energy is not None}
+        if m.energy is not None or meters:
             # iterations priced by the power model, idle power for the rest of the run
-            busy_gpu_s = m.engine_busy_s * cfg.gpus_per_replica / cfg.pp
+            busy_gpu_s = sum(e.busy_s * r.gpus / r.pp for r in self.replicas for e in r.engines)
             idle_gpu_s = max(gpus * dur - busy_gpu_s, 0.0)
-            joules = m.energy.busy_joules() + idle_gpu_s * m.energy.idle_w
+            idle_w = next(iter(meters.values())).idle_w if meters else m.energy.idle_w  # type: ignore[union-attr]
+            joules = sum(mt.busy_joules() for mt in meters.values()) + idle_gpu_s * idle_w
             out["energy_kwh"] = joules / 3.6e6
             out["energy_j_per_output_token"] = joules / m.output_tokens if m.output_tokens else None
         else:
             out["energy_kwh"] = None
             out["energy_j_per_output_token"] = None
+        out |= self._feature_summary()
         per = []
         for r in self.replicas:
             per.append(
                 {
                     "replica": r.index,
+                    "role": r.role,
                     "preemptions": sum(e.preemptions for e in r.engines),
                     "peak_kv_blocks": max(e.kv.peak_used_blocks for e in r.engines),
                     "kv_blocks": r.blocks_per_engine * len(r.engines),
@@ -240,15 +429,127 @@ class Simulator:
             )
         return ServeResult(summary=out, per_replica=per)
 
+    def _feature_summary(self) -> dict[str, float | int | str | None]:
+        """Keys of the optional features (None when a feature is off)."""
+        cfg = self.config
+        out: dict[str, float | int | str | None] = {}
+        d, dis = self.disagg, cfg.disaggregation
+        st = d.stats if d is not None else None
+        n = st.count if st is not None else 0
+        out["disaggregated"] = dis is not None
+        out["prefill_replicas"] = dis.prefill_replicas if dis else None
+        out["decode_replicas"] = dis.decode_replicas if dis else None
+        out["kv_transfer"] = dis.kv_transfer if dis else None
+        out["kv_capacity_tokens_prefill_replica"] = self.prefill_capacity_tokens if dis else None
+        out["kv_transfers"] = n if dis else None
+        out["kv_transfer_s_mean"] = st.transfer_s / n if n else None  # type: ignore[union-attr]
+        out["kv_transfer_s_max"] = st.max_transfer_s if n else None  # type: ignore[union-attr]
+        out["kv_transfer_exposed_s_mean"] = st.exposed_s / n if n else None  # type: ignore[union-attr]
+        out["kv_transfer_wait_s_mean"] = st.wait_s / n if n else None  # type: ignore[union-attr]
+        h = self.metrics.handoff
+        out["kv_handoff_s_p50"] = h.quantile(0.5) if h.n else None
+        out["kv_handoff_s_p99"] = h.quantile(0.99) if h.n else None
+        out["kv_transfer_bytes"] = st.bytes if st is not None else None
+        sp, ss = cfg.speculative, self.spec_stats
+        out["spec_k"] = sp.k if sp else None
+        out["spec_drafts"] = sp.drafts if sp else None
+        out["spec_expected_accepted"] = sp.expected_accepted if sp else None
+        steps = ss.seq_steps if ss is not None else 0
+        out["spec_steps"] = steps if sp else None
+        out["spec_accepted_tokens_per_step"] = ss.accepted / steps if steps else None  # type: ignore[union-attr]
+        out["spec_tokens_per_step"] = ss.emitted / steps if steps else None  # type: ignore[union-attr]
+        b, bst = self.branching, self.branch_stats
+        out["branches"] = b.branches if b else 1
+        out["branches_stop"] = b.m if b else 1
+        out["prune"] = b.prune if b else None
+        out["branches_finished"] = bst.finished if bst else None
+        out["branches_pruned"] = bst.pruned if bst else None
+        out["branches_cancelled"] = bst.cancelled if bst else None
+        out["branch_tokens_cancelled"] = bst.cancelled_tokens if bst else None
+        return out
+
+
+def _check_vocab(target: object, draft: object, what: str) -> None:
+    tv = getattr(getattr(target, "model", None), "vocab_size", None)
+    dm = getattr(draft, "model", None)
+    dv = getattr(dm, "vocab_size", None)
+    if tv is not None and dv is not None and tv != dv:
+        raise SimulationError(
+            f"{what} model {dm.id} has a vocabulary of {dv} tokens, the target "  # type: ignore[union-attr]
+            f"{target.model.id} {tv}; allowed: a {what} model with the target's vocabulary"  # type: ignore[attr-defined]
+        )
+
+
+def _meter_for(model: StepModelLike, default: EnergyMeter | None) -> EnergyMeter | None:
+    """A pool's own energy meter when energy is wanted (its TP differs from the run's)."""
+    if default is None:
+        return None
+    return EnergyMeter.for_step_model(model) or default
+
+
+def _default_transfer(
+    dis: DisaggConfig, pre: StepModelLike, dec: StepModelLike, pre_gpus: int, dec_gpus: int
+) -> KVTransferModel:
+    cost_model = getattr(pre, "cost_model", None)
+    if cost_model is None:
+        raise SimulationError(
+            "disaggregation needs a KV transfer model: pass kv_transfer= (the step model has "
+            "no cost_model to price send_recv)"
+        )
+    model = getattr(pre, "model", None)
+    return KVTransferModel.from_cost_model(
+        cost_model,
+        min(float(pre.kv_bytes_per_token), float(dec.kv_bytes_per_token)),
+        inter_node=dis.kv_transfer == "inter",
+        lanes=min(pre_gpus, dec_gpus),
+        layers=getattr(model, "num_layers", 1),
+        overlap=dis.kv_transfer_overlap,
+    )
+
 
 def simulate(
     step_model: StepModelLike,
     requests: Iterable[Request],
     config: ServeConfig,
-    **kwargs: object,
+    *,
+    kv_capacity_tokens: int | None = None,
+    sink: Callable[[Request], None] | None = None,
+    energy: EnergyMeter | None = None,
+    check: bool = False,
+    prefill_step_model: StepModelLike | None = None,
+    decode_step_model: StepModelLike | None = None,
+    draft_step_model: object = None,
+    tiny_step_model: object = None,
+    kv_transfer: KVTransferModel | None = None,
+    branch_output_lengths: np.ndarray | None = None,
 ) -> ServeResult:
-    """Run ``requests`` (sorted by arrival) through ``config.replicas`` replicas."""
-    return Simulator(step_model, config, **kwargs).run(requests)  # type: ignore[arg-type]
+    """Run ``requests`` (sorted by arrival) through ``config.replicas`` replicas (see
+    :class:`Simulator` for the keyword arguments)."""
+    return Simulator(
+        step_model,
+        config,
+        kv_capacity_tokens=kv_capacity_tokens,
+        sink=sink,
+        energy=energy,
+        check=check,
+        prefill_step_model=prefill_step_model,
+        decode_step_model=decode_step_model,
+        draft_step_model=draft_step_model,
+        tiny_step_model=tiny_step_model,
+        kv_transfer=kv_transfer,
+        branch_output_lengths=branch_output_lengths,
+    ).run(requests)
 
 
-__all__ = ["Arrival", "ServeConfig", "ServeResult", "SimulationError", "Simulator", "simulate"]
+__all__ = [
+    "Arrival",
+    "BranchConfig",
+    "DisaggConfig",
+    "KVTransferModel",
+    "ServeConfig",
+    "ServeResult",
+    "SimulationError",
+    "Simulator",
+    "SpecConfig",
+    "simulate",
+]

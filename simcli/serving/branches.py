@@ -1,0 +1,304 @@
+"""Multi-branch reasoning: N sampled branches per request sharing the prompt's KV, early
+stopping when M finish, and SART-style two-phase pruning.
+
+**Branches** (self-consistency, Wang et al. ICLR 2023; parallel sampling in vLLM): a
+request's prompt is prefilled once; at the end of that prefill it forks into ``N`` branches
+that each got their first token from the same logits. The prompt's full KV blocks are
+shared by all branches (ref-counted, a :class:`ForkGroup`, beside any shared-prefix cache
+entry); its last, partly filled block is copied for each branch (copy-on-write, as vLLM
+does when a branch first appends to a shared partial block), so a root is admitted with
+``N - 1`` extra blocks for those copies and ``N`` batch seats. Each branch then decodes as
+its own sequence: its KV grows privately, it can be preempted (recompute re-prefills it
+alone, without sharing; swap moves all its blocks) and it finishes on its own.
+
+**Lengths and scores.** Branch 0 keeps the request's output length; branches 1..N-1 draw
+theirs from the output-length distribution (or, replaying a trace, from the trace's output
+lengths), and every branch draws a process-reward score ``q ~ U(0, 1)`` -- all from a
+generator seeded by ``(seed, request id)``, so a request's branches are the same whatever
+the policy or the load. Scores are independent of lengths (SART observes that response
+quality and length are weakly correlated).
+
+**Early stopping** (SART, Wang et al. 2025, "Thinking Short and Right Over Thinking Long",
+redundant sampling with early stopping): the request completes when ``M`` branches have
+finished; the rest are cancelled and their KV freed at once. ``M = N`` without pruning is
+plain self-consistency (wait for every branch).
+
+**Two-phase pruning** (``prune = "sart"``, SART's dynamic branch pruning): every
+``prune_interval`` decode iterations a process reward model scores the live branches (here:
+each branch's seeded ``q``; the PRM's own compute is not modelled). Phase 1 (exploration,
+until the first branch finishes) prunes branches scoring below a low threshold
+``prune_threshold`` (alpha), at most ``prune_max`` (beta) over the request's life. Phase 2
+starts when the first branch finishes: the threshold becomes that branch's score (alpha'),
+the cap is lifted, and live branches are pruned at once and at every later check. Pruning
+never leaves fewer live branches than are still needed to reach ``M``.
+
+**Accounting.** TTFT is the first token of the first branch (the prefill's end); e2e is
+when the M-th branch finishes; TPOT is over the M-th finished branch's tokens. Output
+tokens counted in throughput are those of the finished branches; the tokens of pruned and
+cancelled branches are reported separately.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simcli.serving.requests import (
+    CANCELLED,
+    DECODING,
+    FINISHED,
+    PREFILLING,
+    SWAPPED,
+    WAITING,
+    Request,
+    Sequence,
+)
+from workloads.lengths import LengthDist
+
+if TYPE_CHECKING:
+    from simcli.serving.replica import Engine
+
+
+class BranchConfig(BaseModel):
+    """Multi-branch reasoning for every request."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    branches: int = Field(default=1, ge=1, le=1024, description="N: branches per request")
+    stop_after: int | None = Field(
+        default=None, ge=1, description="M: finished branches that complete a request (N)"
+    )
+    prune: Literal["none", "sart"] = "none"
+    prune_interval: int = Field(default=64, ge=1, description="decode iterations between checks")
+    prune_threshold: float = Field(default=0.2, ge=0, le=1, description="phase-1 alpha")
+    prune_max: int | None = Field(
+        default=None, ge=0, description="phase-1 beta: most branches pruned (default N - M)"
+    )
+    output_len: LengthDist | None = Field(
+        default=None, description="branch output lengths (default: the trace's, or the request's)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> BranchConfig:
+        if self.stop_after is not None and self.stop_after > self.branches:
+            raise ValueError(
+                f"stop after {self.stop_after} branches > {self.branches} branches; "
+                "allowed: 1 <= M <= N"
+            )
+        return self
+
+    @property
+    def m(self) -> int:
+        return self.branches if self.stop_after is None else self.stop_after
+
+    @property
+    def beta(self) -> int:
+        return self.branches - self.m if self.prune_max is None else self.prune_max
+
+
+class ForkGroup:
+    """Full prompt blocks shared by the branches of one request."""
+
+    __slots__ = ("blocks", "refs")
+
+    def __init__(self, blocks: int, refs: int) -> None:
+        self.blocks = blocks
+        self.refs = refs
+
+
+class BranchStats:
+    def __init__(self) -> None:
+        self.finished = 0
+        self.pruned = 0
+        self.cancelled = 0  # cut when M finished
+        self.finished_tokens = 0
+        self.cancelled_tokens = 0  # generated by pruned and cancelled branches
+
+
+class BranchState:
+    """One request's branches: lengths, scores, phase."""
+
+    __slots__ = ("lengths", "scores", "forked", "pruned", "alpha2", "last_len", "config")
+
+    def __init__(self, config: BranchConfig, lengths: np.ndarray, scores: np.ndarray) -> None:
+        self.config = config
+        self.lengths = lengths
+        self.scores = scores
+        self.forked = False
+        self.pruned = 0
+        self.alpha2: float | None = None  # phase 2 once set
+        self.last_len = 0  # output tokens of the last branch that finished
+
+    @classmethod
+    def draw(
+        cls,
+        config: BranchConfig,
+        req: Request,
+        seed: int,
+        empirical: np.ndarray | None = None,
+    ) -> BranchState:
+        n = config.branches
+        rng = np.random.default_rng((seed, req.id, 0x5A27))
+        scores = rng.random(n)
+        if config.output_len is not None:
+            extra = config.output_len.sample(n - 1, rng)
+        elif empirical is not None and len(empirical):
+            extra = empirical[rng.integers(0, len(empirical), n - 1)]
+        else:
+            extra = np.full(n - 1, req.output_tokens, dtype=np.int64)
+        lengths = np.concatenate([[req.output_tokens], extra]).astype(np.int64)
+        return cls(config, lengths, scores)
+
+
+def fork_extra_blocks(req: Request, block_size: int) -> int:
+    """Blocks a branch root takes beyond its prompt: one copy of the partial last block
+    per extra branch."""
+    st = req.branch
+    if st is None or st.forked:
+        return 0
+    return (st.config.branches - 1) * (1 if req.prompt_tokens % block_size else 0)
+
+
+def fork(engine: Engine, root: Sequence, now_s: float) -> None:
+    """The root's prefill is done (first token sampled for every branch): split it into N
+    decoding branches sharing its prompt blocks."""
+    req = root.request
+    st: BranchState = req.branch  # type: ignore[assignment]
+    st.forked = True
+    cfg = st.config
+    n = cfg.branches
+    bs = engine.block_size
+    p = root.ctx_tokens
+    c = 1 if p % bs else 0
+    pb = root.shared_blocks  # shared-prefix cache entry blocks
+    full = p // bs - pb  # the root's private full blocks, shared from now on
+    group = ForkGroup(full, n) if full > 0 else None
+    # the root held its prompt's blocks plus n - 1 copies of the partial one: it keeps one
+    # copy, each other branch takes one, the full blocks go to the group
+    root.private_blocks = c
+    root.shared_blocks = shared = pb + full
+    root.fork = group
+    root.output_tokens = int(st.lengths[0])
+    root.score = float(st.scores[0])
+    entry = root.prefix_entry
+    branches = [root]
+    for i in range(1, n):
+        s = Sequence(req, p, int(st.lengths[i]))
+        s.generated = 1
+        s.ctx_tokens = p
+        s.prefill_target = p
+        s.prefilled = p
+        s.shared_blocks = shared
+        s.private_blocks = c
+        s.fork = group
+        s.score = float(st.scores[i])
+        s.last_token_s = now_s
+        s.order = root.order
+        if entry is not None:
+            entry.refs += 1
+            s.prefix_entry = entry
+        s.state = DECODING  # not in a batch yet (slot -1): placed below
+        req.seqs.append(s)
+        branches.append(s)
+    dec = engine.decode
+    done = []
+    for s in branches:
+        if s.generated >= s.output_tokens:
+            done.append(s)
+        else:
+            dec.add(s)
+            engine.joins.append(s)
+    for s in done:  # one-token branches finish at the fork
+        if s.state == CANCELLED:  # cut when an earlier one completed the request
+            continue
+        if req.finish_s is None:
+            engine._finish(s, now_s)
+        else:
+            cancel(engine, s, pruned=False)
+    if cfg.prune == "sart" and req.finish_s is None:
+        engine.schedule_prune(req)
+
+
+def cancel(engine: Engine, seq: Sequence, pruned: bool) -> None:
+    """Drop a live branch wherever it is; its KV is freed."""
+    state = seq.state
+    if state == DECODING and seq.slot >= 0:
+        engine._leave_decode(seq)
+    elif state == WAITING:
+        engine.waiting.remove(seq)
+        engine.queued_blocks -= -(-seq.prefill_target // engine.block_size)
+        seq.private_blocks = 0
+    elif state == PREFILLING:
+        engine.prefilling.remove(seq)
+    elif state == SWAPPED:
+        engine.swapped.remove(seq)
+        seq.private_blocks = 0  # host memory
+    engine.release_seq(seq)
+    seq.state = CANCELLED
+    stats = engine.replica.branch_stats
+    if stats is not None:
+        if pruned:
+            stats.pruned += 1
+        else:
+            stats.cancelled += 1
+        stats.cancelled_tokens += seq.generated
+
+
+def _live(req: Request) -> list[Sequence]:
+    return [s for s in req.seqs if s.state != FINISHED and s.state != CANCELLED]
+
+
+def branch_finished(engine: Engine, seq: Sequence, request_done: bool) -> None:
+    """A branch finished: stats; if that completed the request, cancel the others; if it
+    was the first, SART's phase 2 starts (threshold = its score) and prunes at once."""
+    req = seq.request
+    st: BranchState = req.branch  # type: ignore[assignment]
+    st.last_len = seq.output_tokens
+    stats = engine.replica.branch_stats
+    if stats is not None:
+        stats.finished += 1
+        stats.finished_tokens += seq.generated
+    if request_done:
+        for s in _live(req):
+            cancel(engine, s, pruned=False)
+        return
+    if st.config.prune == "sart" and st.alpha2 is None:
+        st.alpha2 = seq.score
+        prune(engine, req)
+
+
+def prune(engine: Engine, req: Request) -> bool:
+    """One PRM check of a request's live branches; True while it still has branches to
+    watch."""
+    if req.finish_s is not None:
+        return False
+    st: BranchState = req.branch  # type: ignore[assignment]
+    cfg = st.config
+    live = _live(req)
+    spare = len(live) - req.seqs_left  # branches that may go
+    if st.alpha2 is None:
+        threshold = cfg.prune_threshold
+        spare = min(spare, cfg.beta - st.pruned)
+    else:
+        threshold = st.alpha2
+    if spare > 0:
+        low = sorted((s for s in live if s.score < threshold), key=lambda s: s.score)
+        for s in low[:spare]:
+            cancel(engine, s, pruned=True)
+            st.pruned += 1
+    return len(live) > req.seqs_left
+
+
+__all__ = [
+    "BranchConfig",
+    "BranchState",
+    "BranchStats",
+    "ForkGroup",
+    "branch_finished",
+    "cancel",
+    "fork",
+    "fork_extra_blocks",
+    "prune",
+]

@@ -1,0 +1,942 @@
+"""Capacity planning (``simcli serve plan``): the cheapest deployment that meets latency SLOs.
+
+**Question.** Given a model, a workload (arrival rate, prompt and output length
+distributions) and SLOs, which deployment -- GPU type, tensor parallelism, replica count,
+scheduler, chunk size, and colocated or disaggregated prefill/decode pools -- serves it for
+the fewest dollars per hour? Answered by search, every candidate judged by the
+discrete-event simulator (:mod:`simcli.serving.simulator`).
+
+**SLO.** A request *meets* the SLO when its TTFT <= ``ttft_s``, its TPOT <= ``tpot_s``
+(requests with one output token have no TPOT) and its end-to-end latency <= ``e2e_s``
+(unset ones always hold). A deployment meets the SLO when at least ``attainment`` of the
+workload's requests do (DistServe's "SLO attainment", Zhong et al. OSDI 2024): 0.99 makes
+the thresholds p99 targets, 0.9 p90 targets of the joint condition.
+
+**Search.** A *config* is (gpu, tp, scheduler, chunk size -- only for ``sarathi`` --,
+P:D ratio). A ratio makes the deployment disaggregated (:mod:`simcli.serving.disagg`):
+its ``R`` replicas split into ``round(R x P / (P + D))`` prefill replicas (kept within
+``[1, R - 1]``) and the rest decode, exactly as ``simcli serve --disaggregate --pd-ratio
+P:D --replicas R`` splits them; both pools use the config's GPU, TP and scheduler, KV
+moves over the default link (``inter``, no layer overlap). For each config the replica
+count is the free variable: the fewest replicas that meet the SLO at the target QPS.
+Attainment rises with replicas (more replicas, shorter queues; not strictly monotone
+because routing and batching change, hence "monotone-ish"), so:
+
+1. *Fit.* The step model is built for (model, gpu, tp); a model that does not fit (its
+   one-line ``StepError``: weights, or no room for a KV block) skips the config with a
+   note. A request longer than a replica's KV cache skips it the same way.
+2. *Idle bound.* Every request is priced alone on an idle replica (prefill, or its
+   Sarathi chunks, then decode steps at its mean context): queueing and batching only
+   make requests slower (and a KV transfer between pools adds time), so the fraction
+   meeting the SLO there bounds the attainment of any replica count. Below the target
+   (with 2% slack on the thresholds for the interpolation of a per-request mean), the
+   config is infeasible without simulating.
+3. *Work bound* ``R_lb`` on replicas. Each replica runs one iteration at a time, so in
+   the window from the first arrival to the last arrival plus the latency limit it is
+   busy at most that long, and every request meeting an E2E limit has all its work done
+   inside it (one meeting a TTFT limit, its prefill). So ``R_lb`` = the busy seconds of
+   the cheapest ``ceil(attainment x N)`` requests / the window (TTFT and E2E each give
+   one; the larger holds). A request's busy seconds, from the step model:
+
+   - a decode token runs in an iteration of at most ``B`` decodes (``B`` = the seats,
+     ``max_batch_size``, Sarathi also ``<= chunk``, and what the KV cache holds at the
+     mean context) and costs at least its share of a ``B``-decode step at its context
+     (fixed share + attention per cached key, linear in the context);
+   - a prompt token costs at least the per-token time of a full iteration of prefills
+     of the mean prompt length (``max_tokens``, Sarathi ``chunk`` tokens);
+   - ``vllm`` runs prefill-only and decode-only iterations, so the two add; ``orca`` and
+     ``sarathi`` mix them, so busy time >= the larger of the decode seconds and every
+     token (prompt and output) at the full-iteration rate;
+   - disaggregated pools bound separately: the fewest ``R >= 2`` whose split has enough
+     prefill replicas for the prefill seconds and decode replicas for the decode seconds.
+
+   Approximate only through the step-time decomposition (a batch at the mean context
+   stands for mixed contexts): in checks over 224 (config, workload) pairs (vllm, orca,
+   sarathi; colocated, 1:1 and 1:2; TTFT-, TPOT-, E2E-bound and mixed SLOs) ``R_lb`` never
+   exceeded the simulated minimum. A TPOT-only SLO gives no bound (queueing never breaks
+   it), so ``R_lb = 1``. The search starts at ``R_est``: all requests' busy seconds over
+   the arrival span plus the tightest latency limit (the steady-state replica count when
+   runs are long; never below ``R_lb``).
+4. *Cost pruning* (best first, like A*): configs wait in a heap keyed by a lower bound on
+   their $/hour, first ``tp x price`` x the least replica count (1, or 2 disaggregated;
+   no step model needed), then
+   ``R_lb x tp x price`` once the step model is built. A config whose bound exceeds the
+   $/hour of the ``top``-th deployment found so far is pruned, and a replica search never
+   probes counts that cost more than that.
+5. *Replica search.* Probe ``R_est``; grow by 1.5x until a count meets the SLO (at most
+   ``max_replicas`` or the cost cap); bisect between the last failure (or ``R_lb - 1``)
+   and the first success. If ``R - 1`` of the result was never simulated (the search
+   leaned on ``R_lb``), it is probed, and the bisection restarts below if it passes, so
+   every reported count ``R`` has ``R - 1`` simulated and failing (or ``R`` is the least
+   the config allows: 1, or 2 when disaggregated). Probes are cached per simulated shape
+   (two ratios that split ``R`` alike share one).
+6. *Effort cap.* Every probe simulates the same ``num_requests`` requests (same seed,
+   same arrivals); the simulator's per-request sink counts violations and stops the run
+   as soon as more requests have missed the SLO than the attainment allows: a failing
+   probe of an overloaded deployment costs a fraction of a full run.
+
+**Ranking.** Feasible deployments by $/hour (GPUs x price), then by $ per million output
+tokens over the simulated run (the simulator's ``cost_usd_per_million_output_tokens``:
+GPU-hours from first arrival to last completion; lower when the run drains sooner), then
+by p99 end-to-end latency. Deterministic for a seed: the search order, the requests and
+the simulator are.
+
+**Simplifications.** One replica shape per deployment (no mixing GPU types; both pools
+of a disaggregated one have the same GPU, TP and scheduler, and their split is searched
+only through the given P:D ratios, not as two free counts); the scheduler's other knobs
+are ``simcli serve``'s defaults (``max_batch_size`` 256, vLLM's ``max_tokens``, block size
+16, ``gpu_memory_utilization`` 0.9, prefix caching, least-outstanding routing, recompute
+preemption, the vllm engine, no calibration profile), so ``simcli serve`` with the
+reported flags and the same workload reproduces a deployment's figures exactly; no
+pipeline parallelism; all requests count towards attainment (no warm-up trimming);
+minimality is checked against ``R - 1`` only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hardware_specs.registry import load_catalog
+from simcli.serving.disagg import DisaggConfig
+from simcli.serving.requests import Request, SyntheticSpec, synthetic_requests
+from simcli.serving.schedulers import SchedulerConfig
+from simcli.serving.simulator import ServeConfig, Simulator
+from workloads.lengths import parse_dist
+from workloads.models import ModelConfig, load_model
+
+DEFAULT_GPUS = ("h100-sxm", "h200-sxm", "a100-sxm-80gb")
+IDLE_SLACK = 1.02  # idle-bound thresholds relaxed by 2% (mean-context step interpolation)
+
+
+class PlanError(ValueError):
+    """A planning input or outcome for users; the message is one line."""
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+class SLO(BaseModel):
+    """Per-request latency thresholds and the fraction of requests that must meet all."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_s: float | None = Field(default=None, gt=0, description="time to first token")
+    tpot_s: float | None = Field(default=None, gt=0, description="time per output token")
+    e2e_s: float | None = Field(default=None, gt=0, description="end-to-end latency")
+    attainment: float = Field(default=0.9, gt=0, le=1, description="fraction meeting all")
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> SLO:
+        if self.ttft_s is None and self.tpot_s is None and self.e2e_s is None:
+            raise ValueError(
+                "no SLO given; allowed: at least one of --slo-ttft-s, --slo-tpot-s, --slo-e2e-s"
+            )
+        return self
+
+    def limits(self, slack: float = 1.0) -> tuple[float, float, float]:
+        inf = math.inf
+        return (
+            self.ttft_s * slack if self.ttft_s is not None else inf,
+            self.tpot_s * slack if self.tpot_s is not None else inf,
+            self.e2e_s * slack if self.e2e_s is not None else inf,
+        )
+
+    def max_misses(self, n: int) -> int:
+        """Requests that may miss the SLO out of ``n`` while the attainment still holds."""
+        return n - math.ceil(self.attainment * n - 1e-9)
+
+
+class Workload(BaseModel):
+    """Synthetic Poisson/gamma arrivals at the target rate (``simcli serve``'s generator)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    qps: float = Field(gt=0, description="target arrival rate, requests per second")
+    prompt_len: str = Field(default="lognormal:512:1:4096", description="prompt length DIST")
+    output_len: str = Field(default="lognormal:128:1:2048", description="output length DIST")
+    num_requests: int = Field(default=1000, gt=0, description="requests simulated per probe")
+    burstiness: float = Field(default=1.0, gt=0, description="CV of inter-arrival gaps")
+    seed: int = 0
+
+    @field_validator("prompt_len", "output_len")
+    @classmethod
+    def _dist(cls, v: str) -> str:
+        parse_dist(v)  # one-line LengthError for a bad DIST
+        return v
+
+    def spec(self) -> SyntheticSpec:
+        return SyntheticSpec(
+            qps=self.qps,
+            num_requests=self.num_requests,
+            burstiness=self.burstiness,
+            prompt_len=parse_dist(self.prompt_len),
+            output_len=parse_dist(self.output_len),
+            seed=self.seed,
+        )
+
+
+class PlanSpace(BaseModel):
+    """The deployments searched. ``chunk_sizes`` apply to ``sarathi`` only (its token
+    budget per iteration); ``vllm`` and ``orca`` are one config each per (gpu, tp)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: tuple[str, ...] = DEFAULT_GPUS
+    tp: tuple[int, ...] = (1, 2, 4)
+    schedulers: tuple[Literal["vllm", "orca", "sarathi"], ...] = ("vllm", "sarathi")
+    chunk_sizes: tuple[int, ...] = (512, 2048)
+    pd_ratios: tuple[str | None, ...] = Field(
+        default=(None, "1:1", "1:2"),
+        description="None: prefill and decode on every replica; 'P:D': disaggregated pools "
+        "splitting the replicas P:D (as `simcli serve --disaggregate --pd-ratio`)",
+    )
+    max_replicas: int = Field(default=64, gt=0)
+    max_batch_size: int = Field(default=256, gt=0, description="running sequences per replica")
+    block_size: int = Field(default=16, gt=0)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    prices: dict[str, float] = Field(
+        default_factory=dict, description="US$ per GPU-hour overrides by GPU id; '*' for all"
+    )
+
+    @field_validator("gpus", "tp", "schedulers", "chunk_sizes", "pd_ratios")
+    @classmethod
+    def _non_empty_unique(cls, v: tuple) -> tuple:
+        if not v:
+            raise ValueError("empty list; allowed: at least one value")
+        return tuple(dict.fromkeys(v))
+
+    @field_validator("tp", "chunk_sizes")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(x < 1 for x in v):
+            raise ValueError(f"values must be positive integers, got {list(v)}")
+        return v
+
+    @field_validator("pd_ratios")
+    @classmethod
+    def _ratios(cls, v: tuple[str | None, ...]) -> tuple[str | None, ...]:
+        for r in v:
+            if r is not None:
+                pd_weights(r)
+        return v
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, p in v.items():
+            if not (p > 0 and math.isfinite(p)):
+                raise ValueError(f"price for {k} must be a positive number, got {p}")
+        return v
+
+
+# --------------------------------------------------------------------------- prices
+
+
+@lru_cache(maxsize=1)
+def price_table() -> dict[str, float]:
+    """GPU id -> US$ per GPU-hour from ``simcli/training/data/gpu_prices.yaml``."""
+    text = resources.files("simcli.training").joinpath("data/gpu_prices.yaml").read_text()
+    return {r["gpu"]: float(r["usd_per_gpu_hour"]) for r in yaml.safe_load(text)["prices"]}
+
+
+def gpu_price(gpu: str, overrides: dict[str, float]) -> float:
+    if gpu in overrides:
+        return overrides[gpu]
+    if "*" in overrides:
+        return overrides["*"]
+    table = price_table()
+    if gpu not in table:
+        raise PlanError(
+            f"no price for GPU {gpu!r}; known: {', '.join(sorted(table))}; "
+            f"allowed: --price-per-gpu-hour {gpu}=USD"
+        )
+    return table[gpu]
+
+
+def pd_weights(ratio: str) -> tuple[float, float]:
+    """``"P:D"`` -> (P, D), two positive numbers."""
+    try:
+        pw, dw = (float(x) for x in ratio.split(":"))
+    except ValueError:
+        pw = dw = math.nan
+    if not (pw > 0 and dw > 0 and math.isfinite(pw) and math.isfinite(dw)):
+        raise PlanError(f"pd ratio {ratio!r} is invalid; allowed: P:D, two positive numbers")
+    return pw, dw
+
+
+# --------------------------------------------------------------------------- step models
+
+_STEP_CACHE: dict[tuple, Any] = {}
+
+
+def planner_step_model(
+    model: ModelConfig, gpu: str, tp: int, max_num_batched_tokens: int, max_num_seqs: int
+) -> Any:
+    """``StepModel`` per (model, gpu, tp, activation workspace), built as ``simcli serve``
+    builds it. The pricing grids are shared across workspaces (step.py caches them per
+    (model, gpu, tp)), so only the first of each (model, gpu, tp) costs a build."""
+    from simcli.serving.step import StepModel
+
+    key = (model.model_dump_json(), gpu, tp, max_num_batched_tokens, max_num_seqs)
+    sm = _STEP_CACHE.get(key)
+    if sm is None:
+        if len(_STEP_CACHE) >= 64:
+            _STEP_CACHE.clear()
+        sm = _STEP_CACHE[key] = StepModel(
+            model,
+            gpu,
+            tp=tp,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+        )
+    return sm
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Config:
+    gpu: str
+    tp: int
+    scheduler: str
+    chunk_size: int | None  # sarathi only
+    pd_ratio: str | None = None  # disaggregated prefill:decode pools
+
+    @property
+    def label(self) -> str:
+        chunk = f" chunk={self.chunk_size}" if self.chunk_size else ""
+        pd = f" pd={self.pd_ratio}" if self.pd_ratio else ""
+        return f"{self.gpu} tp={self.tp} {self.scheduler}{chunk}{pd}"
+
+    @property
+    def min_replicas(self) -> int:
+        return 2 if self.pd_ratio else 1
+
+    def shape(self, replicas: int) -> tuple:
+        """What is simulated: equal for two ratios that split ``replicas`` alike."""
+        return (
+            self.gpu,
+            self.tp,
+            self.scheduler,
+            self.chunk_size,
+            self.pools(replicas) or replicas,
+        )
+
+    def pools(self, replicas: int) -> tuple[int, int] | None:
+        """(prefill, decode) replicas of a disaggregated config, as ``simcli serve
+        --pd-ratio`` splits ``--replicas``: prefill = round(R x P / (P + D)) within
+        [1, R - 1]."""
+        if not self.pd_ratio:
+            return None
+        pw, dw = pd_weights(self.pd_ratio)
+        pre = min(max(round(replicas * pw / (pw + dw)), 1), replicas - 1)
+        return pre, replicas - pre
+
+
+@dataclass
+class Probe:
+    replicas: int
+    passed: bool
+    attainment: float  # over all requests; an upper bound when stopped early
+    stopped_early: bool
+    summary: dict[str, Any] | None  # the simulator's summary of a complete run
+
+
+@dataclass
+class Deployment:
+    config: Config
+    replicas: int
+    usd_per_gpu_hour: float
+    probe: Probe
+    fewer: Probe | None  # replicas - 1, simulated and missing the SLO (None: replicas == 1)
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.config.tp
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.gpus * self.usd_per_gpu_hour
+
+    @property
+    def usd_per_million_output_tokens(self) -> float:
+        s = self.probe.summary or {}
+        tokens = s.get("output_tokens") or 0
+        return (
+            self.usd_per_hour * s.get("duration_s", 0.0) / 3600.0 / tokens * 1e6
+            if tokens
+            else math.inf
+        )
+
+    def sort_key(self) -> tuple:
+        s = self.probe.summary or {}
+        c = self.config
+        return (
+            round(self.usd_per_hour, 9),
+            round(self.usd_per_million_output_tokens, 9),
+            s.get("e2e_s_p99", math.inf),
+            c.gpu,
+            c.tp,
+            c.scheduler,
+            c.chunk_size or 0,
+            c.pd_ratio or "",
+        )
+
+    def record(self) -> dict[str, Any]:
+        s = self.probe.summary or {}
+        c = self.config
+        pools = c.pools(self.replicas)
+        return {
+            "gpu": c.gpu,
+            "tp": c.tp,
+            "replicas": self.replicas,
+            "scheduler": c.scheduler,
+            "chunk_size": c.chunk_size,
+            "pd_ratio": c.pd_ratio,
+            "prefill_replicas": pools[0] if pools else None,
+            "decode_replicas": pools[1] if pools else None,
+            "gpus": self.gpus,
+            "usd_per_gpu_hour": self.usd_per_gpu_hour,
+            "usd_per_hour": self.usd_per_hour,
+            "usd_per_million_output_tokens": self.usd_per_million_output_tokens,
+            "slo_attainment": self.probe.attainment,
+            **{
+                k: s.get(k)
+                for k in (
+                    "ttft_s_p50",
+                    "ttft_s_p99",
+                    "tpot_s_p50",
+                    "tpot_s_p99",
+                    "e2e_s_p50",
+                    "e2e_s_p99",
+                    "throughput_tokens_per_s",
+                    "preemptions",
+                    "kv_capacity_tokens_per_replica",
+                )
+            },
+            # attainment with one replica fewer (an upper bound when that run stopped early)
+            "attainment_one_fewer": self.fewer.attainment if self.fewer else None,
+        }
+
+
+@dataclass
+class PlanResult:
+    model: str
+    slo: SLO
+    workload: Workload
+    deployments: list[Deployment]
+    configs_evaluated: int = 0
+    # configs_evaluated = feasible + pruned + skipped + infeasible; simulated overlaps them
+    configs_feasible: int = 0  # a replica count met the SLO (the top ones are reported)
+    configs_pruned: int = 0  # cost bound above the top-k, or search cut at the cost cap
+    configs_skipped: int = 0  # model or request does not fit
+    configs_infeasible: int = 0  # SLO not met at any replica count up to --max-replicas
+    configs_simulated: int = 0  # at least one simulation run
+    simulations_run: int = 0
+    simulations_stopped_early: int = 0
+    search_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    best_infeasible: tuple[float, str, bool] | None = None  # attainment, where, upper bound
+    fewest_over_cap: tuple[int, str] | None = None  # smallest R_lb above --max-replicas
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "qps": self.workload.qps,
+            "prompt_len": self.workload.prompt_len,
+            "output_len": self.workload.output_len,
+            "num_requests": self.workload.num_requests,
+            "seed": self.workload.seed,
+            "slo": self.slo.model_dump(),
+            "configs_evaluated": self.configs_evaluated,
+            "configs_feasible": self.configs_feasible,
+            "configs_pruned": self.configs_pruned,
+            "configs_skipped": self.configs_skipped,
+            "configs_infeasible": self.configs_infeasible,
+            "configs_simulated": self.configs_simulated,
+            "simulations_run": self.simulations_run,
+            "simulations_stopped_early": self.simulations_stopped_early,
+            "search_seconds": self.search_seconds,
+            "notes": list(self.notes),
+        }
+
+    def records(self) -> list[dict[str, Any]]:
+        return [{"rank": i + 1, **d.record()} for i, d in enumerate(self.deployments)]
+
+
+# --------------------------------------------------------------------------- the search
+
+
+class _Missed(Exception):
+    """Raised from the simulator's sink: the probe can no longer meet the attainment."""
+
+
+class _Judge:
+    """Per-request SLO check as requests finish (the simulator's ``sink``)."""
+
+    __slots__ = ("ttft", "tpot", "e2e", "budget", "good", "bad")
+
+    def __init__(self, slo: SLO, n: int) -> None:
+        self.ttft, self.tpot, self.e2e = slo.limits()
+        self.budget = slo.max_misses(n)
+        self.good = self.bad = 0
+
+    def __call__(self, req: Request) -> None:
+        first, fin, out = req.first_token_s, req.finish_s, req.output_tokens
+        ok = (
+            first - req.arrival_s <= self.ttft  # type: ignore[operator]
+            and fin - req.arrival_s <= self.e2e  # type: ignore[operator]
+            and (out <= 1 or (fin - first) / (out - 1) <= self.tpot)  # type: ignore[operator]
+        )
+        if ok:
+            self.good += 1
+        else:
+            self.bad += 1
+            if self.bad > self.budget:
+                raise _Missed
+
+
+@dataclass
+class _State:
+    config: Config
+    step: Any = None
+    sched: SchedulerConfig | None = None
+    kv_capacity: int = 0
+    r_lb: int = 1
+    r_est: int = 1
+    probes: dict[int, Probe] = field(default_factory=dict)
+
+
+class Planner:
+    """One search; :meth:`run` returns a :class:`PlanResult`."""
+
+    def __init__(
+        self, model: ModelConfig | str, space: PlanSpace, slo: SLO, workload: Workload, top: int
+    ) -> None:
+        if top < 1:
+            raise PlanError(f"--top {top} is invalid; allowed: a positive integer")
+        self.model = model if isinstance(model, ModelConfig) else load_model(model)
+        self.space, self.slo, self.workload, self.top = space, slo, workload, top
+        catalog = load_catalog()
+        for g in space.gpus:
+            catalog.gpu(g)  # one-line error listing the known ids
+        self.prices = {g: gpu_price(g, space.prices) for g in space.gpus}
+        self.max_tokens = max(self.model.max_seq_len, 2048)  # vLLM's default, as simcli serve
+        arrivals, prompts, outputs = [], [], []
+        for r in synthetic_requests(workload.spec()):
+            arrivals.append(r.arrival_s)
+            prompts.append(r.prompt_tokens)
+            outputs.append(r.output_tokens)
+        self.arrivals = arrivals
+        self.prompts = np.asarray(prompts, dtype=np.int64)
+        self.outputs = np.asarray(outputs, dtype=np.int64)
+        self.result = PlanResult(self.model.id, slo, workload, [])
+        self._probes: dict[tuple, Probe] = {}  # by deployment shape, across configs
+
+    # --- workload ----------------------------------------------------------------------
+    def requests(self) -> Iterator[Request]:
+        for i, (a, p, o) in enumerate(
+            zip(self.arrivals, self.prompts.tolist(), self.outputs.tolist(), strict=True)
+        ):
+            yield Request(i, a, p, o)
+
+    # --- configs -----------------------------------------------------------------------
+    def configs(self) -> list[Config]:
+        out = []
+        for g in self.space.gpus:
+            for tp in self.space.tp:
+                for s in self.space.schedulers:
+                    chunks = self.space.chunk_sizes if s == "sarathi" else (None,)
+                    for c in chunks:
+                        out.extend(Config(g, tp, s, c, r) for r in self.space.pd_ratios)
+        return out
+
+    def _prepare(self, st: _State) -> str | None:
+        """Build the step model and the bounds; a note when the config is out."""
+        c = st.config
+        sp = self.space
+        mbt = c.chunk_size if c.scheduler == "sarathi" else self.max_tokens
+        try:
+            st.step = planner_step_model(
+                self.model,  # type: ignore[arg-type]
+                c.gpu,
+                c.tp,
+                mbt,  # type: ignore[arg-type]
+                sp.max_batch_size,
+            )
+            st.kv_capacity = int(
+                st.step.kv_capacity_tokens(sp.block_size, sp.gpu_memory_utilization)
+            )
+        except ValueError as exc:  # StepError / ModelError: the model does not fit
+            return str(exc).splitlines()[0]
+        longest = int((self.prompts + self.outputs - 1).max())
+        if longest > st.kv_capacity // sp.block_size * sp.block_size:
+            return f"a request needs {longest} tokens of KV cache, a replica holds {st.kv_capacity}"
+
+        st.sched = SchedulerConfig(
+            kind=c.scheduler,  # type: ignore[arg-type]
+            max_batch_size=sp.max_batch_size,
+            max_tokens=self.max_tokens,
+            chunk_size=c.chunk_size or 512,
+        )
+        return None
+
+    def idle_attainment(self, st: _State) -> float:
+        """Fraction of requests meeting the SLO (2% slack) alone on an idle replica."""
+        sm, c = st.step, st.config
+        none = np.zeros(0, np.int64)
+        ttft_of: dict[int, float] = {}
+        for p in np.unique(self.prompts).tolist():
+            if c.scheduler == "sarathi":
+                t, done = 0.0, 0
+                while done < p:
+                    n = min(c.chunk_size, p - done)  # type: ignore[type-var]
+                    t += sm.step_s(np.array([n]), np.array([done]), none)
+                    done += n
+            else:
+                t = sm.step_s(np.array([p]), np.array([0]), none)
+            ttft_of[p] = t
+        ttft = np.array([ttft_of[p] for p in self.prompts.tolist()])
+        ctx = self.prompts + self.outputs // 2
+        dec_of = {x: sm.step_s(none, none, np.array([x])) for x in np.unique(ctx).tolist()}
+        tpot = np.array([dec_of[x] for x in ctx.tolist()])
+        e2e = ttft + (self.outputs - 1) * tpot
+        lt, lp, le = self.slo.limits(IDLE_SLACK)
+        ok = (ttft <= lt) & (e2e <= le) & ((self.outputs <= 1) | (tpot <= lp))
+        return float(ok.mean())
+
+    def replica_bounds(self, st: _State) -> tuple[int, int]:
+        """(``R_lb``, ``R_est``) of the module docstring."""
+        sm, c, sp = st.step, st.config, self.space
+        none = np.zeros(0, np.int64)
+        prompts, outputs = self.prompts, self.outputs
+        decodes = np.maximum(outputs - 1, 0).astype(float)
+        ctx = prompts + decodes / 2.0  # mean context of a request's decode steps
+        seats, budget = sp.max_batch_size, self.max_tokens
+        if c.scheduler == "sarathi":
+            seats = min(seats, c.chunk_size)  # type: ignore[type-var]
+            budget = c.chunk_size  # type: ignore[assignment]
+        c_mean = max(2, round(float(ctx.mean())))
+        b = max(1, min(seats, st.kv_capacity // c_mean))
+        # a decode token at context x in a batch of b: fixed share + attention over x keys
+        one = sm.step_s(none, none, np.ones(b, np.int64)) / b
+        at_mean = sm.step_s(none, none, np.full(b, c_mean)) / b
+        per_key = max(at_mean - one, 0.0) / (c_mean - 1)
+        dec = decodes * (one + per_key * ctx)
+        plen = max(1, min(round(float(prompts.mean())), budget))
+        k = max(1, budget // plen)
+        tok_s = sm.step_s(np.full(k, plen), np.zeros(k, np.int64), none) / (k * plen)
+        pre = prompts * tok_s
+        t0, t1 = self.arrivals[0], self.arrivals[-1]
+        n_all = len(prompts)
+        n_good = math.ceil(self.slo.attainment * n_all - 1e-9)
+        windows = [
+            t1 - t0 + v for v in (self.slo.e2e_s, self.slo.ttft_s) if v is not None
+        ]  # E2E first
+        slack = min(v for v in (self.slo.e2e_s, self.slo.ttft_s, math.inf) if v is not None)
+        span = t1 - t0 + (0.0 if math.isinf(slack) else slack)
+
+        def least(x: np.ndarray, m: int) -> float:
+            return float(np.sort(x)[:m].sum())
+
+        def up(x: float) -> int:
+            return math.ceil(x - 1e-9)
+
+        if c.pd_ratio:  # separate pools: each does its own share of the work
+            need_pre = max([least(pre, n_good) / w for w in windows], default=0.0)
+            need_dec = least(dec, n_good) / windows[0] if self.slo.e2e_s is not None else 0.0
+            r_lb = self._fewest_split(c, up(need_pre), up(need_dec), 2)
+            est = self._fewest_split(c, up(pre.sum() / span), up(dec.sum() / span), r_lb)
+            return r_lb, est
+        if c.scheduler == "vllm":  # prefill-only and decode-only iterations
+            full = pre + dec
+
+            def work(m: int) -> float:
+                return least(full, m)
+        else:  # mixed iterations: decode seats and the per-token floor both bind
+            toks = (prompts + decodes) * tok_s
+
+            def work(m: int) -> float:
+                return max(least(dec, m), least(toks, m))
+
+        need = 0.0
+        if self.slo.e2e_s is not None:
+            need = work(n_good) / windows[0]
+        if self.slo.ttft_s is not None:
+            need = max(need, least(pre, n_good) / windows[-1])
+        r_lb = max(1, up(need))
+        r_est = up(work(n_all) / span) if span > 0 else r_lb
+        return r_lb, max(r_lb, r_est)
+
+    def _fewest_split(self, c: Config, pre: int, dec: int, start: int) -> int:
+        """Fewest replicas >= ``start`` whose P:D split has >= ``pre`` prefill and >=
+        ``dec`` decode replicas (``max_replicas + 1`` when none within reach)."""
+        r = max(start, 2, pre + dec)
+        while r <= self.space.max_replicas:
+            p, d = c.pools(r)  # type: ignore[misc]
+            if p >= pre and d >= dec:
+                return r
+            r += 1
+        return r
+
+    # --- probes ------------------------------------------------------------------------
+    def probe(self, st: _State, replicas: int) -> Probe:
+        c = st.config
+        shape = c.shape(replicas)
+        hit = st.probes.get(replicas) or self._probes.get(shape)
+        if hit is not None:  # two P:D ratios can split a count the same way
+            st.probes[replicas] = hit
+            return hit
+        n = len(self.arrivals)
+        judge = _Judge(self.slo, n)
+        pools = c.pools(replicas)
+        cfg = ServeConfig(
+            replicas=replicas,
+            gpus_per_replica=c.tp,
+            seed=self.workload.seed,
+            disaggregation=DisaggConfig(
+                prefill_replicas=pools[0],
+                decode_replicas=pools[1],
+                prefill_gpus_per_replica=c.tp,
+                decode_gpus_per_replica=c.tp,
+            )
+            if pools
+            else None,
+            scheduler=st.sched,  # type: ignore[arg-type]
+            block_size=self.space.block_size,
+            gpu_memory_utilization=self.space.gpu_memory_utilization,
+            slo_ttft_s=self.slo.ttft_s,
+            slo_tpot_s=self.slo.tpot_s,
+            price_per_gpu_hour=self.prices[c.gpu],
+        )
+        sim = Simulator(st.step, cfg, kv_capacity_tokens=st.kv_capacity, sink=judge)
+        self.result.simulations_run += 1
+        try:
+            summary = sim.run(self.requests()).summary
+        except _Missed:
+            self.result.simulations_stopped_early += 1
+            probe = Probe(replicas, False, (n - judge.bad) / n, True, None)
+        else:
+            att = judge.good / n
+            probe = Probe(replicas, judge.bad <= judge.budget, att, False, dict(summary))
+        st.probes[replicas] = self._probes[shape] = probe
+        return probe
+
+    def search_replicas(self, st: _State, cap: int) -> tuple[Probe | None, Probe | None]:
+        """(the probe of the fewest replicas meeting the SLO, or None within ``cap``; the
+        best failing probe). Every count below ``R_lb`` is taken to fail, but the count
+        returned always has ``R - 1`` simulated and failing (or ``R = 1``)."""
+        lo = max(st.r_lb, st.config.min_replicas) - 1  # counts <= lo fail
+        r = max(st.r_lb, min(st.r_est, cap))
+        hi: Probe | None = None
+        best_fail: Probe | None = None
+
+        def fails(p: Probe) -> None:
+            nonlocal best_fail
+            if best_fail is None or p.attainment >= best_fail.attainment:
+                best_fail = p
+
+        while hi is None:  # grow geometrically to the first count that passes
+            p = self.probe(st, r)
+            if p.passed:
+                hi = p
+                break
+            fails(p)
+            lo = r
+            if r >= cap:
+                return None, best_fail
+            r = min(cap, max(r + 1, math.ceil(1.5 * r)))
+        while True:
+            while hi.replicas - lo > 1:  # bisect (lo, hi]
+                p = self.probe(st, (hi.replicas + lo) // 2)
+                if p.passed:
+                    hi = p
+                else:
+                    fails(p)
+                    lo = p.replicas
+            below = hi.replicas - 1
+            if below < st.config.min_replicas or below in st.probes:
+                return hi, best_fail
+            p = self.probe(st, below)  # R_lb is approximate: confirm the neighbour
+            if not p.passed:
+                fails(p)
+                return hi, best_fail
+            hi, lo = p, st.config.min_replicas - 1
+
+    # --- driver ------------------------------------------------------------------------
+    def _kth_cost(self) -> float:
+        costs = {d.config.shape(d.replicas): d.usd_per_hour for d in self.result.deployments}
+        if len(costs) < self.top:
+            return math.inf
+        return sorted(costs.values())[self.top - 1]
+
+    def run(self) -> PlanResult:
+        t0 = time.perf_counter()
+        res = self.result
+        configs = self.configs()
+        res.configs_evaluated = len(configs)
+        # (lower bound on $/hour, level 0: fewest replicas / 1: R_lb, order, state)
+        heap: list[tuple[float, int, int, _State]] = []
+        for i, c in enumerate(configs):
+            heapq.heappush(heap, (c.min_replicas * c.tp * self.prices[c.gpu], 0, i, _State(c)))
+        pruned: list[str] = []
+        skipped: dict[tuple[str, int, str], list[str]] = {}  # (gpu, tp, why) -> configs
+        while heap:
+            bound, level, i, st = heapq.heappop(heap)
+            c = st.config
+            price = self.prices[c.gpu]
+            if bound > self._kth_cost() + 1e-9:
+                pruned.append(c.label)
+                continue
+            if level == 0:
+                why = self._prepare(st)
+                if why is not None:
+                    res.configs_skipped += 1
+                    skipped.setdefault((c.gpu, c.tp, why), []).append(c.label)
+                    continue
+                idle = self.idle_attainment(st)
+                if idle < self.slo.attainment:
+                    res.configs_infeasible += 1
+                    res.notes.append(
+                        f"{c.label}: infeasible: only {idle:.1%} of requests meet the SLO even "
+                        f"alone on an idle replica (need {self.slo.attainment:.1%})"
+                    )
+                    self._note_best(idle, f"{c.label} (idle replica)")
+                    continue
+                st.r_lb, st.r_est = self.replica_bounds(st)
+                heapq.heappush(heap, (st.r_lb * c.tp * price, 1, i, st))
+                continue
+            if st.r_lb > self.space.max_replicas:
+                res.configs_infeasible += 1
+                res.notes.append(
+                    f"{c.label}: infeasible: the work bound needs {st.r_lb} replicas "
+                    f"(--max-replicas {self.space.max_replicas})"
+                )
+                if res.fewest_over_cap is None or st.r_lb < res.fewest_over_cap[0]:
+                    res.fewest_over_cap = (st.r_lb, c.label)
+                continue
+            kth = self._kth_cost()
+            cap = self.space.max_replicas
+            if math.isfinite(kth):
+                cap = min(cap, int(math.floor((kth + 1e-9) / (c.tp * price))))
+            if st.r_lb > cap:
+                pruned.append(c.label)
+                continue
+            res.configs_simulated += 1
+            passed, best_fail = self.search_replicas(st, cap)
+            if passed is None:
+                assert best_fail is not None
+                self._note_best(
+                    best_fail.attainment,
+                    f"{c.label} x{best_fail.replicas}",
+                    upper=best_fail.stopped_early,
+                )
+                if cap < self.space.max_replicas:
+                    pruned.append(c.label)
+                else:
+                    res.configs_infeasible += 1
+                    res.notes.append(
+                        f"{c.label}: infeasible: {best_fail.attainment:.1%} of requests meet the "
+                        f"SLO with {cap} replicas (--max-replicas)"
+                    )
+                continue
+            fewer = st.probes.get(passed.replicas - 1)
+            res.deployments.append(Deployment(c, passed.replicas, price, passed, fewer))
+        for (gpu, tp, why), labels in skipped.items():
+            n = len(labels)
+            res.notes.insert(0, f"{gpu} tp={tp}: skipped ({n} config{'s' * (n > 1)}): {why}")
+        res.configs_pruned = len(pruned)
+        if pruned:
+            more = f" and {len(pruned) - 8} more" if len(pruned) > 8 else ""
+            res.notes.append(
+                f"{len(pruned)} configs pruned, their cost bound above the top {self.top}: "
+                f"{', '.join(pruned[:8])}{more}"
+            )
+        res.configs_feasible = len(res.deployments)
+        res.deployments.sort(key=Deployment.sort_key)
+        seen: set[tuple] = set()
+        unique = []
+        for d in res.deployments:  # one entry per simulated shape (P:D ratios can coincide)
+            shape = d.config.shape(d.replicas)
+            if shape not in seen:
+                seen.add(shape)
+                unique.append(d)
+        res.deployments = unique[: self.top]
+        res.search_seconds = time.perf_counter() - t0
+        return res
+
+    def _note_best(self, attainment: float, where: str, upper: bool = False) -> None:
+        best = self.result.best_infeasible
+        if best is None or attainment > best[0]:
+            self.result.best_infeasible = (attainment, where, upper)
+
+
+def plan_deployments(
+    model: ModelConfig | str,
+    workload: Workload,
+    slo: SLO,
+    space: PlanSpace | None = None,
+    *,
+    top: int = 5,
+) -> PlanResult:
+    """Search ``space`` for the cheapest deployments meeting ``slo`` under ``workload``.
+
+    Raises :class:`PlanError` (one line) when no deployment meets the SLO."""
+    planner = Planner(model, space or PlanSpace(), slo, workload, top)
+    result = planner.run()
+    if not result.deployments:
+        if result.configs_skipped == result.configs_evaluated:
+            raise PlanError(f"{result.model} fits none of the configs searched: {result.notes[0]}")
+        best, over = result.best_infeasible, result.fewest_over_cap
+        if best is not None:
+            at_most = "at most " if best[2] else ""
+            why = f"; best: {at_most}{best[0]:.1%} of requests, on {best[1]}"
+        elif over is not None:
+            why = f"; the work bound needs {over[0]} replicas of {over[1]}"
+        else:
+            why = ""
+        raise PlanError(
+            f"no deployment meets the SLO ({_slo_text(slo)}) at {workload.qps:g} qps within "
+            f"{planner.space.max_replicas} replicas{why}; allowed: looser SLOs, a lower "
+            "--attainment, more --max-replicas, other --gpus-types/--tp"
+        )
+    return result
+
+
+def _slo_text(slo: SLO) -> str:
+    parts = [
+        f"{name} <= {v:g} s"
+        for name, v in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("E2E", slo.e2e_s))
+        if v is not None
+    ]
+    return f"{' and '.join(parts)} for {slo.attainment:.0%} of requests"
+
+
+__all__ = [
+    "DEFAULT_GPUS",
+    "SLO",
+    "Config",
+    "Deployment",
+    "PlanError",
+    "PlanResult",
+    "PlanSpace",
+    "Planner",
+    "Probe",
+    "Workload",
+    "gpu_price",
+    "plan_deployments",
+    "planner_step_model",
+    "price_table",
+]

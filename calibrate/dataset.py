@@ -27,7 +27,7 @@ from costmodels.features import op_class
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, OpError, normalise_frame
 
 OP_COLUMNS = (*CSV_COLUMNS, *EXTRA_COLUMNS)
-NON_OP_SUITES = {"power"}
+NON_OP_SUITES = {"power", "sparse_gemm"}  # sparse_gemm: fitted by costmodels.sparse_gemm
 
 
 class DatasetError(ValueError):

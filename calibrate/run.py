@@ -39,6 +39,7 @@ WEIGHTS = {
     "elementwise": 0.08,
     "power": 0.10,
     "collectives": 1.0,
+    "sparse_gemm": 0.15,
 }
 
 

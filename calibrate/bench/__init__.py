@@ -9,6 +9,16 @@ installed: modules here import only the standard library, torch, triton and nump
 Entry point: ``python3 -m calibrate.run --suite all --out DIR``.
 """
 
-SUITES = ("gemm", "attention", "decode", "blocksparse", "elementwise", "power", "collectives")
-# `--suite all` runs every single-GPU suite; collectives need several GPUs.
+SUITES = (
+    "gemm",
+    "attention",
+    "decode",
+    "blocksparse",
+    "elementwise",
+    "power",
+    "collectives",
+    "sparse_gemm",
+)
+# `--suite all` runs every single-GPU suite; collectives need several GPUs; sparse_gemm
+# (2:4 and CATS sparse GEMMs) runs only when named.
 SINGLE_GPU_SUITES = ("gemm", "attention", "decode", "blocksparse", "elementwise", "power")

@@ -1,0 +1,570 @@
+"""Sparse-weight GEMMs: 2:4 structured, unstructured (Flash-LLM) and CATS activation sparsity.
+
+C[m,n] = X[m,k] . W[n,k]^T (nn.Linear: m tokens, n outputs, k inputs), ``batch``
+independent products, with the weight W sparse. ``sparsity`` is one of:
+
+- ``"2:4"``: two of every four consecutive k elements kept, on sparse tensor cores
+  (cuSPARSELt). The main loop runs the dense kernel's tiles over k / ``sparse_speedup``
+  (the spec's sparse rate; 2 on Ampere and later) at a fitted fraction of the dense
+  model's efficiency; HBM traffic is the kept values plus 2 bits of metadata per kept
+  value (cuSPARSELt's compressed layout), and the activations are padded to a multiple
+  of 8 rows (torch's ``to_sparse_semi_structured`` path). ``call_floor_s`` is what torch
+  2.11's eager ``_cslt_sparse_mm`` costs per call whatever the shape: it rebuilds the
+  cuSPARSELt descriptors and plan on every call (pytorch/pytorch#153825; plans are cached
+  from pytorch PR 179642 on) and the kernel hides under that host time until it is longer.
+  Set it to 0 for a plan-caching torch or a CUDA-graph replay.
+- ``"unstructured:S"`` (S = fraction of zero weights): Flash-LLM's "load as sparse,
+  compute as dense" (Xia et al. 2023, VLDB 2024): nonzeros are stored in Tiled-CSL (each
+  a 16-bit value and a 16-bit in-tile location, plus one offset per 64x64 tile), loaded
+  from HBM and expanded into dense tiles in shared memory, where the tensor cores run the
+  *dense* work. So memory-bound GEMMs (decode) gain by the weight bytes saved, minus the
+  index overhead (no gain below 50% sparsity in 16-bit), and compute-bound ones gain
+  nothing (slightly lose to the extraction). Analytical only: no Flash-LLM kernel is
+  measured here (torch has none); its two efficiencies are assumptions from the paper.
+- ``"cats:F"`` (F = fraction of MLP neurons active per token; CATS, Lee et al. 2024):
+  the up/gate rows and down columns of inactive neurons are not read. A decode batch of
+  m tokens reads the union of its tokens' active sets, ``1 - (1-F)^m`` of the neurons for
+  independent tokens (pessimistic: real activations correlate), rounded up to 8 neurons.
+  The neurons index the MLP's intermediate dimension, the larger of n and k (n for the
+  up projection, k for the down one). ``cats_kernel="fused"`` (default) prices a kernel
+  that reads only the active rows (measured as a dense GEMM on pre-gathered rows);
+  ``"gather"`` adds the ``index_select`` copy that plain torch code makes (measured).
+  The dense gate projection and the threshold are separate ops, not priced here.
+- ``"dense"``: the dense GEMM model itself.
+
+``Work.flops`` counts the multiply-adds on kept weights (2:4: half the dense count);
+``Work.bytes`` the HBM traffic including indices and metadata.
+
+Parameters with provenance are in ``data/sparse_gemm.yaml``; :func:`fit` refits them
+on a ``calibrate.run --suite sparse_gemm`` CSV with families held out:
+
+    python3 -m costmodels.sparse_gemm fit calibrate/data/h100-sxm/sparse_gemm.csv
+
+numpy only (and the project's pydantic/yaml parameter loading); no torch, no simcli.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from costmodels.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype, cdiv, peak_flops
+from costmodels.gemm import SPLIT_FACTORS, gemm_work, row_alignment
+from costmodels.params import GemmParams, arch_params, deep_merge
+from hardware_specs.schema import GpuSpec
+
+SPARSITY_KINDS = ("dense", "2:4", "unstructured", "cats")
+# held-out split of the measured rows: every family of these models
+HELD_OUT_PREFIXES = ("qwen2.5-7b/",)
+
+
+class _P(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SemiStructuredParams(_P):
+    source: str
+    metadata_bits_per_kept: float = Field(
+        ge=0, description="index bits stored per kept value (2:4: 2 bits pick 2 of 4)"
+    )
+    compute_efficiency: float = Field(
+        gt=0,
+        le=1,
+        description="sparse main loop's rate relative to the dense model's tiles over "
+        "k / sparse_speedup (fitted)",
+    )
+    memory_efficiency_factor: float = Field(
+        gt=0, le=1, description="HBM efficiency relative to the dense GEMM's"
+    )
+    call_floor_s: float = Field(
+        ge=0, description="per-call time floor of the library path (host-side plan setup)"
+    )
+    dense_row_multiple: int = Field(ge=1, description="activation rows are padded to this")
+
+
+class UnstructuredParams(_P):
+    source: str
+    index_bytes: float = Field(ge=0, description="location bytes stored per nonzero")
+    tile_elements: int = Field(gt=0, description="weight elements per sparse tile")
+    tile_offset_bytes: float = Field(ge=0, description="offset bytes per tile")
+    compute_efficiency: float = Field(
+        gt=0, le=1, description="tensor-core rate relative to the dense kernel (extraction)"
+    )
+    load_efficiency: float = Field(
+        gt=0, le=1, description="HBM efficiency of the sparse loads relative to the dense GEMM's"
+    )
+
+
+class CatsParams(_P):
+    source: str
+    row_multiple: int = Field(ge=1, description="active neurons read, rounded up to this")
+    index_bytes: float = Field(ge=0, description="bytes of index per active neuron")
+    gather_memory_efficiency: float = Field(
+        gt=0, le=1, description="fraction of HBM peak of the index_select copy (fitted)"
+    )
+    gather_launch_s: float = Field(ge=0, description="fixed cost of the gathers (fitted)")
+
+
+class SparseGemmParams(_P):
+    source: str
+    semi_structured: SemiStructuredParams
+    unstructured: UnstructuredParams
+    cats: CatsParams
+    fit: dict[str, Any] = Field(
+        default_factory=dict, description="provenance: dataset, split, held-out fidelity"
+    )
+
+
+@lru_cache(maxsize=1)
+def _raw() -> dict[str, Any]:
+    path = Path(str(resources.files("costmodels") / "data" / "sparse_gemm.yaml"))
+    return yaml.safe_load(path.read_text())
+
+
+def sparse_params(architecture: str, overrides: dict[str, Any] | None = None) -> SparseGemmParams:
+    """Parameters for an architecture: the shared (Hopper-fitted) base, its entries,
+    then ``overrides``."""
+    raw = _raw()
+    archs = raw["architectures"]
+    if architecture not in archs:
+        raise ValueError(
+            f"no sparse GEMM parameters for architecture {architecture!r}; "
+            f"known: {', '.join(sorted(archs))}"
+        )
+    merged = deep_merge(raw["base"], archs[architecture] or {})
+    if overrides:
+        merged = deep_merge(merged, overrides)
+    try:
+        return SparseGemmParams.model_validate(merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ValueError(f"sparse GEMM parameters for {architecture}: {loc}: {err['msg']}") from exc
+
+
+def dense_gemm_params(gpu: GpuSpec) -> GemmParams:
+    """The dense GEMM parameters the sparse models build on: the shipped calibration
+    profile of this GPU (or of one of its architecture), else the architecture defaults."""
+    from costmodels.select import shipped_profiles
+
+    profiles = [p for p in shipped_profiles() if p.scope == "gpu"]
+    own = [p for p in profiles if p.gpu == gpu.id]
+    if own:
+        return arch_params(gpu.architecture, own[0].params).gemm
+    from hardware_specs.registry import builtin_catalog
+
+    gpus = builtin_catalog().gpus
+    same = [p for p in profiles if p.gpu in gpus and gpus[p.gpu].architecture == gpu.architecture]
+    return arch_params(gpu.architecture, same[0].params if same else None).gemm
+
+
+def parse_sparsity(text: str) -> tuple[str, float]:
+    """``"2:4"`` -> ("2:4", 0.5); ``"unstructured:0.8"`` -> ("unstructured", 0.8);
+    ``"cats:0.3"`` -> ("cats", 0.3); ``"dense"`` -> ("dense", 1.0)."""
+    t = str(text).strip().lower()
+    if t in ("dense", ""):
+        return "dense", 1.0
+    if t == "2:4":
+        return "2:4", 0.5
+    kind, _, value = t.partition(":")
+    try:
+        v = float(value)
+    except ValueError:
+        v = math.nan
+    if kind == "unstructured" and 0.0 <= v < 1.0:
+        return kind, v
+    if kind == "cats" and 0.0 < v <= 1.0:
+        return kind, v
+    raise ValueError(
+        f"sparsity {text!r} not understood; allowed: dense, 2:4, unstructured:S with "
+        "0 <= S < 1 (fraction of zero weights), cats:F with 0 < F <= 1 (active fraction)"
+    )
+
+
+def cats_rows_read(neurons: np.ndarray, active: float, tokens: np.ndarray, multiple: int = 8):
+    """Neurons a batch of ``tokens`` reads: the union of independent per-token active
+    sets of fraction ``active``, rounded up to ``multiple`` (as the benchmark does)."""
+    neurons = np.asarray(neurons, dtype=float)
+    union = 1.0 - (1.0 - active) ** np.asarray(tokens, dtype=float)
+    rows = multiple * np.ceil(neurons * union / multiple)
+    return np.minimum(neurons, np.maximum(multiple, rows))
+
+
+def _compute_only_s(m, n, k, batch, dtype, gpu: GpuSpec, dense: GemmParams) -> np.ndarray:
+    """The dense kernel's tile/wave time (split-K partial sums included) without the launch
+    and the operands' HBM floor: the loop of :func:`costmodels.gemm.gemm_work`, which
+    returns ``launch_s + max(this, operand bytes / HBM)`` (a test checks they agree)."""
+    m, n, k, batch = (np.asarray(x, dtype=float) for x in (m, n, k, batch))
+    in_b = by_dtype(dtype, ELEMENT_BYTES, "GEMM")
+    eff = by_dtype(dtype, {str(d): v for d, v in dense.mma_efficiency.items()}, "GEMM efficiency")
+    align = np.minimum(row_alignment(k * in_b), row_alignment(n * in_b))
+    factor = np.ones(len(align))
+    for elt_bytes, table in dense.misaligned_efficiency.items():
+        for bytes_, f in table.items():
+            factor[(in_b == elt_bytes) & (align == bytes_)] = f
+    eff = np.where(dtype == "fp32", eff, eff * factor)
+    sm = float(gpu.sm_count)
+    sm_rate = peak_flops(dtype, gpu) * eff / sm
+    feed_per_sm = dense.operand_feed_bytes_per_s / sm
+    hbm = gpu.hbm_bytes_per_s * dense.memory_efficiency
+    best = np.full(m.shape, np.inf)
+    for tm, tn in dense.tiles:
+        tile_rate = np.minimum(sm_rate, feed_per_sm * 2.0 * tm * tn / ((tm + tn) * in_b))
+        tiles = cdiv(m, tm) * cdiv(n, tn) * batch
+        for split in SPLIT_FACTORS:
+            if split > dense.max_split_k:
+                break
+            waves = cdiv(tiles * split, sm)
+            k_per = cdiv(k, split)
+            t = waves * (
+                2.0 * tm * tn * (k_per + dense.k_overhead) / tile_rate + dense.wave_latency_s
+            )
+            if split > 1:
+                t = t + 2.0 * split * m * n * batch * 4.0 / hbm
+            best = np.minimum(best, t)
+    return best
+
+
+@dataclass(frozen=True)
+class _Rows:
+    m: np.ndarray
+    n: np.ndarray
+    k: np.ndarray
+    batch: np.ndarray
+    dtype: np.ndarray
+
+
+def _rows(m, n, k, batch, dtype) -> _Rows:
+    m, n, k = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (m, n, k))
+    size = len(m)
+    b = np.atleast_1d(np.asarray(1.0 if batch is None else batch, dtype=float))
+    b = np.where(np.isnan(b), 1.0, b) * np.ones(size)
+    d = np.atleast_1d(np.asarray(dtype, dtype=str))
+    d = np.broadcast_to(d, (size,)).copy()
+    return _Rows(m, n, k, b, d)
+
+
+def sparse_gemm_work(
+    m,
+    n,
+    k,
+    batch,
+    dtype,
+    sparsity: str,
+    gpu: GpuSpec,
+    params: SparseGemmParams | None = None,
+    *,
+    dense: GemmParams | None = None,
+    cats_kernel: Literal["fused", "gather"] = "fused",
+) -> Work:
+    """Time, useful FLOPs and HBM bytes of sparse-weight GEMMs (see the module docstring).
+
+    ``params`` defaults to the GPU architecture's entry of ``data/sparse_gemm.yaml``;
+    ``dense`` to :func:`dense_gemm_params`.
+    """
+    kind, value = parse_sparsity(sparsity)
+    p = params if params is not None else sparse_params(gpu.architecture)
+    dp = dense if dense is not None else dense_gemm_params(gpu)
+    r = _rows(m, n, k, batch, dtype)
+    if kind == "dense":
+        return gemm_work(r.m, r.n, r.k, r.batch, r.dtype, gpu, dp)
+    in_b = by_dtype(r.dtype, ELEMENT_BYTES, "sparse GEMM")
+    out_b = by_dtype(r.dtype, GEMM_OUT_BYTES, "sparse GEMM")
+    peak = peak_flops(r.dtype, gpu)
+    hbm = gpu.hbm_bytes_per_s
+    dense_flops = 2.0 * r.m * r.n * r.k * r.batch
+
+    if kind == "2:4":
+        sp = p.semi_structured
+        rows = cdiv(r.m, sp.dense_row_multiple) * sp.dense_row_multiple
+        kept = 0.5 * r.n * r.k * r.batch
+        bytes_ = (
+            r.batch * (rows * r.k * in_b + r.m * r.n * out_b)
+            + kept * in_b
+            + kept * sp.metadata_bits_per_kept / 8.0
+        )
+        flops = 0.5 * dense_flops
+        k_eff = r.k / gpu.sparse_speedup
+        compute = _compute_only_s(rows, r.n, k_eff, r.batch, r.dtype, gpu, dp)
+        compute = compute / sp.compute_efficiency
+        memory = bytes_ / (hbm * dp.memory_efficiency * sp.memory_efficiency_factor)
+        time_s = np.maximum(dp.launch_s + np.maximum(compute, memory), sp.call_floor_s)
+        bound = np.maximum(dense_flops / (peak * gpu.sparse_speedup), bytes_ / hbm)
+        return Work(time_s=np.maximum(time_s, bound), flops=flops, bytes=bytes_)
+
+    if kind == "unstructured":
+        up = p.unstructured
+        nnz = (1.0 - value) * r.n * r.k * r.batch
+        tiles = cdiv(r.n * r.k, up.tile_elements) * r.batch
+        bytes_ = (
+            r.batch * (r.m * r.k * in_b + r.m * r.n * out_b)
+            + nnz * (in_b + up.index_bytes)
+            + tiles * up.tile_offset_bytes
+        )
+        flops = (1.0 - value) * dense_flops
+        compute = _compute_only_s(r.m, r.n, r.k, r.batch, r.dtype, gpu, dp) / up.compute_efficiency
+        memory = bytes_ / (hbm * dp.memory_efficiency * up.load_efficiency)
+        time_s = dp.launch_s + np.maximum(compute, memory)
+        bound = np.maximum(flops / (peak * gpu.sparse_speedup), bytes_ / hbm)
+        return Work(time_s=np.maximum(time_s, bound), flops=flops, bytes=bytes_)
+
+    # cats
+    cp = p.cats
+    neurons_on_n = r.n >= r.k
+    neurons = np.where(neurons_on_n, r.n, r.k)
+    read = cats_rows_read(neurons, value, r.m, cp.row_multiple)
+    n_eff = np.where(neurons_on_n, read, r.n)
+    k_eff = np.where(neurons_on_n, r.k, read)
+    fused = gemm_work(r.m, n_eff, k_eff, r.batch, r.dtype, gpu, dp)
+    idx_bytes = read * cp.index_bytes * r.batch
+    bytes_ = fused.bytes + idx_bytes
+    time_s = fused.time_s + idx_bytes / (hbm * dp.memory_efficiency)
+    if cats_kernel == "gather":
+        w_bytes = n_eff * k_eff * in_b * r.batch  # read and written once more by the copy
+        time_s = time_s + cp.gather_launch_s + 2.0 * w_bytes / (hbm * cp.gather_memory_efficiency)
+        bytes_ = bytes_ + 2.0 * w_bytes
+    elif cats_kernel != "fused":
+        raise ValueError(f"cats_kernel {cats_kernel!r} not understood; allowed: fused, gather")
+    bound = np.maximum(fused.flops / (peak * gpu.sparse_speedup), bytes_ / hbm)
+    return Work(time_s=np.maximum(time_s, bound), flops=fused.flops, bytes=bytes_)
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def read_measured(path: str | Path) -> dict[str, np.ndarray]:
+    """The ``ok`` rows of a sparse_gemm suite CSV as numpy columns."""
+    with Path(path).open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    if not rows:
+        raise ValueError(f"{path}: no rows with status ok")
+    cols: dict[str, np.ndarray] = {}
+    for c in ("m", "n", "k"):
+        cols[c] = np.array([float(r[c]) for r in rows])
+    cols["measured_s"] = np.array([float(r["measured_ms"]) * 1e-3 for r in rows])
+    for c in ("dtype", "pattern", "backend", "family"):
+        cols[c] = np.array([r[c] for r in rows], dtype=str)
+    return cols
+
+
+def held_out_mask(families: np.ndarray, prefixes=HELD_OUT_PREFIXES) -> np.ndarray:
+    return np.array([any(f.startswith(p) for p in prefixes) for f in families], dtype=bool)
+
+
+def _kind_masks(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    pat, be = d["pattern"], d["backend"]
+    cats = np.char.startswith(pat, "cats:")
+    return {
+        "dense": pat == "dense",
+        "2:4": (pat == "2:4") & (be == "cusparselt"),
+        "cats/fused": cats & (be == "compact"),
+        "cats/gather": cats & (be == "gather"),
+    }
+
+
+def predict_measured(
+    d: dict[str, np.ndarray], gpu: GpuSpec, p: SparseGemmParams, dense: GemmParams
+) -> np.ndarray:
+    """Model seconds for every measured row (its pattern and backend)."""
+    pred = np.full(len(d["m"]), np.nan)
+    for name, mask in _kind_masks(d).items():
+        if not mask.any():
+            continue
+        m, n, k, dt, pats = (d[c][mask] for c in ("m", "n", "k", "dtype", "pattern"))
+        kernel = name.split("/")[1] if name.startswith("cats") else "fused"
+        out = np.empty(int(mask.sum()))
+        for pat in np.unique(pats):
+            s = pats == pat
+            w = sparse_gemm_work(
+                m[s], n[s], k[s], None, dt[s], pat, gpu, p, dense=dense, cats_kernel=kernel
+            )
+            out[s] = w.time_s
+        pred[mask] = out
+    return pred
+
+
+def _ape_stats(pred: np.ndarray, meas: np.ndarray) -> dict[str, float]:
+    ape = np.abs(pred / meas - 1.0)
+    return {
+        "rows": int(len(ape)),
+        "mape": round(float(ape.mean()), 4) if len(ape) else math.nan,
+        "p50": round(float(np.median(ape)), 4) if len(ape) else math.nan,
+        "p90": round(float(np.quantile(ape, 0.9)), 4) if len(ape) else math.nan,
+    }
+
+
+def _grid_best(loss: np.ndarray, *axes: np.ndarray) -> tuple[float, ...]:
+    i = np.unravel_index(int(np.argmin(loss)), loss.shape)
+    return tuple(float(ax[j]) for ax, j in zip(axes, i, strict=True))
+
+
+def fit(
+    d: dict[str, np.ndarray],
+    gpu: GpuSpec,
+    base: SparseGemmParams | None = None,
+    dense: GemmParams | None = None,
+    held_out_prefixes=HELD_OUT_PREFIXES,
+) -> tuple[SparseGemmParams, dict[str, Any]]:
+    """Fit the measured parameters on the rows outside the held-out families.
+
+    2:4: ``compute_efficiency`` and ``call_floor_s`` on a grid, minimising the mean
+    |log(predicted / measured)| (robust to the host-noise of floor-bound rows). CATS
+    gather: ``gather_memory_efficiency`` and ``gather_launch_s`` likewise. Returns the
+    fitted parameters and a report (train / held-out error per kind).
+    """
+    p0 = base if base is not None else sparse_params(gpu.architecture)
+    dp = dense if dense is not None else dense_gemm_params(gpu)
+    held = held_out_mask(d["family"], held_out_prefixes)
+    masks = _kind_masks(d)
+    meas = d["measured_s"]
+    hbm = gpu.hbm_bytes_per_s
+    sp = p0.semi_structured
+
+    # --- 2:4: time = max(bound, max(floor, launch + max(C / eff, M)))
+    tr = masks["2:4"] & ~held
+    m, n, k, dt = d["m"][tr], d["n"][tr], d["k"][tr], d["dtype"][tr]
+    one = sp.model_copy(update={"compute_efficiency": 1.0, "call_floor_s": 0.0})
+    p1 = p0.model_copy(update={"semi_structured": one})
+    w1 = sparse_gemm_work(m, n, k, None, dt, "2:4", gpu, p1, dense=dp)
+    rows = cdiv(m, sp.dense_row_multiple) * sp.dense_row_multiple
+    compute1 = _compute_only_s(rows, n, k / gpu.sparse_speedup, np.ones(len(m)), dt, gpu, dp)
+    memory = w1.bytes / (hbm * dp.memory_efficiency * sp.memory_efficiency_factor)
+    bound = np.maximum(2 * m * n * k / (peak_flops(dt, gpu) * gpu.sparse_speedup), w1.bytes / hbm)
+    effs = np.round(np.arange(0.30, 1.0001, 0.005), 4)
+    floors = np.round(np.arange(0.0, 1.5e-3 + 1e-12, 5e-6), 9)
+    kern = dp.launch_s + np.maximum(compute1[None, :] / effs[:, None], memory[None, :])
+    t = np.maximum(np.maximum(kern[:, None, :], floors[None, :, None]), bound)
+    loss = np.abs(np.log(t / meas[tr])).mean(axis=-1)
+    eff, floor = _grid_best(loss, effs, floors)
+
+    # --- CATS gather: fused + launch + 2 w / (hbm eff)
+    cp = p0.cats
+    gtr = masks["cats/gather"] & ~held
+    sub = {c: v[gtr] for c, v in d.items()}
+    c0 = cp.model_copy(update={"gather_launch_s": 0.0, "gather_memory_efficiency": 1.0})
+    pc = p0.model_copy(update={"cats": c0})
+    fused = predict_measured({**sub, "backend": np.full(gtr.sum(), "compact")}, gpu, pc, dp)
+    g1 = predict_measured(sub, gpu, pc, dp)
+    copy1 = g1 - fused  # 2 w / hbm at efficiency 1
+    geffs = np.round(np.arange(0.20, 1.0001, 0.005), 4)
+    glaunch = np.round(np.arange(0.0, 40e-6 + 1e-12, 0.5e-6), 9)
+    tg = fused[None, None, :] + glaunch[None, :, None] + copy1[None, None, :] / geffs[:, None, None]
+    gloss = np.abs(np.log(tg / meas[gtr])).mean(axis=-1)
+    geff, gl = _grid_best(gloss, geffs, glaunch)
+
+    fitted = p0.model_copy(
+        update={
+            "semi_structured": sp.model_copy(
+                update={"compute_efficiency": eff, "call_floor_s": floor}
+            ),
+            "cats": cp.model_copy(update={"gather_memory_efficiency": geff, "gather_launch_s": gl}),
+        }
+    )
+    return fitted, report(d, gpu, fitted, dp, held_out_prefixes)
+
+
+def report(
+    d: dict[str, np.ndarray],
+    gpu: GpuSpec,
+    p: SparseGemmParams,
+    dense: GemmParams | None = None,
+    held_out_prefixes=HELD_OUT_PREFIXES,
+) -> dict[str, Any]:
+    """Train / held-out error per kind, and the 2:4 speedup over dense by token count
+    (measured, and predicted with and without the per-call floor)."""
+    dp = dense if dense is not None else dense_gemm_params(gpu)
+    held = held_out_mask(d["family"], held_out_prefixes)
+    pred = predict_measured(d, gpu, p, dp)
+    out: dict[str, Any] = {"held_out_families": [f"{x}*" for x in held_out_prefixes]}
+    for name, mask in _kind_masks(d).items():
+        out[name] = {
+            "train": _ape_stats(pred[mask & ~held], d["measured_s"][mask & ~held]),
+            "held_out": _ape_stats(pred[mask & held], d["measured_s"][mask & held]),
+        }
+    out["speedup_2:4"] = speedup_table(d, gpu, p, dp)
+    return out
+
+
+def speedup_table(
+    d: dict[str, np.ndarray], gpu: GpuSpec, p: SparseGemmParams, dense: GemmParams
+) -> dict[int, dict[str, float]]:
+    """Median over layer shapes (bf16, cuSPARSELt) of dense / 2:4 time, per token count."""
+    key = {
+        (dt, mm, nn, kk): t
+        for dt, mm, nn, kk, t, pat in zip(
+            d["dtype"], d["m"], d["n"], d["k"], d["measured_s"], d["pattern"], strict=True
+        )
+        if pat == "dense"
+    }
+    sel = _kind_masks(d)["2:4"] & (d["dtype"] == "bf16") & (d["family"] != "square")
+    no_floor = p.model_copy(
+        update={"semi_structured": p.semi_structured.model_copy(update={"call_floor_s": 0.0})}
+    )
+    table: dict[int, dict[str, float]] = {}
+    for mm in np.unique(d["m"][sel]):
+        s = sel & (d["m"] == mm)
+        cols = zip(d["dtype"][s], d["n"][s], d["k"][s], d["measured_s"][s], strict=True)
+        pairs = [(key[(dt, mm, nn, kk)], t) for dt, nn, kk, t in cols if (dt, mm, nn, kk) in key]
+        if not pairs:
+            continue
+        args = (np.full(int(s.sum()), mm), d["n"][s], d["k"][s], None, "bf16")
+        dn = sparse_gemm_work(*args, "dense", gpu, p, dense=dense).time_s
+        sw = sparse_gemm_work(*args, "2:4", gpu, p, dense=dense).time_s
+        sk = sparse_gemm_work(*args, "2:4", gpu, no_floor, dense=dense).time_s
+        ratios = [a / b for a, b in pairs]
+        table[int(mm)] = {
+            "measured": round(float(np.median(ratios)), 3),
+            "measured_max": round(float(np.max(ratios)), 3),
+            "model": round(float(np.median(dn / sw)), 3),
+            "model_kernel_only": round(float(np.median(dn / sk)), 3),
+            "shapes": len(pairs),
+        }
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m costmodels.sparse_gemm")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fit", help="refit on a sparse_gemm CSV and print held-out error")
+    f.add_argument("csv")
+    f.add_argument("--gpu", default="h100-sxm")
+    e = sub.add_parser("eval", help="held-out error of the shipped parameters on a CSV")
+    e.add_argument("csv")
+    e.add_argument("--gpu", default="h100-sxm")
+    args = ap.parse_args(argv)
+    from hardware_specs.registry import builtin_catalog
+
+    gpus = builtin_catalog().gpus
+    if args.gpu not in gpus:
+        print(f"unknown --gpu {args.gpu!r}; known: {', '.join(sorted(gpus))}", file=sys.stderr)
+        return 2
+    gpu = gpus[args.gpu]
+    d = read_measured(args.csv)
+    if args.cmd == "fit":
+        p, rep = fit(d, gpu)
+        semi = ("compute_efficiency", "call_floor_s")
+        cats = ("gather_memory_efficiency", "gather_launch_s")
+        fitted = {
+            "semi_structured": {k: getattr(p.semi_structured, k) for k in semi},
+            "cats": {k: getattr(p.cats, k) for k in cats},
+        }
+        print(yaml.safe_dump(fitted, sort_keys=False))
+    else:
+        rep = report(d, gpu, sparse_params(gpu.architecture))
+    print(yaml.safe_dump(rep, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

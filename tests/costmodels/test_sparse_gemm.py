@@ -1,0 +1,245 @@
+"""Sparse-weight GEMM models: 2:4, unstructured (Flash-LLM), CATS; fitted on H100 rows."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodels import sparse_gemm as S
+from costmodels.common import peak_flops
+from hardware_specs.registry import builtin_catalog
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "calibrate" / "data" / "h100-sxm" / "sparse_gemm.csv"
+
+# (m, n, k) of LLM layers (n, k) at decode to prefill token counts, plus squares
+LAYERS = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1280, 8192), (57344, 8192)]
+TOKENS = [1, 2, 4, 8, 16, 64, 256, 1024, 4096, 16384]
+
+
+def _grid():
+    m = np.array([t for _ in LAYERS for t in TOKENS] + [512, 2048, 8192], dtype=float)
+    n = np.array([nk[0] for nk in LAYERS for _ in TOKENS] + [512, 2048, 8192], dtype=float)
+    k = np.array([nk[1] for nk in LAYERS for _ in TOKENS] + [512, 2048, 8192], dtype=float)
+    return m, n, k
+
+
+@pytest.fixture(scope="module")
+def gpus():
+    return builtin_catalog().gpus
+
+
+@pytest.fixture(scope="module")
+def h100(gpus):
+    return gpus["h100-sxm"]
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return S.read_measured(DATA)
+
+
+@pytest.mark.parametrize("gpu_id", ["h100-sxm", "a100-sxm-80gb", "h200-sxm", "b200"])
+@pytest.mark.parametrize(
+    "sparsity", ["2:4", "unstructured:0.5", "unstructured:0.9", "cats:0.1", "cats:0.5"]
+)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_never_faster_than_the_spec_sparse_bound(gpus, gpu_id, sparsity, dtype) -> None:
+    if gpu_id not in gpus:
+        pytest.skip(f"{gpu_id} not in the catalog")
+    gpu = gpus[gpu_id]
+    m, n, k = _grid()
+    for kernel in ("fused", "gather"):
+        w = S.sparse_gemm_work(m, n, k, None, dtype, sparsity, gpu, cats_kernel=kernel)
+        assert np.all(np.isfinite(w.time_s)) and np.all(w.time_s > 0)
+        peak = peak_flops(np.full(len(m), dtype), gpu)
+        sparse_rate = peak * gpu.sparse_speedup
+        assert np.all(w.time_s >= w.flops / sparse_rate * (1 - 1e-9))
+        assert np.all(w.time_s >= w.bytes / gpu.hbm_bytes_per_s * (1 - 1e-9))
+        if sparsity == "2:4":
+            # the spec's sparse rate counts dense-equivalent FLOPs
+            assert np.all(w.time_s >= 2 * m * n * k / sparse_rate * (1 - 1e-9))
+            assert np.allclose(w.flops, m * n * k)
+
+
+def test_2_4_bytes_are_half_the_weights_plus_metadata(h100) -> None:
+    n, k = 4096.0, 4096.0
+    w = S.sparse_gemm_work(8, n, k, None, "bf16", "2:4", h100)
+    # 8 x k activations, n x k / 2 bf16 values, 2 bits per kept value, 8 x n outputs
+    want = 8 * k * 2 + n * k / 2 * 2 + n * k / 2 * 2 / 8 + 8 * n * 2
+    assert w.bytes[0] == pytest.approx(want)
+
+
+def test_2_4_faster_than_dense_only_where_compute_bound_as_measured(h100, measured) -> None:
+    d = measured
+    dense = {
+        (dt, m, n, k): t
+        for dt, m, n, k, t, pat in zip(
+            d["dtype"], d["m"], d["n"], d["k"], d["measured_s"], d["pattern"], strict=True
+        )
+        if pat == "dense"
+    }
+    sel = (d["pattern"] == "2:4") & (d["backend"] == "cusparselt")
+    m, n, k, dt, t = (d[c][sel] for c in ("m", "n", "k", "dtype", "measured_s"))
+    td = np.array([dense[key] for key in zip(dt, m, n, k, strict=True)])
+    faster = t < td
+    # measured: 2:4 wins only at >= 1024 tokens, and does win on big layers there
+    assert faster.any() and m[faster].min() >= 1024
+    # the model agrees on the direction for nearly every measured pair
+    ps = S.sparse_gemm_work(m, n, k, None, dt, "2:4", h100).time_s
+    pd = S.sparse_gemm_work(m, n, k, None, dt, "dense", h100).time_s
+    assert np.mean((ps < pd) == faster) >= 0.95
+    # and predicts a win only where the dense GEMM is compute-bound-ish
+    intensity = 2 * m * n * k / (2 * (m * k + n * k + m * n))
+    ridge = h100.peak_flops_per_s("bf16") / h100.hbm_bytes_per_s
+    assert np.all(intensity[ps < pd] >= ridge / 2)
+
+
+def test_2_4_kernel_alone_gains_at_most_the_byte_ratio_when_memory_bound(h100) -> None:
+    p = S.sparse_params("hopper")
+    no_floor = p.model_copy(
+        update={"semi_structured": p.semi_structured.model_copy(update={"call_floor_s": 0.0})}
+    )
+    m = np.array([1.0, 4, 16])
+    n, k = np.full(3, 28672.0), np.full(3, 4096.0)
+    dense = S.sparse_gemm_work(m, n, k, None, "bf16", "dense", h100).time_s
+    sparse = S.sparse_gemm_work(m, n, k, None, "bf16", "2:4", h100, no_floor).time_s
+    assert np.all(dense / sparse > 1.2)
+    assert np.all(dense / sparse <= 1 / (0.5 + 0.5 / 8) + 1e-6)  # 2 bytes -> 1 + 1/8
+
+
+@pytest.mark.parametrize("s", [0.5, 0.7, 0.8, 0.9])
+@pytest.mark.parametrize("nk", LAYERS)
+def test_unstructured_gains_shrink_as_m_grows(h100, s, nk) -> None:
+    m = np.array(TOKENS, dtype=float)
+    n, k = np.full(len(m), nk[0], dtype=float), np.full(len(m), nk[1], dtype=float)
+    dense = S.sparse_gemm_work(m, n, k, None, "bf16", "dense", h100).time_s
+    sparse = S.sparse_gemm_work(m, n, k, None, "bf16", f"unstructured:{s}", h100).time_s
+    gain = dense / sparse
+    # what is gained (speedup above 1) never grows with m (2% slack for wave quantisation)
+    won = np.maximum(gain, 1.0)
+    assert np.all(np.diff(won) <= 1e-9 + 0.02 * won[:-1])
+    assert gain[-1] <= 1.0  # compute-bound: no gain
+    if s >= 0.7:
+        assert gain[0] > (1.2 if s >= 0.8 else 1.1)  # decode: weight bytes shrink
+    if s == 0.5:
+        assert np.all(gain <= 1.0)  # 16-bit location per 16-bit value: nothing saved
+
+
+@pytest.mark.parametrize("kernel", ["fused", "gather"])
+@pytest.mark.parametrize("tokens", [1, 2, 4, 16, 64])
+def test_cats_cost_monotone_in_active_fraction(h100, kernel, tokens) -> None:
+    for n, k in [(14336, 4096), (4096, 14336), (3584, 8192), (8192, 3584)]:
+        times = [
+            S.sparse_gemm_work(
+                tokens, n, k, None, "bf16", f"cats:{f}", h100, cats_kernel=kernel
+            ).time_s[0]
+            for f in np.linspace(0.02, 1.0, 50)
+        ]
+        assert np.all(np.diff(times) >= -1e-12)
+
+
+def test_cats_gains_at_batch_one_and_vanish_with_batch(h100) -> None:
+    n, k = 14336, 4096
+    dense = S.sparse_gemm_work(1, n, k, None, "bf16", "dense", h100).time_s[0]
+    fused = S.sparse_gemm_work(1, n, k, None, "bf16", "cats:0.3", h100).time_s[0]
+    assert 2.0 < dense / fused < 1 / 0.3 + 1e-6
+    d64 = S.sparse_gemm_work(64, n, k, None, "bf16", "dense", h100).time_s[0]
+    f64 = S.sparse_gemm_work(64, n, k, None, "bf16", "cats:0.3", h100).time_s[0]
+    assert f64 >= d64  # the union of 64 tokens' neurons is all of them
+    # the gather copy makes plain torch lose unless few neurons are active
+    g = S.sparse_gemm_work(1, n, k, None, "bf16", "cats:0.7", h100, cats_kernel="gather")
+    assert g.time_s[0] > dense
+
+
+def test_held_out_mape_bound(h100, measured) -> None:
+    """``python3 -m costmodels.sparse_gemm eval calibrate/data/h100-sxm/sparse_gemm.csv``."""
+    rep = S.report(measured, h100, S.sparse_params("hopper"))
+    assert rep["2:4"]["held_out"]["rows"] >= 30
+    assert rep["2:4"]["held_out"]["mape"] < 0.25
+    assert rep["cats/fused"]["held_out"]["mape"] < 0.10
+    assert rep["cats/gather"]["held_out"]["mape"] < 0.10
+    assert rep["dense"]["held_out"]["mape"] < 0.10
+    # the 2:4 speedup at large token counts is reproduced
+    big = rep["speedup_2:4"][16384]
+    assert abs(big["model"] / big["measured"] - 1) < 0.1
+
+
+def test_shipped_parameters_are_the_fit(h100, measured) -> None:
+    fitted, rep = S.fit(measured, h100)
+    shipped = S.sparse_params("hopper")
+    ss, fs = shipped.semi_structured, fitted.semi_structured
+    assert fs.compute_efficiency == pytest.approx(ss.compute_efficiency, abs=1e-9)
+    assert fs.call_floor_s == pytest.approx(ss.call_floor_s, abs=1e-9)
+    assert fitted.cats.gather_memory_efficiency == pytest.approx(
+        shipped.cats.gather_memory_efficiency, abs=1e-9
+    )
+    assert fitted.cats.gather_launch_s == pytest.approx(shipped.cats.gather_launch_s, abs=1e-12)
+    recorded = shipped.fit["held_out"]["2:4"]["mape"]
+    assert rep["2:4"]["held_out"]["mape"] == pytest.approx(recorded, abs=1e-3)
+
+
+def test_held_out_split_is_by_family(measured) -> None:
+    held = S.held_out_mask(measured["family"])
+    assert held.any() and (~held).any()
+    assert {f.split("/")[0] for f in measured["family"][held]} == {"qwen2.5-7b"}
+
+
+def test_scalar_and_vector_agree(h100) -> None:
+    for sp in ("2:4", "unstructured:0.8", "cats:0.4", "dense"):
+        v = S.sparse_gemm_work([1, 64, 4096], [4096] * 3, [14336] * 3, None, "bf16", sp, h100)
+        for i, m in enumerate((1, 64, 4096)):
+            s = S.sparse_gemm_work(m, 4096, 14336, None, "bf16", sp, h100)
+            assert s.time_s[0] == pytest.approx(v.time_s[i])
+
+
+@pytest.mark.parametrize(
+    "bad", ["3:4", "unstructured", "unstructured:1.0", "cats:0", "cats:x", "block:0.5"]
+)
+def test_bad_sparsity_is_one_clear_line(h100, bad) -> None:
+    with pytest.raises(ValueError, match="allowed: dense, 2:4"):
+        S.sparse_gemm_work(1, 4096, 4096, None, "bf16", bad, h100)
+
+
+def test_bad_cats_kernel(h100) -> None:
+    with pytest.raises(ValueError, match="allowed: fused, gather"):
+        S.sparse_gemm_work(1, 4096, 4096, None, "bf16", "cats:0.5", h100, cats_kernel="x")
+
+
+def test_every_architecture_has_parameters(gpus) -> None:
+    for gpu in gpus.values():
+        assert S.sparse_params(gpu.architecture).semi_structured.compute_efficiency > 0
+
+
+def test_module_needs_neither_torch_nor_simcli() -> None:
+    tree = ast.parse((ROOT / "costmodels" / "sparse_gemm.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    assert not names & {"torch", "simcli", "calibrate", "scipy", "sklearn"}
+
+
+@pytest.mark.parametrize("gpu_id", ["h100-sxm", "a100-sxm-80gb"])
+def test_tile_time_mirrors_the_dense_gemm_model(gpus, gpu_id) -> None:
+    """``_compute_only_s`` copies gemm_work's tile loop: launch + max(it, operand floor)
+    must be gemm_work exactly."""
+    from costmodels.common import ELEMENT_BYTES, GEMM_OUT_BYTES
+    from costmodels.gemm import gemm_work
+
+    gpu = gpus[gpu_id]
+    dp = S.dense_gemm_params(gpu)
+    rng = np.random.default_rng(0)
+    m, n, k = (np.round(np.exp(rng.uniform(0, 10, 500))) for _ in range(3))
+    for dt in ("bf16", "fp32"):
+        d, b = np.full(500, dt), np.ones(500)
+        want = gemm_work(m, n, k, b, d, gpu, dp).time_s
+        floor = (m * k + k * n) * ELEMENT_BYTES[dt] + m * n * GEMM_OUT_BYTES[dt]
+        hbm = gpu.hbm_bytes_per_s * dp.memory_efficiency
+        got = dp.launch_s + np.maximum(S._compute_only_s(m, n, k, b, d, gpu, dp), floor / hbm)
+        np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -10,6 +10,7 @@ from simcli.commands import models as models_cmd
 from simcli.commands import plan as plan_cmd
 from simcli.commands import predict as predict_cmd
 from simcli.commands import serve as serve_cmd
+from simcli.commands import sparsity as sparsity_cmd
 from simcli.commands import specs as specs_cmd
 from simcli.commands import step as step_cmd
 from simcli.commands import train as train_cmd
@@ -32,6 +33,7 @@ app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(varlen_cmd.app, name="varlen")
 app.add_typer(step_cmd.app, name="step")
 app.add_typer(serve_cmd.app, name="serve")
+app.add_typer(sparsity_cmd.app, name="sparsity")
 
 
 def _version(flag: bool) -> None:

@@ -1,0 +1,179 @@
+"""``simcli sparsity``: what an attention sparsity pattern buys, per layer and end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import typer
+
+from simcli.errors import user_errors
+from simcli.output import Format, _clean, atomic_write_text, emit_records
+from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, timed_sweep
+from workloads.models import load_model
+from workloads.sparsity import ALLOWED
+
+app = typer.Typer(help="Attention sparsity what-ifs (patterns: see `sparsity compare --help`).")
+
+DEFAULT_PATTERNS = "dense,window:4096,nsa,s2:local=8,stride=8"
+# the columns a person reads in the table; csv and json carry all of COLUMNS
+TABLE_COLUMNS = {
+    "seq_len": "seq",
+    "gqa_group": "G",
+    "pattern": "pattern",
+    "attn_kernel": "kernel",
+    "attn_fwd_ms": "fwd ms",
+    "attn_bwd_ms": "bwd ms",
+    "attn_fwd_speedup": "fwd x",
+    "attn_bwd_speedup": "bwd x",
+    "decode_attn_ms": "decode attn ms",
+    "decode_attn_speedup": "decode attn x",
+    "kv_cache_bytes": "KV GiB",
+    "prefill_speedup": "prefill x",
+    "decode_step_speedup": "decode step x",
+    "train_speedup": "train iter x",
+}
+GIB = 1024**3
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise WhatIfError(
+            f"{flag} {text!r} is not a comma list of integers; allowed: e.g. 8192,32768"
+        ) from None
+    if not out or min(out) < 1:
+        raise WhatIfError(f"{flag} {text!r}: allowed: integers >= 1")
+    return out
+
+
+def _table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        t = {label: r[key] for key, label in TABLE_COLUMNS.items()}
+        t["KV GiB"] = r["kv_cache_bytes"] / GIB
+        out.append(t)
+    return out
+
+
+def _footnotes(rows: list[dict[str, Any]]) -> list[str]:
+    """Why each NSA/FSA kernel was chosen, and the rows' notes, each text once."""
+    seen: set[str] = set()
+    out = []
+    for r in rows:
+        texts = [r["note"]]
+        if r["attn_kernel"].split("+")[-1] in ("nsa", "fsa"):
+            texts.insert(0, r["kernel_reason"])
+        for text in texts:
+            if text and text not in seen:
+                seen.add(text)
+                out.append(f"{r['pattern']} @ seq {r['seq_len']}, G={r['gqa_group']}: {text}")
+    return out
+
+
+def _write(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+    """``--output``: CSV for a .csv name, else the JSON object."""
+    if path.suffix.lower() == ".csv":
+        buf = io.StringIO()
+        pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(buf, index=False, float_format="%.6g")
+        atomic_write_text(path, buf.getvalue())
+    else:
+        atomic_write_text(path, json.dumps(_clean({**meta, "rows": rows}), indent=2) + "\n")
+
+
+@app.callback()
+def _group() -> None:
+    """Attention sparsity what-ifs."""
+
+
+@app.command("compare")
+def compare(
+    model: str = typer.Option(..., "--model", help="Built-in model id or config.json."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU id (see `simcli specs list`)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Tokens per sequence."),
+    seq_lens: str | None = typer.Option(
+        None, "--seq-lens", help="Sweep: comma list of sequence lengths, e.g. 8192,32768,131072."
+    ),
+    patterns: str = typer.Option(
+        DEFAULT_PATTERNS,
+        "--patterns",
+        help=f"Comma (or ;) list of patterns; dense is the baseline. Syntax: {ALLOWED}.",
+    ),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (serving and training)."),
+    batch: int = typer.Option(1, "--batch", help="Sequences per prefill and decode step."),
+    context_len: int | None = typer.Option(
+        None, "--context-len", help="KV cache tokens at the decode step (default: seq len)."
+    ),
+    gqa_groups: str | None = typer.Option(
+        None,
+        "--gqa-groups",
+        help="Sweep: query heads per KV head, e.g. 1,4,8 (num_kv_heads = num_heads / G).",
+    ),
+    train_gpus: int | None = typer.Option(
+        None, "--train-gpus", help="GPUs of the training plan (default: --tp, one TP group)."
+    ),
+    global_batch: int | None = typer.Option(
+        None, "--global-batch", help="Sequences per training iteration (default: one per DP rank)."
+    ),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Training micro-batch."),
+    recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    kernels_only: bool = typer.Option(
+        False, "--kernels-only", help="Skip prefill, decode-step and training columns."
+    ),
+    fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
+    output: Path | None = typer.Option(
+        None, "--output", help="Also write the rows: CSV (.csv name) or JSON."
+    ),
+) -> None:
+    """Per-layer attention forward/backward, decode attention, KV bytes and speedups over
+    dense, and their effect on a prefill, a decode step and a training iteration; one row
+    per (sequence length, GQA group, pattern)."""
+    with user_errors():
+        if (seq_len is None) == (seq_lens is None):
+            raise WhatIfError("give exactly one of --seq-len N or --seq-lens N1,N2,...")
+        seqs = [seq_len] if seq_len is not None else _ints(seq_lens, "--seq-lens")
+        groups = _ints(gqa_groups, "--gqa-groups")
+        cfg = load_model(model)
+        pricer = SparsityPricer(gpu)
+        rows, seconds = timed_sweep(
+            cfg,
+            gpu,
+            seqs,
+            patterns,
+            gqa_groups=groups,
+            tp=tp,
+            batch=batch,
+            context_len=context_len,
+            train_gpus=train_gpus,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            recompute=recompute,
+            end_to_end=not kernels_only,
+            pricer=pricer,
+        )
+        meta = {
+            "model": cfg.id,
+            "gpu": gpu,
+            "cost_model": getattr(pricer.cost_model(tp), "label", ""),
+            "seconds": seconds,
+            "columns": COLUMNS,
+        }
+        if output is not None:
+            _write(rows, meta, output)
+        if fmt == Format.table:
+            emit_records(_table_rows(rows), fmt, title=f"{cfg.id} on {gpu}, tp={tp}, batch={batch}")
+            for line in _footnotes(rows):
+                sys.stdout.write(line + "\n")
+        elif fmt == Format.csv:
+            pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(
+                sys.stdout, index=False, float_format="%.6g"
+            )
+        else:
+            emit_records(rows, fmt, json_wrapper=meta)

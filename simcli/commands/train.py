@@ -60,6 +60,12 @@ def train(
     ),
     framework: str = typer.Option("megatron", "--framework", help="megatron | pytorch (eager)"),
     attn_backend: str = typer.Option("", "--attn-backend", help="flash | cudnn | ... (default)"),
+    attn_pattern: str | None = typer.Option(
+        None,
+        "--attn-pattern",
+        help="Sparse attention pattern for every layer (e.g. window:4096, nsa, "
+        "hybrid:dense_every=4,inner=nsa; see `simcli sparsity compare`).",
+    ),
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile."),
     hardware: Path | None = typer.Option(None, "--hardware", help="Extra hardware spec file."),
     cluster: Path | None = typer.Option(
@@ -126,10 +132,18 @@ def train(
         cm = get_cost_model(gpu, profile=profile, num_gpus=gpus, catalog=catalog)
         # (the cost model prices the first node's NICs; the simulator scales the
         # scale-out traffic of other nodes by their bandwidth, see System.slowdown)
+        costs = None
+        if attn_pattern is not None:
+            from simcli.sparsity.whatif import sparse_step_costs
+            from simcli.training.costs import step_costs
+
+            base = step_costs(cfg, plan, cm, system, attn_backend, framework)  # type: ignore[arg-type]
+            costs = sparse_step_costs(cfg, plan, attn_pattern, gpu, base=base)
         res = simulate_iteration(
             cfg,
             plan,
             gpu,
+            costs=costs,
             cost_model=cm,
             catalog=catalog,
             attn_backend=attn_backend,
@@ -167,6 +181,7 @@ def train(
             "memory_gib": mem.breakdown_gib(),
             "stages": res.stages,
             "plan": plan.model_dump(mode="json") | {"dp": plan.data_parallel, "sp": plan.sp},
+            "attn_pattern": attn_pattern,
         }
         if fmt == Format.csv:  # one flat row: the breakdowns become columns
             out |= {f"breakdown_{k}": v for k, v in res.breakdown_s.items()}

@@ -256,3 +256,17 @@ def test_real_data_parallel_steps_on_h200s():
     assert len(rows) == 10
     errs = [abs(r["error_pct"]) for r in rows if not r["fitted"]]
     assert sum(errs) / len(errs) <= 10.0 and max(errs) <= 15.0
+
+
+def test_train_cli_attention_pattern():
+    """A training plan can name a sparse attention pattern: a window at 32k is faster than
+    dense, an unknown pattern is one error line."""
+    args = ["train", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "8",
+            "--global-batch", "8", "--seq-len", "32768", "--recompute", "full",
+            "--format", "json"]  # fmt: skip
+    dense = json.loads(runner.invoke(app, args).stdout)["iteration_s"]
+    res = runner.invoke(app, [*args, "--attn-pattern", "window:4096"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["iteration_s"] < 0.9 * dense
+    bad = runner.invoke(app, [*args, "--attn-pattern", "bogus"])
+    assert bad.exit_code == 2 and "unknown sparsity pattern" in bad.output

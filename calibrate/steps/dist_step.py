@@ -22,7 +22,6 @@ standard library, torch and this package's step helpers (runs on a bare GPU mach
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 import warnings
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.bench import common as C
-from calibrate.steps import Marks, RowWriter, base_meta, free_memory, median, peaks, reset_peak
+from calibrate.steps import RowWriter, base_meta, free_memory
 from calibrate.steps.train_step import COLUMNS as TRAIN_COLUMNS
 from calibrate.steps.train_step import (
     MODELS,
@@ -39,8 +38,8 @@ from calibrate.steps.train_step import (
     build_model,
     make_optimizer,
     parse_shapes,
-    train_step,
 )
+from calibrate.steps.train_step import measure as train_measure
 
 # train_step's columns with per-GPU throughput, without the per-call SDPA details, and
 # the job's shape first
@@ -100,38 +99,12 @@ def wrap(model, mode: str, device: str):
     )
 
 
-def measure(model, opt, vocab: int, b: int, s: int, args, cuda: bool) -> dict[str, Any]:
-    import torch
-
-    gen = torch.Generator(device="cuda" if cuda else "cpu").manual_seed(args.seed)
-    dev = "cuda" if cuda else "cpu"
-    data = torch.randint(0, vocab, (b, s + 1), device=dev, generator=gen)
-    tokens, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
-    for _ in range(args.warmup):
-        train_step(model, opt, tokens, targets, dev, Marks(cuda))
-    reset_peak(cuda)
-    runs, loss = [], None
-    for _ in range(args.steps):
-        m = Marks(cuda)
-        loss = train_step(model, opt, tokens, targets, dev, m)
-        runs.append(m)
-    parts = [m.intervals_ms() for m in runs]
-    alloc, reserved = peaks(cuda)
-    step_ms = median([sum(p) for p in parts])
-    loss_v = float(loss) if loss is not None else math.nan
-    if not math.isfinite(loss_v):
-        raise RuntimeError(f"non-finite loss {loss_v}")
-    return {
-        "step_ms": step_ms,
-        "fwd_ms": median([p[0] for p in parts]),
-        "bwd_ms": median([p[1] for p in parts]),
-        "optim_ms": median([p[2] for p in parts]),
-        "peak_allocated_bytes": alloc,
-        "peak_reserved_bytes": reserved,
-        "tokens_per_s_per_gpu": b * s / (step_ms / 1e3),
-        "steps_timed": args.steps,
-        "loss": loss_v,
-    }
+def measure(model, opt, arch, b: int, s: int, args, ctx: C.Context) -> dict[str, Any]:
+    """train_step's measurement (same data, warm-up, events, peaks) on the wrapped model;
+    every rank runs it, rank 0's numbers are written; throughput is per GPU."""
+    row = train_measure(model, opt, arch, b, s, args, ctx)
+    row["tokens_per_s_per_gpu"] = row.pop("tokens_per_s")
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             "params": arch.params(),
         }
         try:
-            row.update(measure(model, opt, arch.vocab, b, s, args, cuda), status="ok")
+            row.update(measure(model, opt, arch, b, s, args, ctx), status="ok")
         except Exception as exc:  # recorded, the run goes on
             row["status"], row["error"] = C.classify(exc)
         opt.zero_grad(set_to_none=True)

@@ -182,9 +182,17 @@ def _pools(
     return p, replicas - p
 
 
-def _step_model(model_cfg, gpu: str, *, tp: int, pp: int, engine: str, **kw):
+def _step_model(
+    model_cfg, gpu: str, *, tp: int, pp: int, engine: str, attn_pattern: str | None = None, **kw
+):
     from simcli.serving.step import StepModel
 
+    if attn_pattern is not None:
+        from simcli.sparsity.serving import PatternStepModel
+
+        return PatternStepModel(
+            model_cfg, gpu, tp=tp, pp=pp, engine=engine, pattern=attn_pattern, **kw
+        )
     return StepModel(model_cfg, gpu, tp=tp, pp=pp, engine=engine, **kw)
 
 
@@ -251,6 +259,12 @@ def serve(
     ),
     engine: str = typer.Option(
         "vllm", "--engine", help="Step-time engine: vllm (CUDA graphs) | pytorch-eager."
+    ),
+    attn_pattern: str | None = typer.Option(
+        None,
+        "--attn-pattern",
+        help="Sparse attention pattern of the served model (e.g. window:4096, nsa; see "
+        "`simcli sparsity compare`).",
     ),
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile."),
     output: Path | None = typer.Option(
@@ -514,11 +528,12 @@ def serve(
         )
         pre_step = dec_step = None
         if disaggregate:
-            pre_step = _step_model(cfg, gpu, tp=ptp, **step_kw)
-            dec_step = pre_step if dtp == ptp else _step_model(cfg, gpu, tp=dtp, **step_kw)
+            pat = {"attn_pattern": attn_pattern}
+            pre_step = _step_model(cfg, gpu, tp=ptp, **pat, **step_kw)
+            dec_step = pre_step if dtp == ptp else _step_model(cfg, gpu, tp=dtp, **pat, **step_kw)
             step = dec_step
         else:
-            step = _step_model(cfg, gpu, tp=tp, **step_kw)
+            step = _step_model(cfg, gpu, tp=tp, attn_pattern=attn_pattern, **step_kw)
         draft_steps = [_step_model(d, gpu, tp=tp, **step_kw) for d in drafts]
         t0 = time.perf_counter()
         with _request_writer(output) as writer:

@@ -65,7 +65,7 @@ from costmodels.select import get_cost_model
 from hardware_specs.registry import builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from simcli.serving.step import StepModel
-from simcli.training.costs import Phase, StepCosts, _cp_comm, step_costs
+from simcli.training.costs import Phase, StepCosts, _cp_comm, recompute_phase, step_costs
 from simcli.training.simulator import simulate_iteration
 from workloads.layers import tp_shard
 from workloads.models import ModelConfig
@@ -533,14 +533,7 @@ def sparse_step_costs(
         cm = pr.cost_model(plan.num_gpus)
         cp_f, cp_b = _cp_comm(model, plan, cm, cm.system, lf, lb)
         lf, lb = replace(lf, cp_comm_s=cp_f), replace(lb, cp_comm_s=cp_b)
-    if plan.recompute == "full":
-        rec = lf
-    elif plan.recompute == "selective":
-        attn = sum(s for n, s in lf.by_op_s.items() if n == "attn" or n.startswith("attn_"))
-        rec = Phase(compute_s=attn, by_op_s={"attn": attn})
-    else:
-        rec = c.layer_recompute
-    return replace(c, layer_fwd=lf, layer_bwd=lb, layer_recompute=rec)
+    return replace(c, layer_fwd=lf, layer_bwd=lb, layer_recompute=recompute_phase(plan, lf))
 
 
 def sparse_step_model_ms(

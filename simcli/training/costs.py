@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -214,14 +214,7 @@ def step_costs(
     layer_f = Phase(layer_f.compute_s, layer_f.tp_comm_s, cp_f, ep_f, layer_f.by_op_s)
     layer_b = Phase(layer_b.compute_s, layer_b.tp_comm_s, cp_b, ep_b, layer_b.by_op_s)
 
-    if plan.recompute == "full":
-        recompute = layer_f
-    elif plan.recompute == "selective":
-        # Korthikanti et al. 2022 sec. 4.2: recompute only the core attention.
-        attn = sum(s for n, s in layer_f.by_op_s.items() if n == "attn" or n.startswith("attn_"))
-        recompute = Phase(compute_s=attn, by_op_s={"attn": attn})
-    else:
-        recompute = Phase()
+    recompute = recompute_phase(plan, layer_f)
 
     elt = DTYPE_BYTES[Dtype(act_dtype)]
     tokens = mb * seq_local
@@ -232,8 +225,6 @@ def step_costs(
     p2p_op = _with_nodes(p2p_op, p2p_nodes)
     p2p_s = float(cost_model.predict_many(_frame([p2p_op]))[0]) if plan.pp > 1 else 0.0
 
-    params = params_per_tp_rank(model, tp)
-    n_tokens = mb * plan.seq_len
     return StepCosts(
         layer_fwd=layer_f,
         layer_bwd=layer_b,
@@ -244,11 +235,32 @@ def step_costs(
         last_bwd=l_b,
         p2p_bytes=p2p_bytes,
         p2p_s=p2p_s,
-        layer_params=_layer_params_per_rank(model, plan, params["layer"]),
-        embedding_params=params["embedding"],
-        lm_head_params=params["lm_head"] + params["final_norm"],
-        model_flops_per_microbatch=model_flops(model, n_tokens, plan.seq_len),
+        **plan_fields(model, plan),
     )
+
+
+def recompute_phase(plan: TrainPlan, layer_f: Phase) -> Phase:
+    """Forward work a layer repeats in its backward: all of it (full), only the core
+    attention (selective, Korthikanti et al. 2022 sec. 4.2), or none."""
+    if plan.recompute == "full":
+        return layer_f
+    if plan.recompute == "selective":
+        attn = sum(s for n, s in layer_f.by_op_s.items() if n == "attn" or n.startswith("attn_"))
+        return Phase(compute_s=attn, by_op_s={"attn": attn})
+    return Phase()
+
+
+def plan_fields(model: ModelConfig, plan: TrainPlan) -> dict[str, Any]:
+    """The StepCosts fields that depend on the plan alone (parameters, model FLOPs)."""
+    params = params_per_tp_rank(model, plan.tp)
+    return {
+        "layer_params": _layer_params_per_rank(model, plan, params["layer"]),
+        "embedding_params": params["embedding"],
+        "lm_head_params": params["lm_head"] + params["final_norm"],
+        "model_flops_per_microbatch": model_flops(
+            model, plan.micro_batch * plan.seq_len, plan.seq_len
+        ),
+    }
 
 
 def _layer_params_per_rank(model: ModelConfig, plan: TrainPlan, per_tp_rank: int) -> int:

@@ -51,18 +51,17 @@ from simcli.training.costs import (
     Phase,
     StepCosts,
     _frame,
-    _layer_params_per_rank,
     _sum_phase,
     _with_nodes,
     group_nodes,
-    model_flops,
     op_groups,
+    plan_fields,
+    recompute_phase,
 )
 from simcli.training.memory import DRIVER_RESERVED_BYTES, estimate_memory, memory_bytes_many
 from simcli.training.simulator import _dependency, interference, schedule, simulate_iteration
 from workloads.layers import (
     optimizer_ops,
-    params_per_tp_rank,
     valid_tp_degrees,
 )
 from workloads.models import ModelConfig
@@ -293,33 +292,18 @@ def step_costs_many(
         ep_f = ep_b = 2.0 * ep_one
         layer_f = Phase(layer_f.compute_s, layer_f.tp_comm_s, cp_f, ep_f, layer_f.by_op_s)
         layer_b = Phase(layer_b.compute_s, layer_b.tp_comm_s, cp_b, ep_b, layer_b.by_op_s)
-        if plan.recompute == "full":
-            recompute = layer_f
-        elif plan.recompute == "selective":
-            attn = sum(
-                s for n, s in layer_f.by_op_s.items() if n == "attn" or n.startswith("attn_")
-            )
-            recompute = Phase(compute_s=attn, by_op_s={"attn": attn})
-        else:
-            recompute = Phase()
-        params = params_per_tp_rank(model, plan.tp)
         out.append(
             StepCosts(
                 layer_fwd=layer_f,
                 layer_bwd=layer_b,
-                layer_recompute=recompute,
+                layer_recompute=recompute_phase(plan, layer_f),
                 first_fwd=f_f,
                 first_bwd=f_b,
                 last_fwd=l_f,
                 last_bwd=l_b,
                 p2p_bytes=req["p2p_bytes"],
                 p2p_s=pricer.time(req["p2p"]) if plan.pp > 1 else 0.0,
-                layer_params=_layer_params_per_rank(model, plan, params["layer"]),
-                embedding_params=params["embedding"],
-                lm_head_params=params["lm_head"] + params["final_norm"],
-                model_flops_per_microbatch=model_flops(
-                    model, plan.micro_batch * plan.seq_len, plan.seq_len
-                ),
+                **plan_fields(model, plan),
             )
         )
     return out

@@ -1,0 +1,104 @@
+"""Progress bars for long work, on stderr, only for people watching a terminal.
+
+Simulators below the CLI take a plain ``progress(done, total)`` callback so that they do
+not depend on rich; this module turns such callbacks into a rich bar. The bar is drawn on
+stderr and only when stderr is a terminal and ``--quiet`` was not given, so ``--format
+json`` keeps stdout machine-clean and pipes and CI logs stay free of control codes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+_state = {"quiet": False}
+
+# A bar appears only once the work has run this long: short commands stay silent.
+SHOW_AFTER_S = 1.0
+
+Advance = Callable[..., None]
+
+
+def set_quiet(flag: bool) -> None:
+    if flag:
+        _state["quiet"] = True
+
+
+def quiet() -> bool:
+    return _state["quiet"]
+
+
+def enabled() -> bool:
+    """True when a bar would be drawn: stderr is a terminal and not ``--quiet``."""
+    return not _state["quiet"] and sys.stderr.isatty()
+
+
+class _Bar:
+    """A rich bar created lazily after :data:`SHOW_AFTER_S`, so quick runs print nothing."""
+
+    def __init__(self, label: str, total: float | None, fields: tuple[str, ...]) -> None:
+        self.label, self.total, self.fields = label, total, fields
+        self.done = 0.0
+        self.extra: dict[str, object] = {f: 0 for f in fields}
+        self.start = time.perf_counter()
+        self._rich = None
+        self._task = None
+
+    def _open(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+        columns += [TextColumn(f"{f} {{task.fields[{f}]}}") for f in self.fields]
+        columns += [TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+        self._rich = Progress(*columns, console=Console(stderr=True), transient=True)
+        self._rich.start()
+        self._task = self._rich.add_task(self.label, total=self.total, **self.extra)
+        self._rich.update(self._task, completed=self.done)
+
+    def __call__(self, done: float | None = None, total: float | None = None, **extra) -> None:
+        """``bar(done, total)`` sets the position; ``bar()`` advances by one."""
+        self.done = self.done + 1 if done is None else done
+        if total is not None:
+            self.total = total
+        self.extra.update(extra)
+        if self._rich is None:
+            if time.perf_counter() - self.start < SHOW_AFTER_S:
+                return
+            self._open()
+        self._rich.update(self._task, completed=self.done, total=self.total, **extra)
+
+    def close(self) -> None:
+        if self._rich is not None:
+            self._rich.stop()
+
+
+def _noop(done: float | None = None, total: float | None = None, **extra) -> None:
+    return None
+
+
+@contextmanager
+def progress_bar(
+    label: str, total: float | None = None, fields: tuple[str, ...] = ()
+) -> Iterator[Advance]:
+    """Yield ``advance(done=None, total=None, **fields)``; draws only when :func:`enabled`.
+
+    ``fields`` are extra counters shown beside the bar (e.g. ``failed`` for sweeps).
+    """
+    if not enabled():
+        yield _noop
+        return
+    bar = _Bar(label, total, fields)
+    try:
+        yield bar
+    finally:
+        bar.close()

@@ -1,0 +1,103 @@
+"""``--output DIR``: CSVs, ``config.json`` and ``report.html``, written all or nothing.
+
+Everything is rendered in memory first, then written into a temporary folder beside the
+target and moved into place, so an interrupted or failing run never leaves a partial
+bundle: either the old files or the complete new set.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import io
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simcli import __version__
+
+FILE_SUFFIXES = (".csv", ".json")
+
+
+def output_is_dir(path: Path) -> bool:
+    """``--output`` names a folder unless it ends in ``.csv`` / ``.json`` (a single file)."""
+    return path.suffix.lower() not in FILE_SUFFIXES
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return value.item()
+    if hasattr(value, "model_dump"):
+        return _jsonable(value.model_dump(mode="json"))
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def config_document(command: str, inputs: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """``config.json``: the command, its fully resolved inputs and what produced it."""
+    doc = {
+        "command": command,
+        "simcli_version": __version__,
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "inputs": inputs,
+    }
+    doc.update(extra)
+    return _jsonable(doc)
+
+
+def write_output_dir(
+    folder: Path,
+    *,
+    csvs: dict[str, pd.DataFrame],
+    config: dict[str, Any],
+    report_html: str,
+    extra_files: dict[str, str] | None = None,
+) -> list[Path]:
+    """Write ``csvs`` (name -> frame), ``config.json`` and ``report.html`` into ``folder``.
+
+    Returns the written paths. The folder's parent must exist; the folder itself is
+    created. Files of an earlier run that this run does not write are left alone.
+    """
+    folder = Path(folder)
+    parent = folder.parent if str(folder.parent) else Path(".")
+    if not parent.is_dir():
+        raise OSError(f"--output {folder}: parent folder {parent} does not exist")
+    if folder.exists() and not folder.is_dir():
+        raise OSError(f"--output {folder} is a file; allowed: a folder (or a .csv/.json name)")
+    texts: dict[str, str] = {}
+    for name, frame in csvs.items():
+        buf = io.StringIO()
+        frame.to_csv(buf, index=False, float_format="%.6g")
+        texts[name] = buf.getvalue()
+    texts["config.json"] = json.dumps(config, indent=2) + "\n"
+    texts["report.html"] = report_html
+    texts.update(extra_files or {})
+
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=parent))
+    try:
+        for name, text in texts.items():
+            (staging / name).write_text(text, newline="")
+            os.chmod(staging / name, 0o644)
+        if not folder.exists():
+            os.chmod(staging, 0o755)
+            os.replace(staging, folder)  # one rename: the whole bundle appears at once
+            return [folder / n for n in texts]
+        for name in texts:  # existing folder: each file replaced atomically
+            os.replace(staging / name, folder / name)
+        return [folder / n for n in texts]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

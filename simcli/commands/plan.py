@@ -12,6 +12,14 @@ import typer
 from hardware_specs.registry import load_catalog
 from simcli.errors import user_errors
 from simcli.output import Format, _clean, atomic_write_text, emit_records
+from simcli.progress import progress_bar, set_quiet
+from simcli.reports.bundle import (
+    check_output_path,
+    cli_inputs,
+    config_document,
+    output_is_dir,
+    write_output_dir,
+)
 from simcli.training.search import SearchResult, SearchSpace, search_plans
 from workloads.models import load_model
 from workloads.plan import PlanError
@@ -59,9 +67,20 @@ def _records(result: SearchResult) -> list[dict]:
     return [{"rank": i + 1, **p.record()} for i, p in enumerate(result.plans)]
 
 
-def _write(result: SearchResult, path: Path) -> None:
-    """``--output``: CSV of the plans for a .csv name, else the JSON object."""
+def _write(result: SearchResult, path: Path, inputs: dict) -> None:
+    """``--output``: CSV of the plans for a .csv name, the JSON object for .json, else a
+    folder with plans.csv, evaluated.csv, config.json and report.html."""
     records = _records(result)
+    if output_is_dir(path):
+        from simcli.reports import plan as plan_report
+
+        csvs, page = plan_report.build(
+            result.summary(), records, result.evaluated, [p.breakdown_s for p in result.plans]
+        )
+        resolved = {"summary": result.summary(), "best_plan": result.plans[0].plan}
+        config = config_document("plan", inputs, resolved=resolved)
+        write_output_dir(path, csvs=csvs, config=config, report_html=page)
+        return
     if path.suffix.lower() == ".csv":
         buf = io.StringIO()
         pd.DataFrame(records).to_csv(buf, index=False, float_format="%.6g")
@@ -110,12 +129,19 @@ def plan(
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile."),
     hardware: Path | None = typer.Option(None, "--hardware", help="Extra hardware spec file."),
     output: Path | None = typer.Option(
-        None, "--output", help="Also write the result: CSV of plans (.csv) or JSON."
+        None,
+        "--output",
+        help="Also write the result: CSV of plans (.csv), JSON (.json), or a folder with "
+        "plans.csv, evaluated.csv (every plan tried), config.json and report.html.",
     ),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
 ) -> None:
     """Ranked plans with the simulator's iteration time, MFU, memory and cost."""
+    set_quiet(quiet)
     with user_errors():
+        inputs = cli_inputs()
+        check_output_path(output, "--output")
         cfg = load_model(model)
         if objective not in ("time", "cost"):
             raise PlanError(f"unknown --objective {objective!r}; allowed: time, cost")
@@ -130,22 +156,25 @@ def plan(
             precision=precision,
         )
         catalog = load_catalog(hardware)
-        result = search_plans(
-            cfg,
-            gpu,
-            gpus,
-            seq_len=seq_len,
-            global_batch=global_batch,
-            top=top,
-            objective=objective,  # type: ignore[arg-type]
-            balance=balance,
-            space=space,
-            price_usd_per_gpu_hour=price,
-            catalog=catalog,
-            profile=profile,
-        )
+        with progress_bar("plan search") as advance:
+            result = search_plans(
+                cfg,
+                gpu,
+                gpus,
+                seq_len=seq_len,
+                global_batch=global_batch,
+                top=top,
+                objective=objective,  # type: ignore[arg-type]
+                balance=balance,
+                space=space,
+                price_usd_per_gpu_hour=price,
+                catalog=catalog,
+                profile=profile,
+                collect=output is not None and output_is_dir(output),
+                progress=advance,
+            )
         if output is not None:
-            _write(result, output)
+            _write(result, output, inputs)
         records = _records(result)
         summary = result.summary()
         if fmt == Format.table:

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pandas as pd
 import typer
 
 from costmodels.select import get_cost_model
 from hardware_specs.registry import load_catalog, load_hardware_file
 from simcli.errors import user_errors
-from simcli.output import Format, emit_object
+from simcli.output import Format, _clean, atomic_write_csv, atomic_write_text, emit_object
+from simcli.progress import set_quiet
+from simcli.reports.bundle import (
+    check_output_path,
+    cli_inputs,
+    config_document,
+    output_is_dir,
+    write_output_dir,
+)
 from simcli.training.simulator import simulate_iteration
 from workloads.models import load_model
 from workloads.plan import PlanError, make_plan
@@ -74,14 +84,30 @@ def train(
         help="Hardware file describing one cluster (node groups, measured NIC bandwidths) "
         "instead of reference nodes on a fat-tree.",
     ),
-    trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace."),
+    trace: Path | None = typer.Option(
+        None,
+        "--trace",
+        "--trace-output",
+        help="Write the simulated timeline as Chrome/Perfetto trace JSON (ui.perfetto.dev).",
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        help="Folder for summary/breakdown/stages/memory/timeline CSVs, config.json and "
+        "report.html; a .json or .csv name writes just the result object or row.",
+    ),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
     ignore_memory: bool = typer.Option(
         False, "--ignore-memory", help="Report a plan even if it does not fit in memory."
     ),
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
 ) -> None:
     """Iteration time, tokens/s, MFU, peak memory and a time breakdown for one plan."""
+    set_quiet(quiet)
     with user_errors():
+        inputs = cli_inputs()
+        check_output_path(output, "--output")
+        check_output_path(trace, "--trace")
         cfg = load_model(model)
         if framework not in ("megatron", "pytorch"):
             raise PlanError(f"--framework {framework!r}; allowed: megatron, pytorch")
@@ -147,7 +173,7 @@ def train(
             cost_model=cm,
             catalog=catalog,
             attn_backend=attn_backend,
-            keep_spans=trace is not None,
+            keep_spans=trace is not None or output is not None,
             framework=framework,  # type: ignore[arg-type]
             system=system,
         )
@@ -161,8 +187,6 @@ def train(
                 "allowed: plans that fit (try --recompute selective|full, a higher --zero, "
                 "more --tp/--pp, a smaller --micro-batch) or --ignore-memory"
             )
-        if trace is not None:
-            res.write_trace(trace)
         out = {
             "model": cfg.id,
             "gpu": gpu,
@@ -183,7 +207,33 @@ def train(
             "plan": plan.model_dump(mode="json") | {"dp": plan.data_parallel, "sp": plan.sp},
             "attn_pattern": attn_pattern,
         }
-        if fmt == Format.csv:  # one flat row: the breakdowns become columns
-            out |= {f"breakdown_{k}": v for k, v in res.breakdown_s.items()}
-            out |= {f"memory_{k}_gib": v for k, v in mem.breakdown_gib().items()}
-        emit_object(out, fmt, title=f"{cfg.id} on {gpus} x {gpu}")
+        flat = out | {f"breakdown_{k}": v for k, v in res.breakdown_s.items()}
+        flat |= {f"memory_{k}_gib": v for k, v in mem.breakdown_gib().items()}
+        if output is not None:
+            _write_output(output, out, flat, res.spans, inputs, plan, system)
+        if trace is not None:
+            res.write_trace(trace)
+        emit_object(flat if fmt == Format.csv else out, fmt, title=f"{cfg.id} on {gpus} x {gpu}")
+
+
+def _write_output(path: Path, out: dict, flat: dict, spans, inputs: dict, plan, system) -> None:
+    """``--output``: a folder bundle, or the JSON object (.json) / flat row (.csv)."""
+    if not output_is_dir(path):
+        if path.suffix.lower() == ".json":
+            atomic_write_text(path, json.dumps(_clean(out), indent=2) + "\n")
+        else:
+            scalars = {k: v for k, v in flat.items() if not isinstance(v, dict | list)}
+            atomic_write_csv(pd.DataFrame([scalars]), path)
+        return
+    from simcli.reports import train as train_report
+
+    csvs, page = train_report.build(out, spans)
+    resolved = {
+        "plan": out["plan"],
+        "cost_model": out["cost_model"],
+        "gpu": system.gpu.model_dump(mode="json"),
+        "node": system.node.id,
+        "num_nodes": system.num_nodes,
+    }
+    config = config_document("train", inputs, resolved=resolved)
+    write_output_dir(path, csvs=csvs, config=config, report_html=page)

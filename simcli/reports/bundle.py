@@ -101,3 +101,38 @@ def write_output_dir(
         return [folder / n for n in texts]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def cli_inputs() -> dict[str, Any]:
+    """Every option of the running command after defaults (the click context's params)."""
+    try:  # typer >= 0.29 vendors click; earlier releases run on click itself
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return {}
+    params: dict[str, Any] = {}
+    chain = []
+    while ctx is not None:
+        chain.append(ctx)
+        ctx = ctx.parent
+    for c in reversed(chain):  # parent options first (e.g. the root --debug/--quiet)
+        params.update(c.params)
+    params.pop("version", None)
+    return _jsonable(params)
+
+
+def check_output_path(path: Path | None, option: str) -> None:
+    """Fail before any work when an output cannot be written, so no output is partial."""
+    if path is None:
+        return
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OSError(f"{option} {path}: folder {parent} does not exist")
+    if path.is_dir() and not output_is_dir(path):
+        raise OSError(f"{option} {path} is a folder; allowed: a file name")
+    if output_is_dir(path) and path.exists() and not path.is_dir() and option == "--output":
+        raise OSError(f"{option} {path} is a file; allowed: a folder (or a .csv/.json name)")

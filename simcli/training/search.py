@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -1145,6 +1145,8 @@ class SearchResult:
     plans: list[RankedPlan]
     estimate_max_rel_error: float  # |closed form / simulator - 1| over the re-run plans
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    # with collect=True: every enumerated plan, its memory and closed-form time (reports)
+    evaluated: dict[str, np.ndarray] | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -1204,12 +1206,18 @@ def search_plans(
     profile: Any = None,
     attn_backend: str = "",
     margin: float = 0.01,
+    collect: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
     """Search the plan space (see the module docstring); ``top`` plans ranked by the
     simulator's iteration time (``time``) or cost per iteration (``cost``).
 
     ``margin``: plans whose estimate is within this fraction of the ``top``-th best are
     re-simulated too, so an estimate error cannot push a better plan out of the answer.
+    ``collect``: keep every enumerated plan with its memory and closed-form time in
+    ``SearchResult.evaluated`` (for the time/memory Pareto chart of reports).
+    ``progress(done, total)``: called after each GPU count is estimated and each plan
+    is simulated.
     """
     t_start = time.perf_counter()
     if objective not in ("time", "cost"):
@@ -1255,7 +1263,12 @@ def search_plans(
         clock = now
 
     candidates: list[_Candidate] = []
-    for count in gpu_counts(num_gpus, objective):
+    collected: list[dict[str, np.ndarray]] = []
+    counts = list(gpu_counts(num_gpus, objective))
+    report = progress or (lambda done, total: None)
+    total_steps = len(counts) + top + min(top, 5)
+    for step, count in enumerate(counts):
+        report(step, total_steps)
         system = cat.system(gpu_id, count)
         cm = get_cost_model(gpu_id, profile=profile, num_gpus=count, catalog=cat)
         ctx = _Context(
@@ -1271,6 +1284,10 @@ def search_plans(
         ok = np.flatnonzero(mem <= memory_capacity_bytes(system))
         lap("memory")
         fit += len(ok)
+        if collect:
+            collected.append(
+                {**table, "num_gpus": np.full(n, count), "memory_bytes": mem.astype(float)}
+            )
         if not len(ok):
             continue
         sub = _rows(table, ok)
@@ -1286,6 +1303,10 @@ def search_plans(
                     est[name][redo] = again[name]
         t_even = est["iteration_s"]
         t_best = np.minimum(t_even, est.get("balanced_s", t_even))
+        if collect:
+            full = np.full(n, np.nan)
+            full[ok] = t_best
+            collected[-1]["estimate_s"] = full
         factor = count * price / 3600.0 if objective == "cost" else 1.0
         score = t_best * factor
         # keep only what could make the answer: the best few hundred by score
@@ -1320,7 +1341,15 @@ def search_plans(
     candidates.sort(key=lambda c: c.score)
     cut = candidates[min(top, len(candidates)) - 1].score * (1.0 + margin)
     chosen = [c for c in candidates if c.score <= cut][: top + min(top, 5)]
-    results = _simulate_candidates(chosen, gpu_id, cat, price, balance)
+    report(len(counts), len(counts) + len(chosen))
+    results = _simulate_candidates(
+        chosen,
+        gpu_id,
+        cat,
+        price,
+        balance,
+        lambda i, n: report(len(counts) + i, len(counts) + n),
+    )
     errors = [abs(r.estimate_s / r.iteration_s - 1.0) for r in results if not r.balanced]
     lap("simulate")
     key = (lambda r: r.cost_usd_per_iteration) if objective == "cost" else (lambda r: r.iteration_s)
@@ -1350,11 +1379,45 @@ def search_plans(
         plans=unique[:top],
         estimate_max_rel_error=max(errors) if errors else 0.0,
         phase_seconds=phases,
+        evaluated=_decode_collected(collected, price) if collect else None,
     )
 
 
+def _decode_collected(parts: list[dict[str, np.ndarray]], price: float) -> dict[str, np.ndarray]:
+    """Readable columns of every enumerated plan (codes decoded, units in names)."""
+    if not parts:
+        return {}
+    cols = {k: np.concatenate([p.get(k, np.full(len(p["tp"]), np.nan)) for p in parts])
+            for k in (*_COLUMNS, "num_gpus", "memory_bytes", "estimate_s")}  # fmt: skip
+    est = cols["estimate_s"].astype(float)
+    return {
+        "num_gpus": cols["num_gpus"],
+        "tp": cols["tp"],
+        "pp": cols["pp"],
+        "dp": cols["dp"],
+        "cp": cols["cp"],
+        "cp_kind": np.where(cols["cp"] > 1, np.array(CP_KINDS)[cols["kind"]], ""),
+        "ep": cols["ep"],
+        "vpp": cols["vpp"],
+        "zero": cols["zero"],
+        "micro_batch": cols["mb"],
+        "num_microbatches": cols["m"],
+        "recompute": np.array(RECOMPUTE)[cols["rec"]],
+        "sequence_parallel": cols["sp"].astype(bool),
+        "peak_memory_gib": cols["memory_bytes"] / GIB,
+        "fits": np.isfinite(est),
+        "estimate_s": est,
+        "cost_usd_per_iteration_estimate": est * cols["num_gpus"] * price / 3600.0,
+    }
+
+
 def _simulate_candidates(
-    chosen: list[_Candidate], gpu_id: str, cat: Catalog, price: float, balance: bool
+    chosen: list[_Candidate],
+    gpu_id: str,
+    cat: Catalog,
+    price: float,
+    balance: bool,
+    done: Callable[[int, int], None] | None = None,
 ) -> list[RankedPlan]:
     """The simulator's result for each candidate that fits, and for its balanced split
     where that is estimated to help. Step costs come from :func:`step_costs_many`, one
@@ -1408,6 +1471,8 @@ def _simulate_candidates(
                 breakdown_s=dict(res.breakdown_s),
             )
         )
+        if done is not None:
+            done(i + 1, len(fitting))
     return out
 
 

@@ -1,0 +1,155 @@
+"""``simcli plan --output DIR``: the ranking, every plan tried, and the time/memory front."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simcli.reports.charts import PALETTE, hbar_stack, new_figure, pareto_mask
+from simcli.reports.page import Report
+
+PLAN_COLUMNS: dict[str, str] = {
+    "rank": "position in the ranking (1 = best by the objective)",
+    "num_gpus": "GPUs of the plan",
+    "tp": "tensor-parallel degree",
+    "pp": "pipeline-parallel degree",
+    "dp": "data-parallel degree",
+    "cp": "context-parallel degree",
+    "cp_kind": "ring | ulysses | tokenring (empty when cp = 1)",
+    "ep": "expert-parallel degree",
+    "vpp": "virtual pipeline stages per rank (interleaved 1F1B when > 1)",
+    "pp_schedule": "1f1b | interleaved | gpipe",
+    "zero": "ZeRO stage",
+    "micro_batch": "sequences per micro-batch",
+    "num_microbatches": "micro-batches per iteration per pipeline",
+    "recompute": "none | selective | full",
+    "sequence_parallel": "Megatron sequence parallelism on",
+    "precision": "training precision",
+    "layer_split": "layers per stage when uneven (balanced plans)",
+    "balanced": "uneven stages chosen by the Galvatron-BMW-style balancing",
+    "iteration_s": "simulated iteration time, seconds",
+    "estimate_s": "closed-form time that selected the plan, seconds",
+    "tokens_per_s": "tokens per second, whole job",
+    "mfu": "model FLOPs utilisation",
+    "peak_memory_gib": "peak memory of the fullest GPU, GiB",
+    "memory_capacity_gib": "usable memory per GPU, GiB",
+    "gpu_hours_per_iteration": "GPU-hours per iteration",
+    "cost_usd_per_iteration": "US$ per iteration at the GPU price",
+}
+
+EVALUATED_COLUMNS: dict[str, str] = {
+    "num_gpus": "GPUs of the plan",
+    "tp": "tensor-parallel degree",
+    "pp": "pipeline-parallel degree",
+    "dp": "data-parallel degree",
+    "cp": "context-parallel degree",
+    "cp_kind": "ring | ulysses | tokenring (empty when cp = 1)",
+    "ep": "expert-parallel degree",
+    "vpp": "virtual pipeline stages per rank",
+    "zero": "ZeRO stage",
+    "micro_batch": "sequences per micro-batch",
+    "num_microbatches": "micro-batches per iteration per pipeline",
+    "recompute": "none | selective | full",
+    "sequence_parallel": "Megatron sequence parallelism on",
+    "peak_memory_gib": "estimated peak memory of the fullest GPU, GiB",
+    "fits": "peak memory within capacity",
+    "estimate_s": "closed-form iteration time (equal to the simulator for even 1F1B "
+    "stages), seconds; empty when the plan does not fit",
+    "cost_usd_per_iteration_estimate": "US$ per iteration from estimate_s",
+}
+
+CSV_SCHEMAS: dict[str, dict[str, str]] = {
+    "plans.csv": PLAN_COLUMNS,
+    "evaluated.csv": EVALUATED_COLUMNS,
+}
+
+
+def _label(r: dict[str, Any]) -> str:
+    extra = f" cp{r['cp']}-{r['cp_kind']}" if r["cp"] > 1 else ""
+    extra += f" v{r['vpp']}" if r["vpp"] > 1 else ""
+    return (
+        f"#{r['rank']} tp{r['tp']} pp{r['pp']} dp{r['dp']}{extra} mb{r['micro_batch']} "
+        f"z{r['zero']} {r['recompute'][:3]}"
+    )
+
+
+def build(
+    summary: dict[str, Any],
+    records: list[dict[str, Any]],
+    evaluated: dict[str, np.ndarray] | None,
+    breakdowns: list[dict[str, float]],
+) -> tuple[dict[str, pd.DataFrame], str]:
+    """CSVs and page of one search (``records``: the ranked plans' rows)."""
+    plans = pd.DataFrame(records).reindex(columns=list(PLAN_COLUMNS))
+    plans["layer_split"] = [
+        "" if not v else ",".join(str(x) for x in v) for v in plans["layer_split"]
+    ]
+    ev = pd.DataFrame(evaluated or {}).reindex(columns=list(EVALUATED_COLUMNS))
+    csvs = {"plans.csv": plans, "evaluated.csv": ev}
+
+    rep = Report(
+        f"Plans for {summary['model']} on {summary['num_gpus']} x {summary['gpu']}",
+        command="plan",
+        subtitle=f"seq_len {summary['seq_len']} · global batch {summary['global_batch']} · "
+        f"objective {summary['objective']}",
+    )
+    best = records[0]
+    rep.summary(
+        {
+            "best plan": _label(best),
+            "best iteration_s": best["iteration_s"],
+            "best mfu": best["mfu"],
+            "best peak_memory_gib": best["peak_memory_gib"],
+            "best cost_usd_per_iteration": best["cost_usd_per_iteration"],
+            **{k: v for k, v in summary.items() if k != "phase_seconds"},
+        }
+    )
+
+    cols = ["rank", "tp", "pp", "dp", "cp", "cp_kind", "vpp", "zero", "micro_batch", "recompute",
+            "sequence_parallel", "iteration_s", "mfu", "peak_memory_gib",
+            "cost_usd_per_iteration"]  # fmt: skip
+    rep.table("Ranking", plans[cols])
+
+    rep.heading("Time and memory of every plan tried")
+    fits = ev[ev.fits.astype(bool)] if len(ev) else ev
+    if len(fits):
+        x = fits.peak_memory_gib.to_numpy(float)
+        y = fits.estimate_s.to_numpy(float)
+        front = pareto_mask(x, y)
+        fig, ax = new_figure(9, 4.2)
+        ax.scatter(x, y, s=6, alpha=0.35, color="#9aa7b8", label=f"fits ({len(fits)})")
+        order = np.argsort(x[front])
+        ax.plot(x[front][order], y[front][order], "-o", ms=4, color=PALETTE[1],
+                label=f"Pareto front ({int(front.sum())})")  # fmt: skip
+        ax.scatter(plans.peak_memory_gib, plans.iteration_s, marker="*", s=90,
+                   color=PALETTE[0], zorder=5, label="ranked plans (simulated)")  # fmt: skip
+        for r in records[:3]:
+            ax.annotate(f"#{r['rank']}", (r["peak_memory_gib"], r["iteration_s"]),
+                        textcoords="offset points", xytext=(5, 4), fontsize=8)  # fmt: skip
+        cap = float(plans.memory_capacity_gib.iloc[0])
+        ax.axvline(cap, color="black", lw=0.8, ls="--")
+        ax.set(xlabel="peak memory per GPU, GiB (dashed: capacity)", ylabel="iteration s")
+        if y.max() / max(y.min(), 1e-12) > 20:
+            ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        rep.figure(
+            fig,
+            f"{summary['configs_evaluated']} plans enumerated, {summary['configs_fit']} fit; "
+            "grey: closed-form time of each fitting plan; red: plans no other plan beats in "
+            "both time and memory; stars: the ranked plans as simulated (evaluated.csv)",
+        )
+    else:
+        rep.note("no plan fits in memory")
+
+    rep.heading("Iteration breakdown of the ranked plans")
+    labels = [_label(r) for r in records]
+    keys = [k for k in (breakdowns[0] if breakdowns else {}) if any(b.get(k) for b in breakdowns)]
+    fig, ax = new_figure(9, 0.9 + 0.38 * len(labels))
+    hbar_stack(ax, labels, {k: [b.get(k, 0.0) for b in breakdowns] for k in keys})
+    ax.set_xlabel("seconds per iteration")
+    ax.legend(fontsize=7, ncols=min(len(keys), 5), loc="upper center",
+              bbox_to_anchor=(0.5, -0.9 / (0.9 + 0.38 * len(labels))), frameon=False)  # fmt: skip
+    rep.figure(fig, "Where each ranked plan's iteration goes (simulated)")
+    return csvs, rep.html()

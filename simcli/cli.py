@@ -16,6 +16,7 @@ from simcli.commands import step as step_cmd
 from simcli.commands import train as train_cmd
 from simcli.commands import varlen as varlen_cmd
 from simcli.errors import set_debug
+from simcli.progress import set_quiet
 
 app = typer.Typer(
     name="simcli",
@@ -45,11 +46,15 @@ def _version(flag: bool) -> None:
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    quiet: bool = typer.Option(
+        False, "--quiet", help="No progress bars (they are drawn on stderr, on terminals only)."
+    ),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
     set_debug(debug)
+    set_quiet(quiet)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ json`` keeps stdout machine-clean and pipes and CI logs stay free of control cod
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 _state = {"quiet": False}
 
 # A bar appears only once the work has run this long: short commands stay silent.
-SHOW_AFTER_S = 1.0
+SHOW_AFTER_S = float(os.environ.get("SIMCLI_PROGRESS_AFTER_S", "1.0"))
 
 Advance = Callable[..., None]
 

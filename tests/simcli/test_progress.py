@@ -1,0 +1,82 @@
+import io
+
+import pytest
+
+from simcli import progress
+
+
+class _TTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def tty(monkeypatch):
+    err = _TTY()
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.0)
+    monkeypatch.setitem(progress._state, "quiet", False)
+    return err
+
+
+def test_bar_draws_on_a_terminal(tty):
+    with progress.progress_bar("work", total=3, fields=("failed",)) as advance:
+        for i in range(3):
+            advance(i + 1, failed=1)
+        assert advance._rich is not None  # a rich bar was started (drawing: see the pty test)
+        task = advance._rich.tasks[0]
+        assert (task.completed, task.total, task.fields["failed"]) == (3, 3, 1)
+
+
+def test_quiet_and_pipes_draw_nothing(tty, monkeypatch):
+    progress.set_quiet(True)
+    with progress.progress_bar("work", total=3) as advance:
+        advance(1)
+    assert tty.getvalue() == ""
+    monkeypatch.setitem(progress._state, "quiet", False)
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal
+    assert not progress.enabled()
+
+
+def test_short_work_stays_silent(tty, monkeypatch):
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 60.0)
+    with progress.progress_bar("quick", total=2) as advance:
+        advance(2)
+    assert tty.getvalue() == ""
+
+
+def test_json_stdout_is_clean_while_a_bar_draws_on_stderr(tmp_path):
+    """A real process with stderr on a pseudo-terminal: the bar goes there, stdout is JSON."""
+    import json
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "SIMCLI_PROGRESS_AFTER_S": "0", "COLUMNS": "120"}
+    args = "plan --model llama3-8b --gpu h100-sxm --gpus 8 --seq-len 4096 --global-batch 64"
+    args = [*args.split(), "--top", "2", "--format", "json"]
+    code = "from simcli.cli import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=slave, env=env,
+        timeout=120,
+    )  # fmt: skip
+    os.close(slave)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(master)
+    assert proc.returncode == 0
+    assert len(json.loads(proc.stdout)["plans"]) == 2
+    assert b"plan search" in drawn
+    quiet = subprocess.run(
+        [sys.executable, "-c", code, "--quiet", *args], capture_output=True, env=env, timeout=120
+    )
+    assert quiet.returncode == 0 and quiet.stderr == b""

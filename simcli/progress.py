@@ -31,9 +31,13 @@ def quiet() -> bool:
     return _state["quiet"]
 
 
+def _stderr_is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
 def enabled() -> bool:
     """True when a bar would be drawn: stderr is a terminal and not ``--quiet``."""
-    return not _state["quiet"] and sys.stderr.isatty()
+    return not _state["quiet"] and _stderr_is_tty()
 
 
 class _Bar:

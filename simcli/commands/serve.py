@@ -18,13 +18,14 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import IO
 
+import pandas as pd
 import typer
 import yaml
 
@@ -32,6 +33,23 @@ from hardware_specs.registry import load_catalog
 from simcli.commands.serve_plan import serve_plan
 from simcli.errors import fail, user_errors
 from simcli.output import Format, emit_object
+from simcli.progress import progress_bar, set_quiet
+from simcli.reports import output_is_dir
+from simcli.reports.bundle import config_document
+from simcli.reports.serve import (
+    REPLICAS_SCHEMA,
+    REQUESTS_SCHEMA,
+    SWEEP_METRICS,
+    SWEEP_SCHEMA,
+    TIMELINE_SCHEMA,
+    StagedBundle,
+    check_file_path,
+    check_output_dir,
+    frame,
+    qps_multipliers,
+    serve_csvs,
+    serve_report,
+)
 from simcli.serving.branches import BranchConfig
 from simcli.serving.disagg import DisaggConfig
 from simcli.serving.metrics import EnergyMeter
@@ -46,6 +64,7 @@ from simcli.serving.router import ROUTERS
 from simcli.serving.schedulers import PREEMPTION, SCHEDULERS, SchedulerConfig
 from simcli.serving.simulator import ServeConfig, Simulator
 from simcli.serving.spec import SpecConfig
+from simcli.serving.timeline import StepRecorder
 from workloads.lengths import parse_dist
 from workloads.models import load_model
 
@@ -56,17 +75,12 @@ app = typer.Typer(help="Simulate serving a model: latency, throughput, goodput, 
 # reach ~25 GB/s; 5.0 and 6.0 double each step).
 SWAP_BYTES_PER_S = {3: 12.5e9, 4: 25e9, 5: 50e9, 6: 100e9}
 
-REQUEST_COLUMNS = (
-    "request_id",
-    "replica",
-    "arrival_s",
-    "prompt_tokens",
-    "output_tokens",
-    "ttft_s",
-    "tpot_s",
-    "e2e_s",
-    "preemptions",
-)
+REQUEST_COLUMNS = tuple(REQUESTS_SCHEMA)
+
+# --output DIR: at most this many rows of timeline.csv (iteration samples, all replicas)
+TIMELINE_ROWS = 4000
+# --trace-output: requests drawn as async spans (the first ones to complete)
+TRACE_REQUESTS = 1000
 
 
 @lru_cache(maxsize=1)
@@ -268,8 +282,33 @@ def serve(
     ),
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile."),
     output: Path | None = typer.Option(
-        None, "--output", help="Write one CSV row per request here (atomically)."
+        None,
+        "--output",
+        help="A .csv/.json name: one CSV row per request. Any other name: a folder with "
+        "requests.csv, summary.csv, timeline.csv, replicas.csv, qps_sweep.csv, config.json "
+        "and report.html. Written atomically.",
     ),
+    trace_output: Path | None = typer.Option(
+        None,
+        "--trace-output",
+        help="Write a Chrome/Perfetto trace (JSON) of the simulated iterations here: one "
+        "process per replica, counters of KV blocks and queued sequences, request spans.",
+    ),
+    trace_max_steps: int = typer.Option(
+        100_000, "--trace-max-steps", help="Iterations drawn in --trace-output (the first N)."
+    ),
+    report_qps_points: int = typer.Option(
+        6,
+        "--report-qps-points",
+        help="--output DIR: re-simulate at N arrival rates from 0.25x to 2x for the "
+        "throughput/latency-vs-QPS charts (0: no sweep).",
+    ),
+    report_requests: int = typer.Option(
+        500,
+        "--report-requests",
+        help="--output DIR: requests per QPS-sweep point (at most --num-requests).",
+    ),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars."),
     disaggregate: bool = typer.Option(
         False, "--disaggregate/--no-disaggregate", help="Separate prefill and decode pools."
     ),
@@ -339,7 +378,20 @@ def serve(
     `simcli serve plan ...` searches for the cheapest deployment meeting SLOs."""
     if ctx.invoked_subcommand is not None:
         return
+    set_quiet(quiet)
     with user_errors():
+        bundle_dir = output if output is not None and output_is_dir(output) else None
+        if bundle_dir is not None:
+            check_output_dir(bundle_dir)
+        elif output is not None:
+            check_file_path("--output", output)
+        if trace_output is not None:
+            check_file_path("--trace-output", trace_output)
+            if output is not None and trace_output.resolve() == output.resolve():
+                raise fail(f"--trace-output {trace_output} is also --output; allowed: two paths")
+        _check_positive("--trace-max-steps", trace_max_steps)
+        _check_positive("--report-requests", report_requests)
+        _check_positive("--report-qps-points", report_qps_points, zero_ok=True)
         for flag, value in (("--model", model), ("--gpu", gpu)):
             if value is None:
                 raise ValueError(f"{flag} is required (or run `simcli serve plan`)")
@@ -458,9 +510,11 @@ def serve(
                         "vocabulary"
                     )
                 drafts.append(dcfg)
-        if trace is not None and qps is None:
-            requests = trace_requests(trace, num_requests)
-            next(trace_requests(trace, 1))  # header and first row: fail before simulating
+        syn = empirical = None
+        replay = trace is not None and qps is None
+        if replay:
+            requests = trace_requests(trace, num_requests)  # type: ignore[arg-type]
+            next(trace_requests(trace, 1))  # type: ignore[arg-type]  # fail before simulating
         else:
             empirical = trace_lengths(trace) if trace is not None else None
             syn = SyntheticSpec(
@@ -535,52 +589,241 @@ def serve(
         else:
             step = _step_model(cfg, gpu, tp=tp, attn_pattern=attn_pattern, **step_kw)
         draft_steps = [_step_model(d, gpu, tp=tp, **step_kw) for d in drafts]
-        t0 = time.perf_counter()
-        with _request_writer(output) as writer:
-            sim = Simulator(
-                step,
-                config,
-                sink=_row_sink(writer) if writer else None,
-                energy=EnergyMeter.for_step_model(step),
-                prefill_step_model=pre_step,
-                decode_step_model=dec_step,
-                draft_step_model=draft_steps[0] if draft_steps else None,
-                tiny_step_model=draft_steps[1] if len(draft_steps) > 1 else None,
-                branch_output_lengths=branch_lengths,
+        sim_kw = dict(
+            prefill_step_model=pre_step,
+            decode_step_model=dec_step,
+            draft_step_model=draft_steps[0] if draft_steps else None,
+            tiny_step_model=draft_steps[1] if len(draft_steps) > 1 else None,
+            branch_output_lengths=branch_lengths,
+        )
+        expected = num_requests if replay else (num_requests or 1000)
+        recorder = None
+        if bundle_dir is not None or trace_output is not None:
+            traced = trace_output is not None
+            recorder = StepRecorder(
+                max_samples=TIMELINE_ROWS,
+                max_trace_steps=trace_max_steps if traced else 0,
+                max_trace_requests=TRACE_REQUESTS if traced else 0,
             )
-            result = sim.run(requests)
-        wall = time.perf_counter() - t0
-        summary = result.summary
-        out: dict = {
-            "model": cfg.id,
-            "gpu": gpu,
-            "tp": tp,
-            "pp": pp,
-            "engine": engine,
-            "replicas": replicas,
-            "scheduler": scheduler,
-            "router": router,
-            "arrivals": "trace" if trace is not None and qps is None else f"qps {qps:g}",
-            "prefill_tp": ptp if disaggregate else None,
-            "decode_tp": dtp if disaggregate else None,
-            "draft_model": drafts[0].id if drafts else None,
-            "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
-            **summary,
-            "price_per_gpu_hour": price,
-            "simulation_wall_s": wall,
-            "simulated_requests_per_wall_s": summary["requests_completed"] / wall
-            if wall > 0
-            else None,
-        }
+        staging = StagedBundle(bundle_dir) if bundle_dir is not None else nullcontext(None)
+        with staging as staged:
+            rows_path = staged.path("requests.csv") if staged is not None else output
+            t0 = time.perf_counter()
+            with (
+                _request_writer(rows_path) as writer,
+                progress_bar("simulating requests", total=expected) as advance,
+            ):
+                sim = Simulator(
+                    step,
+                    config,
+                    sink=_row_sink(writer) if writer else None,
+                    energy=EnergyMeter.for_step_model(step),
+                    progress=advance,
+                    progress_total=expected,
+                    recorder=recorder,
+                    **sim_kw,
+                )
+                result = sim.run(requests)
+            wall = time.perf_counter() - t0
+            out = _result_object(
+                result, wall, cfg=cfg, gpu=gpu, tp=tp, pp=pp, engine=engine, replicas=replicas,
+                scheduler=scheduler, router=router, replay=replay, qps=qps, ptp=ptp, dtp=dtp,
+                disaggregate=disaggregate, drafts=drafts, price=price,
+            )  # fmt: skip
+            where = (
+                f"{prefill_replicas} x {ptp * pp} + {decode_replicas} x {dtp * pp} {gpu} "
+                "(prefill + decode)"
+                if disaggregate
+                else f"{replicas} x {tp * pp} {gpu}"
+            )
+            title = f"serving {cfg.id} on {where}"
+            if staged is not None:
+                assert recorder is not None
+                n_sweep = min(report_requests, expected or report_requests)
+                if replay:
+                    requests_at, base_qps, why = _replay_at(trace, n_sweep)  # type: ignore[arg-type]
+                else:
+                    requests_at, base_qps, why = _synthetic_at(syn, empirical, n_sweep)  # type: ignore[arg-type]
+                sweep, sweep_note = _qps_sweep(
+                    report_qps_points,
+                    n_sweep,
+                    base_qps,
+                    why,
+                    requests_at,
+                    lambda reqs: Simulator(step, config, **sim_kw).run(reqs).summary,  # type: ignore[arg-type]
+                    replay=replay,
+                )
+                if base_qps is not None:
+                    out_for_report = {**out, "offered_qps": base_qps}
+                else:
+                    out_for_report = dict(out)
+                timeline = frame(recorder.samples(), TIMELINE_SCHEMA)
+                reps = frame(result.per_replica, REPLICAS_SCHEMA)
+                html = serve_report(
+                    out_for_report,
+                    title=title,
+                    hists={"ttft_s": sim.metrics.ttft, "tpot_s": sim.metrics.tpot,
+                           "e2e_s": sim.metrics.e2e},
+                    slos={"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
+                    timeline=timeline,
+                    replicas=reps,
+                    sweep=sweep,
+                    sweep_note=sweep_note,
+                    cost_model=str(getattr(step, "label", type(step).__name__)),
+                )  # fmt: skip
+                resolved = {
+                    "model_id": cfg.id,
+                    "gpu": gpu,
+                    "cost_model": str(getattr(step, "label", type(step).__name__)),
+                    "profile": profile,
+                    "seed": seed,
+                    "num_requests": expected,
+                    "arrivals": out["arrivals"],
+                    "max_tokens": sched.max_tokens,
+                    "price_per_gpu_hour": price,
+                    "prefill_tp": ptp if disaggregate else None,
+                    "decode_tp": dtp if disaggregate else None,
+                    "draft_models": [d.id for d in drafts],
+                    "serve_config": config,
+                    "report": {
+                        "qps_multipliers": qps_multipliers(report_qps_points)
+                        if sweep is not None
+                        else [],
+                        "base_qps": base_qps,
+                        "requests_per_point": n_sweep,
+                        "timeline_rows_max": TIMELINE_ROWS,
+                    },
+                }
+                inputs = {k: v for k, v in ctx.params.items()}
+                staged.commit(
+                    csvs=serve_csvs(out, timeline=timeline, replicas=reps, sweep=sweep),
+                    config=config_document("serve", inputs, resolved=resolved),
+                    report_html=html,
+                )
+        if trace_output is not None:
+            assert recorder is not None
+            recorder.write_trace(trace_output, command="serve", model=cfg.id, gpu=gpu, title=title)
         if fmt == Format.json:
             out["per_replica"] = result.per_replica
-        where = (
-            f"{prefill_replicas} x {ptp * pp} + {decode_replicas} x {dtp * pp} {gpu} "
-            "(prefill + decode)"
-            if disaggregate
-            else f"{replicas} x {tp * pp} {gpu}"
-        )
-        emit_object(out, fmt, title=f"serving {cfg.id} on {where}")
+        emit_object(out, fmt, title=title)
+
+
+def _result_object(
+    result,
+    wall: float,
+    *,
+    cfg,
+    gpu: str,
+    tp: int,
+    pp: int,
+    engine: str,
+    replicas: int,
+    scheduler: str,
+    router: str,
+    replay: bool,
+    qps: float | None,
+    ptp: int,
+    dtp: int,
+    disaggregate: bool,
+    drafts: list,
+    price: float | None,
+) -> dict:
+    """The printed result: the deployment, then the simulator's summary."""
+    summary = result.summary
+    out: dict = {
+        "model": cfg.id,
+        "gpu": gpu,
+        "tp": tp,
+        "pp": pp,
+        "engine": engine,
+        "replicas": replicas,
+        "scheduler": scheduler,
+        "router": router,
+        "arrivals": "trace" if replay else f"qps {qps:g}",
+        "prefill_tp": ptp if disaggregate else None,
+        "decode_tp": dtp if disaggregate else None,
+        "draft_model": drafts[0].id if drafts else None,
+        "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
+        **summary,
+        "price_per_gpu_hour": price,
+        "simulation_wall_s": wall,
+        "simulated_requests_per_wall_s": summary["requests_completed"] / wall if wall > 0 else None,
+    }
+    return out
+
+
+def _synthetic_at(
+    syn: SyntheticSpec, empirical, n: int
+) -> tuple[Callable[[float], Iterable[Request]], float, str]:
+    """QPS sweep of synthetic arrivals: the same spec (seed, lengths) at ``m x --qps``."""
+
+    def at(m: float) -> Iterable[Request]:
+        spec = syn.model_copy(update={"qps": syn.qps * m, "num_requests": n})
+        return synthetic_requests(spec, empirical)
+
+    return at, syn.qps, ""
+
+
+def _replay_at(
+    trace: Path, n: int
+) -> tuple[Callable[[float], Iterable[Request]], float | None, str]:
+    """QPS sweep of a replayed trace: its first ``n`` rows with arrival times divided by
+    ``m`` (so ``m`` x its mean rate), lengths unchanged."""
+    arrivals = [r.arrival_s for r in trace_requests(trace, n)]
+    span = arrivals[-1] - arrivals[0] if arrivals else 0.0
+    if len(arrivals) < 2 or not span > 0:
+        return (lambda m: iter(())), None, "the trace's arrivals span no time"
+
+    def at(m: float) -> Iterable[Request]:
+        for r in trace_requests(trace, n):
+            yield Request(
+                r.id, r.arrival_s / m, r.prompt_tokens, r.output_tokens, r.prefix_key,
+                r.prefix_tokens,
+            )  # fmt: skip
+
+    return at, (len(arrivals) - 1) / span, ""
+
+
+def _qps_sweep(
+    points: int,
+    n: int,
+    base_qps: float | None,
+    why_not: str,
+    requests_at: Callable[[float], Iterable[Request]],
+    run: Callable[[Iterable[Request]], dict],
+    *,
+    replay: bool,
+) -> tuple[pd.DataFrame | None, str]:
+    """Throughput and latency at ``points`` arrival rates (0.25x to 2x the run's): the
+    same deployment re-simulated with ``n`` requests per point. (frame or None, how it
+    was made, for the report)."""
+    if points <= 0:
+        return None, "QPS sweep off (--report-qps-points 0)."
+    if base_qps is None:
+        return None, f"No QPS sweep: {why_not}."
+    mults = qps_multipliers(points)
+    rows = []
+    with progress_bar("QPS sweep", total=len(mults)) as advance:
+        for i, m in enumerate(mults):
+            summary = run(requests_at(m))
+            rows.append(
+                {"qps_multiplier": m, "offered_qps": base_qps * m,
+                 **{k: summary.get(k) for k in SWEEP_METRICS}}
+            )  # fmt: skip
+            advance(i + 1, len(mults))
+    how = (
+        f"The trace's first {n} rows replayed with arrival times divided by each multiplier "
+        f"(its mean rate: {base_qps:.4g} requests/s)"
+        if replay
+        else f"{n} synthetic requests per point, same seed and length distributions"
+    )
+    note = (
+        f"Curve made by re-simulating this deployment at {len(mults)} arrival rates, "
+        f"{', '.join(f'{m:.3g}' for m in mults)} x {base_qps:.4g} requests/s. {how}. "
+        "Overloaded points (throughput below the offered load) run until the last request "
+        "completes, so their latencies grow with the number of requests."
+    )
+    return frame(rows, SWEEP_SCHEMA), note
 
 
 def _spec_config(

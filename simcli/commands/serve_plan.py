@@ -18,6 +18,17 @@ import typer
 
 from simcli.errors import fail, user_errors
 from simcli.output import Format, _clean, atomic_write_text, emit_records
+from simcli.progress import progress_bar, set_quiet
+from simcli.reports import output_is_dir, write_output_dir
+from simcli.reports.bundle import config_document
+from simcli.reports.serve import (
+    DEPLOYMENTS_SCHEMA,
+    EVALUATED_SCHEMA,
+    check_file_path,
+    check_output_dir,
+    frame,
+    plan_report,
+)
 from simcli.serving.planner import (
     DEFAULT_GPUS,
     SLO,
@@ -114,6 +125,40 @@ def _write(result: PlanResult, path: Path) -> None:
         atomic_write_text(path, json.dumps(_clean(obj), indent=2) + "\n")
 
 
+def _write_bundle(
+    result: PlanResult,
+    folder: Path,
+    inputs: dict,
+    space: PlanSpace,
+    workload: Workload,
+    slo: SLO,
+) -> None:
+    """``--output DIR``: plans.csv, deployments.csv, config.json, report.html."""
+    summary = result.summary()
+    evaluated = frame(result.evaluated(), EVALUATED_SCHEMA)
+    deployments = frame(result.records(), DEPLOYMENTS_SCHEMA)
+    html = plan_report(
+        summary,
+        deployments,
+        evaluated,
+        title=f"Serving plan: {result.model} at {workload.qps:g} qps",
+    )
+    resolved = {
+        "model_id": result.model,
+        "space": space,
+        "workload": workload,
+        "slo": slo,
+        "usd_per_gpu_hour": result.prices,
+        "cost_model": result.cost_model_labels,
+    }
+    write_output_dir(
+        folder,
+        csvs={"plans.csv": evaluated, "deployments.csv": deployments},
+        config=config_document("serve plan", inputs, resolved=resolved),
+        report_html=html,
+    )
+
+
 def serve_plan(
     model: str = typer.Option(..., "--model", help="Built-in model id or config.json."),
     gpu_types: str = typer.Option(
@@ -171,12 +216,24 @@ def serve_plan(
         "(default: the price table).",
     ),
     output: Path | None = typer.Option(
-        None, "--output", help="Also write the result: CSV of deployments (.csv) or JSON."
+        None,
+        "--output",
+        help="Also write the result: CSV of deployments (.csv), JSON (.json), or any other "
+        "name a folder with plans.csv (every deployment evaluated), deployments.csv, "
+        "config.json and report.html.",
     ),
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Cheapest deployments (GPU, TP, replicas, scheduler, chunk, P:D) meeting SLOs at --qps."""
+    inputs = dict(locals())  # every option after defaults, for config.json
+    set_quiet(quiet)
     with user_errors():
+        if output is not None:
+            if output_is_dir(output):
+                check_output_dir(output)
+            else:
+                check_file_path("--output", output)
         if slo_ttft_s is None and slo_tpot_s is None and slo_e2e_s is None:
             raise fail(
                 "no SLO given; allowed: at least one of --slo-ttft-s, --slo-tpot-s, --slo-e2e-s"
@@ -224,8 +281,11 @@ def serve_plan(
             seed=seed,
         )
         slo = SLO(ttft_s=slo_ttft_s, tpot_s=slo_tpot_s, e2e_s=slo_e2e_s, attainment=attainment)
-        result = plan_deployments(cfg, workload, slo, space, top=top)
-        if output is not None:
+        with progress_bar("serve plan: configs", total=None) as advance:
+            result = plan_deployments(cfg, workload, slo, space, top=top, progress=advance)
+        if output is not None and output_is_dir(output):
+            _write_bundle(result, output, inputs, space, workload, slo)
+        elif output is not None:
             _write(result, output)
         records = result.records()
         summary = result.summary()

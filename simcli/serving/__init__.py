@@ -24,7 +24,8 @@ Contract between the step model and the simulator (both sides rely on it):
 
 Modules: ``requests`` (requests, sequences, arrival streams), ``kv`` (paged blocks, prefix
 cache), ``replica`` (engines and their iteration loop), ``schedulers``, ``router``,
-``metrics``, ``simulator`` (the event loop, ``ServeConfig``, ``simulate``), and the optional
+``metrics``, ``timeline`` (bounded per-iteration samples and Chrome traces for reports),
+``simulator`` (the event loop, ``ServeConfig``, ``simulate``), and the optional
 features, each a ``ServeConfig`` field: ``disagg`` (prefill/decode pools joined by KV
 transfers), ``spec`` (speculative decoding: draft model, SpecTr drafts, TriForce hierarchy),
 ``branches`` (N branches per request, early stopping at M, SART pruning).

@@ -234,6 +234,21 @@ class Metrics:
         self.kv_util_max = 0.0
         self.engine_busy_s = 0.0
         self.handoff = LogHistogram()  # disaggregation: prefill end to KV on the decode side
+        # optional hooks: a StepRecorder (simcli.serving.timeline) and progress(done, total)
+        self.recorder: Any = None
+        self.progress: Callable[[int, int | None], None] | None = None
+        self.progress_total: int | None = None
+        self._progress_every = 1
+        self._progress_next = math.inf
+
+    def set_progress(
+        self, progress: Callable[[int, int | None], None] | None, total: int | None
+    ) -> None:
+        """Call ``progress(completed, total)`` about 200 times over the run (every 256
+        requests when the total is unknown)."""
+        self.progress, self.progress_total = progress, total
+        self._progress_every = max(1, total // 200) if total else 256
+        self._progress_next = self._progress_every if progress is not None else math.inf
 
     # called by replicas -----------------------------------------------------------------
     def iteration(
@@ -255,6 +270,8 @@ class Metrics:
             past = np.array(batch.prefill_past, dtype=np.int64) if batch.prefills else new
             n_dec = batch.n_decode
             energy.add(new, past, n_dec, engine.decode.context_sum() if n_dec else 0, dt_s)
+        if self.recorder is not None:
+            self.recorder.step(engine, batch, dt_s)
 
     def tbt(self, gap_s: float, weight: int) -> None:
         self.tbt_hist.add(gap_s, weight)
@@ -290,6 +307,11 @@ class Metrics:
             self.last_finish_s = req.finish_s  # type: ignore[assignment]
         if self.sink is not None:
             self.sink(req)
+        if self.recorder is not None:
+            self.recorder.request(req)
+        if self.completed >= self._progress_next:
+            self._progress_next += self._progress_every
+            self.progress(self.completed, self.progress_total)  # type: ignore[misc]
 
     # results ------------------------------------------------------------------------------
     @property

@@ -97,7 +97,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -431,6 +431,36 @@ class Deployment:
         }
 
 
+# Simulator metrics of a probe that ``PlanResult.evaluated`` reports (None when stopped early).
+PROBE_METRICS = (
+    "ttft_s_p50",
+    "ttft_s_p99",
+    "tpot_s_p50",
+    "tpot_s_p99",
+    "e2e_s_p50",
+    "e2e_s_p99",
+    "throughput_tokens_per_s",
+    "goodput_requests_per_s",
+    "preemptions",
+    "kv_capacity_tokens_per_replica",
+)
+
+# ``status`` of a row of ``PlanResult.evaluated``: a simulated deployment is ``ranked`` (one
+# of the returned ones), ``meets_slo``, ``misses_slo`` or ``stopped_early`` (missed: the run
+# stopped once too many requests had missed); a config never simulated is ``skipped``
+# (model or request does not fit), ``infeasible`` (idle or work bound) or ``pruned`` (its
+# cost bound above the top deployments).
+EVALUATED_STATUS = (
+    "ranked",
+    "meets_slo",
+    "misses_slo",
+    "stopped_early",
+    "skipped",
+    "infeasible",
+    "pruned",
+)
+
+
 @dataclass
 class PlanResult:
     model: str
@@ -450,6 +480,10 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     best_infeasible: tuple[float, str, bool] | None = None  # attainment, where, upper bound
     fewest_over_cap: tuple[int, str] | None = None  # smallest R_lb above --max-replicas
+    # every config searched: (config, outcome, note, its probes by replicas); see evaluated()
+    searched: list[tuple[Config, str, str, dict[int, Probe]]] = field(default_factory=list)
+    prices: dict[str, float] = field(default_factory=dict)  # gpu -> US$ per GPU-hour
+    cost_model_labels: dict[str, str] = field(default_factory=dict)  # gpu -> StepModel.label
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -474,6 +508,69 @@ class PlanResult:
 
     def records(self) -> list[dict[str, Any]]:
         return [{"rank": i + 1, **d.record()} for i, d in enumerate(self.deployments)]
+
+    def evaluated(self) -> list[dict[str, Any]]:
+        """Every deployment the search looked at: one row per (config, replica count)
+        simulated, and one row (``replicas`` None) per config left without a simulation.
+        ``status`` is one of :data:`EVALUATED_STATUS`; ``rank`` is set for the returned
+        deployments."""
+        ranks = {(d.config, d.replicas): i + 1 for i, d in enumerate(self.deployments)}
+        prices = {d.config.gpu: d.usd_per_gpu_hour for d in self.deployments}
+        rows: list[dict[str, Any]] = []
+        for c, outcome, note, probes in self.searched:
+            price = prices.get(c.gpu, self.prices.get(c.gpu, math.nan))
+            base = {
+                "config": c.label,
+                "gpu": c.gpu,
+                "tp": c.tp,
+                "scheduler": c.scheduler,
+                "chunk_size": c.chunk_size,
+                "pd_ratio": c.pd_ratio,
+                "usd_per_gpu_hour": price,
+            }
+            if not probes:
+                rows.append({"rank": None, **base, "replicas": None, "status": outcome,
+                             "note": note})  # fmt: skip
+                continue
+            for r in sorted(probes):
+                pr = probes[r]
+                pools = c.pools(r)
+                s = pr.summary or {}
+                gpus = r * c.tp
+                tokens = s.get("output_tokens") or 0
+                usd_h = gpus * price
+                rank = ranks.get((c, r))
+                if rank is not None:
+                    status = "ranked"
+                elif pr.passed:
+                    status = "meets_slo"
+                else:
+                    status = "stopped_early" if pr.stopped_early else "misses_slo"
+                rows.append(
+                    {
+                        "rank": rank,
+                        **base,
+                        "replicas": r,
+                        "prefill_replicas": pools[0] if pools else None,
+                        "decode_replicas": pools[1] if pools else None,
+                        "gpus": gpus,
+                        "usd_per_hour": usd_h,
+                        "usd_per_million_output_tokens": usd_h
+                        * s["duration_s"]
+                        / 3600.0
+                        / tokens
+                        * 1e6
+                        if tokens
+                        else None,
+                        "meets_slo": pr.passed,
+                        "slo_attainment": pr.attainment,
+                        "stopped_early": pr.stopped_early,
+                        "status": status,
+                        **{k: s.get(k) for k in PROBE_METRICS},
+                        "note": "",
+                    }
+                )
+        return rows
 
 
 # --------------------------------------------------------------------------- the search
@@ -517,14 +614,23 @@ class _State:
     r_lb: int = 1
     r_est: int = 1
     probes: dict[int, Probe] = field(default_factory=dict)
+    outcome: str = ""  # how the search left the config (see EVALUATED_STATUS)
+    note: str = ""
 
 
 class Planner:
     """One search; :meth:`run` returns a :class:`PlanResult`."""
 
     def __init__(
-        self, model: ModelConfig | str, space: PlanSpace, slo: SLO, workload: Workload, top: int
+        self,
+        model: ModelConfig | str,
+        space: PlanSpace,
+        slo: SLO,
+        workload: Workload,
+        top: int,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
+        self.progress = progress
         if top < 1:
             raise PlanError(f"--top {top} is invalid; allowed: a positive integer")
         self.model = model if isinstance(model, ModelConfig) else load_model(model)
@@ -542,7 +648,9 @@ class Planner:
         self.arrivals = arrivals
         self.prompts = np.asarray(prompts, dtype=np.int64)
         self.outputs = np.asarray(outputs, dtype=np.int64)
-        self.result = PlanResult(self.model.id, slo, workload, [])
+        self.result = PlanResult(self.model.id, slo, workload, [], prices=dict(self.prices))
+        self._done = 0
+        self._total = 0
         self._probes: dict[tuple, Probe] = {}  # by deployment shape, across configs
 
     # --- workload ----------------------------------------------------------------------
@@ -576,6 +684,7 @@ class Planner:
                 mbt,  # type: ignore[arg-type]
                 sp.max_batch_size,
             )
+            self.result.cost_model_labels.setdefault(c.gpu, str(getattr(st.step, "label", "")))
             st.kv_capacity = int(
                 st.step.kv_capacity_tokens(sp.block_size, sp.gpu_memory_utilization)
             )
@@ -787,10 +896,13 @@ class Planner:
         res = self.result
         configs = self.configs()
         res.configs_evaluated = len(configs)
+        self._total = len(configs)
+        states = [_State(c) for c in configs]
         # (lower bound on $/hour, level 0: fewest replicas / 1: R_lb, order, state)
         heap: list[tuple[float, int, int, _State]] = []
-        for i, c in enumerate(configs):
-            heapq.heappush(heap, (c.min_replicas * c.tp * self.prices[c.gpu], 0, i, _State(c)))
+        for i, st in enumerate(states):
+            c = st.config
+            heapq.heappush(heap, (c.min_replicas * c.tp * self.prices[c.gpu], 0, i, st))
         pruned: list[str] = []
         skipped: dict[tuple[str, int, str], list[str]] = {}  # (gpu, tp, why) -> configs
         while heap:
@@ -799,12 +911,14 @@ class Planner:
             price = self.prices[c.gpu]
             if bound > self._kth_cost() + 1e-9:
                 pruned.append(c.label)
+                self._finish(st, "pruned", "cost bound above the top deployments")
                 continue
             if level == 0:
                 why = self._prepare(st)
                 if why is not None:
                     res.configs_skipped += 1
                     skipped.setdefault((c.gpu, c.tp, why), []).append(c.label)
+                    self._finish(st, "skipped", why)
                     continue
                 idle = self.idle_attainment(st)
                 if idle < self.slo.attainment:
@@ -814,6 +928,7 @@ class Planner:
                         f"alone on an idle replica (need {self.slo.attainment:.1%})"
                     )
                     self._note_best(idle, f"{c.label} (idle replica)")
+                    self._finish(st, "infeasible", f"idle replica: {idle:.1%} meet the SLO")
                     continue
                 st.r_lb, st.r_est = self.replica_bounds(st)
                 heapq.heappush(heap, (st.r_lb * c.tp * price, 1, i, st))
@@ -826,6 +941,7 @@ class Planner:
                 )
                 if res.fewest_over_cap is None or st.r_lb < res.fewest_over_cap[0]:
                     res.fewest_over_cap = (st.r_lb, c.label)
+                self._finish(st, "infeasible", f"work bound needs {st.r_lb} replicas")
                 continue
             kth = self._kth_cost()
             cap = self.space.max_replicas
@@ -833,6 +949,7 @@ class Planner:
                 cap = min(cap, int(math.floor((kth + 1e-9) / (c.tp * price))))
             if st.r_lb > cap:
                 pruned.append(c.label)
+                self._finish(st, "pruned", "cost bound above the top deployments")
                 continue
             res.configs_simulated += 1
             passed, best_fail = self.search_replicas(st, cap)
@@ -845,15 +962,18 @@ class Planner:
                 )
                 if cap < self.space.max_replicas:
                     pruned.append(c.label)
+                    self._finish(st, "pruned", "cost bound above the top deployments")
                 else:
                     res.configs_infeasible += 1
                     res.notes.append(
                         f"{c.label}: infeasible: {best_fail.attainment:.1%} of requests meet the "
                         f"SLO with {cap} replicas (--max-replicas)"
                     )
+                    self._finish(st, "infeasible", f"SLO missed with {cap} replicas")
                 continue
             fewer = st.probes.get(passed.replicas - 1)
             res.deployments.append(Deployment(c, passed.replicas, price, passed, fewer))
+            self._finish(st, "feasible")
         for (gpu, tp, why), labels in skipped.items():
             n = len(labels)
             res.notes.insert(0, f"{gpu} tp={tp}: skipped ({n} config{'s' * (n > 1)}): {why}")
@@ -874,8 +994,16 @@ class Planner:
                 seen.add(shape)
                 unique.append(d)
         res.deployments = unique[: self.top]
+        res.searched = [(st.config, st.outcome, st.note, dict(st.probes)) for st in states]
         res.search_seconds = time.perf_counter() - t0
         return res
+
+    def _finish(self, st: _State, outcome: str, note: str = "") -> None:
+        """The search is done with ``st``'s config: record how, report progress."""
+        st.outcome, st.note = outcome, note
+        self._done += 1
+        if self.progress is not None:
+            self.progress(self._done, self._total)
 
     def _note_best(self, attainment: float, where: str, upper: bool = False) -> None:
         best = self.result.best_infeasible
@@ -890,11 +1018,13 @@ def plan_deployments(
     space: PlanSpace | None = None,
     *,
     top: int = 5,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PlanResult:
     """Search ``space`` for the cheapest deployments meeting ``slo`` under ``workload``.
+    ``progress(done, total)`` is called as each config is settled (total: the configs).
 
     Raises :class:`PlanError` (one line) when no deployment meets the SLO."""
-    planner = Planner(model, space or PlanSpace(), slo, workload, top)
+    planner = Planner(model, space or PlanSpace(), slo, workload, top, progress)
     result = planner.run()
     if not result.deployments:
         if result.configs_skipped == result.configs_evaluated:
@@ -926,6 +1056,8 @@ def _slo_text(slo: SLO) -> str:
 
 __all__ = [
     "DEFAULT_GPUS",
+    "EVALUATED_STATUS",
+    "PROBE_METRICS",
     "SLO",
     "Config",
     "Deployment",

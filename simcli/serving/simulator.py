@@ -46,6 +46,7 @@ from simcli.serving.spec import (
     SpecStats,
     spec_kv_capacity_tokens,
 )
+from simcli.serving.timeline import StepRecorder
 
 
 class SimulationError(ValueError):
@@ -143,7 +144,10 @@ class Simulator:
     prices KV transfers (default: from the prefill step model's cost model).
     ``branch_output_lengths``: output lengths that branches resample when
     ``config.branching.output_len`` is not given (a trace's). ``kv_capacity_tokens``
-    overrides every replica's KV capacity.
+    overrides every replica's KV capacity. ``progress(completed, total)`` is called about
+    200 times as requests complete (``progress_total`` the number expected, None when
+    unknown) and once at the end; ``recorder`` (a
+    :class:`~simcli.serving.timeline.StepRecorder`) sees every iteration and completion.
     """
 
     def __init__(
@@ -161,6 +165,9 @@ class Simulator:
         tiny_step_model: object = None,
         kv_transfer: KVTransferModel | None = None,
         branch_output_lengths: np.ndarray | None = None,
+        progress: Callable[[int, int | None], None] | None = None,
+        progress_total: int | None = None,
+        recorder: StepRecorder | None = None,
     ) -> None:
         self.config = config
         self.step_model = step_model
@@ -286,6 +293,10 @@ class Simulator:
         self.prefill_engine_capacity_tokens = self.prefill_capacity_tokens // bs // config.pp * bs
         self.lookahead = spec.lookahead if spec is not None else 1
         self.router = make_router(config.router)
+        self.metrics.set_progress(progress, progress_total)
+        if recorder is not None:
+            recorder.bind(self.replicas)
+            self.metrics.recorder = recorder
         self.check = check
         self.now_s = 0.0
         self.arrived = 0
@@ -372,6 +383,9 @@ class Simulator:
                 for r in self.replicas:
                     r.check()
         self.now_s = now
+        m = self.metrics
+        if m.progress is not None:
+            m.progress(m.completed, m.progress_total or m.completed)
         if self.metrics.completed != self.arrived:
             raise SimulationError(
                 f"internal: {self.arrived - self.metrics.completed} of {self.arrived} "
@@ -522,6 +536,9 @@ def simulate(
     tiny_step_model: object = None,
     kv_transfer: KVTransferModel | None = None,
     branch_output_lengths: np.ndarray | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+    progress_total: int | None = None,
+    recorder: StepRecorder | None = None,
 ) -> ServeResult:
     """Run ``requests`` (sorted by arrival) through ``config.replicas`` replicas (see
     :class:`Simulator` for the keyword arguments)."""
@@ -538,6 +555,9 @@ def simulate(
         tiny_step_model=tiny_step_model,
         kv_transfer=kv_transfer,
         branch_output_lengths=branch_output_lengths,
+        progress=progress,
+        progress_total=progress_total,
+        recorder=recorder,
     ).run(requests)
 
 

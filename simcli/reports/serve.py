@@ -1,0 +1,663 @@
+"""Report bundles of ``simcli serve`` and ``simcli serve plan`` (``--output DIR``).
+
+``serve``: ``requests.csv`` (streamed while simulating, as the single-file ``--output
+x.csv`` always was), ``summary.csv``, ``timeline.csv``, ``replicas.csv``, ``qps_sweep.csv``
+(when the sweep ran), ``config.json`` and ``report.html`` with latency CDFs,
+throughput/latency against the arrival rate and a timeline of every replica.
+
+``serve plan``: ``plans.csv`` (every deployment the search looked at), ``deployments.csv``
+(the ranked ones, as ``--output x.csv`` writes them), ``config.json`` and ``report.html``
+with the ranking and a cost-vs-latency Pareto chart.
+
+This module only formats results; the commands run the simulations. Latency CDFs come from
+the simulator's bounded log histograms (0.5% relative error), never from per-request
+arrays, so a report of 10^8 requests costs the memory of one of 10^3.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+from simcli.reports.bundle import write_output_dir
+from simcli.reports.charts import PALETTE, new_figure, pareto_mask
+from simcli.reports.page import Report
+
+# --------------------------------------------------------------------------- CSV schemas
+
+REQUESTS_SCHEMA = {
+    "request_id": "request number, in arrival order (trace row, from 0)",
+    "replica": "replica that served it (disaggregated: the prefill replica)",
+    "arrival_s": "arrival time, simulated seconds from the start",
+    "prompt_tokens": "prompt length, tokens",
+    "output_tokens": "output length, tokens (multi-branch: the branch that completed it)",
+    "ttft_s": "time to first token, seconds",
+    "tpot_s": "time per output token after the first, seconds (empty for 1 output token)",
+    "e2e_s": "arrival to last token, seconds",
+    "preemptions": "times the request was preempted",
+}
+
+_Q = {"mean": "mean", "p50": "median", "p90": "90th percentile", "p99": "99th percentile",
+      "max": "maximum"}  # fmt: skip
+_LAT = {
+    "ttft_s": "time to first token, seconds",
+    "tpot_s": "time per output token after the first, per request, seconds",
+    "tbt_s": "time between consecutive tokens, per token, seconds",
+    "e2e_s": "end-to-end latency, seconds",
+}
+
+SUMMARY_SCHEMA: dict[str, str] = {
+    "model": "model id",
+    "gpu": "GPU id",
+    "tp": "tensor-parallel GPUs per replica",
+    "pp": "pipeline stages per replica",
+    "engine": "step-time engine (vllm | pytorch-eager)",
+    "replicas": "replicas (disaggregated: prefill + decode)",
+    "scheduler": "replica scheduler (vllm | orca | sarathi)",
+    "router": "request router",
+    "arrivals": "'qps X' (synthetic arrivals) or 'trace' (replayed)",
+    "prefill_tp": "disaggregated: tensor-parallel GPUs per prefill replica",
+    "decode_tp": "disaggregated: tensor-parallel GPUs per decode replica",
+    "draft_model": "speculative decoding: draft model id",
+    "spec_hierarchy": "speculative decoding: tiny model drafting for the draft",
+    "requests_completed": "requests simulated to completion",
+    "duration_s": "first arrival to last completion, simulated seconds",
+    **{
+        f"{m}_{q}": f"{desc} ({_Q[q]})"
+        for m, desc in _LAT.items()
+        for q in ("mean", "p50", "p90", "p99", "max")
+    },
+    "throughput_tokens_per_s": "output tokens per second over duration_s",
+    "total_tokens_per_s": "prompt + output tokens per second",
+    "throughput_requests_per_s": "completed requests per second",
+    "goodput_requests_per_s": "requests meeting the TTFT and TPOT SLOs per second",
+    "slo_attainment": "fraction of requests meeting the SLOs (1 without SLOs)",
+    "prompt_tokens": "prompt tokens of all requests",
+    "output_tokens": "output tokens of all requests (all branches)",
+    "preempted_requests": "requests preempted at least once",
+    "iterations": "engine iterations (forward passes) over all replicas",
+    "mean_decode_batch": "decoding sequences per iteration, mean",
+    "kv_util_mean": "fraction of KV blocks in use, time-weighted mean over engines",
+    "kv_util_max": "fraction of KV blocks in use, maximum",
+    "kv_capacity_tokens_per_replica": "KV cache tokens per (decode) replica",
+    "preemptions": "preemptions over all engines",
+    "prefix_cache_hits": "prompts that reused cached prefix blocks",
+    "prefix_cache_hit_tokens": "prompt tokens served from the prefix cache",
+    "gpus": "GPUs of the deployment",
+    "gpu_hours": "GPUs x duration_s / 3600",
+    "cost_usd": "gpu_hours x price_per_gpu_hour, US$",
+    "cost_usd_per_million_output_tokens": "US$ per million output tokens",
+    "energy_kwh": "energy from the cost model's power model, kWh (empty without one)",
+    "energy_j_per_output_token": "energy per output token, joules",
+    "disaggregated": "prefill and decode on separate pools",
+    "prefill_replicas": "disaggregated: prefill replicas",
+    "decode_replicas": "disaggregated: decode replicas",
+    "kv_transfer": "disaggregated: KV link (inter | intra)",
+    "kv_capacity_tokens_prefill_replica": "disaggregated: KV cache tokens per prefill replica",
+    "kv_transfers": "disaggregated: KV transfers",
+    "kv_transfer_s_mean": "disaggregated: KV transfer time, mean, seconds",
+    "kv_transfer_s_max": "disaggregated: KV transfer time, max, seconds",
+    "kv_transfer_exposed_s_mean": "disaggregated: transfer time not hidden by the prefill, s",
+    "kv_transfer_wait_s_mean": "disaggregated: wait for decode room or the link, mean, s",
+    "kv_handoff_s_p50": "disaggregated: prefill end to KV on the decode side, median, s",
+    "kv_handoff_s_p99": "disaggregated: prefill end to KV on the decode side, p99, s",
+    "kv_transfer_bytes": "disaggregated: KV bytes moved",
+    "spec_k": "speculative decoding: draft tokens per step",
+    "spec_drafts": "speculative decoding: draft sequences verified together",
+    "spec_expected_accepted": "speculative decoding: expected accepted tokens per step",
+    "spec_steps": "speculative decoding: sequence-steps verified",
+    "spec_accepted_tokens_per_step": "speculative decoding: accepted drafts per step, mean",
+    "spec_tokens_per_step": "speculative decoding: tokens emitted per step, mean",
+    "branches": "sampled branches per request (N)",
+    "branches_stop": "finished branches completing a request (M)",
+    "prune": "branch pruning (none | sart)",
+    "branches_finished": "multi-branch: branches finished",
+    "branches_pruned": "multi-branch: branches pruned",
+    "branches_cancelled": "multi-branch: branches cancelled when their request completed",
+    "branch_tokens_cancelled": "multi-branch: tokens of cancelled branches",
+    "price_per_gpu_hour": "US$ per GPU-hour used for cost",
+    "simulation_wall_s": "wall-clock seconds the simulation took",
+    "simulated_requests_per_wall_s": "requests simulated per wall-clock second",
+}
+
+TIMELINE_SCHEMA = {
+    "time_s": "iteration start, simulated seconds",
+    "replica": "replica index",
+    "role": "mixed | prefill | decode",
+    "engine": "engine (pipeline virtual engine) of the replica",
+    "step_s": "iteration duration, seconds",
+    "batch_seqs": "sequences in the iteration (prefilling + decoding)",
+    "prefill_tokens": "prompt tokens computed in the iteration",
+    "decode_tokens": "decode tokens (one per decoding sequence) in the iteration",
+    "kv_blocks_used": "KV blocks in use on the engine (cached evictable prefixes excluded)",
+    "kv_blocks_total": "KV blocks of the engine",
+    "queue_seqs": "sequences waiting on the engine (waiting, swapped out, KV arrived)",
+}
+
+REPLICAS_SCHEMA = {
+    "replica": "replica index",
+    "role": "mixed | prefill | decode",
+    "preemptions": "preemptions on the replica",
+    "peak_kv_blocks": "most KV blocks in use at once on one engine",
+    "kv_blocks": "KV blocks of the replica (all engines)",
+}
+
+SWEEP_METRICS = (
+    "requests_completed",
+    "duration_s",
+    "throughput_tokens_per_s",
+    "throughput_requests_per_s",
+    "goodput_requests_per_s",
+    "slo_attainment",
+    "ttft_s_p50",
+    "ttft_s_p99",
+    "tpot_s_p50",
+    "tpot_s_p99",
+    "e2e_s_p50",
+    "e2e_s_p99",
+    "kv_util_mean",
+    "preemptions",
+)
+
+SWEEP_SCHEMA = {
+    "qps_multiplier": "arrival rate of the point / the run's (--qps, or the trace's mean)",
+    "offered_qps": "arrival rate of the point, requests per second",
+    **{k: SUMMARY_SCHEMA[k] for k in SWEEP_METRICS},
+}
+
+EVALUATED_SCHEMA = {
+    "rank": "rank among the returned deployments (empty: not returned)",
+    "config": "config label: gpu, tp, scheduler, chunk, P:D ratio",
+    "gpu": "GPU id",
+    "tp": "tensor-parallel GPUs per replica",
+    "scheduler": "replica scheduler",
+    "chunk_size": "Sarathi token budget per iteration (empty for others)",
+    "pd_ratio": "prefill:decode pool ratio (empty: colocated)",
+    "usd_per_gpu_hour": "US$ per GPU-hour",
+    "replicas": "replicas simulated (empty: config not simulated, see status)",
+    "prefill_replicas": "disaggregated: prefill replicas",
+    "decode_replicas": "disaggregated: decode replicas",
+    "gpus": "GPUs of the deployment",
+    "usd_per_hour": "US$ per hour of the deployment",
+    "usd_per_million_output_tokens": "US$ per million output tokens over the simulated run",
+    "meets_slo": "at least --attainment of the requests met every SLO",
+    "slo_attainment": "fraction of requests meeting the SLOs (upper bound if stopped early)",
+    "stopped_early": "the run stopped once too many requests had missed",
+    "status": "ranked | meets_slo | misses_slo | stopped_early | skipped | infeasible | pruned",
+    "ttft_s_p50": "time to first token, median, seconds",
+    "ttft_s_p99": "time to first token, p99, seconds",
+    "tpot_s_p50": "time per output token, median, seconds",
+    "tpot_s_p99": "time per output token, p99, seconds",
+    "e2e_s_p50": "end-to-end latency, median, seconds",
+    "e2e_s_p99": "end-to-end latency, p99, seconds",
+    "throughput_tokens_per_s": "output tokens per second",
+    "goodput_requests_per_s": "requests meeting the TTFT/TPOT SLOs per second",
+    "preemptions": "preemptions over all engines",
+    "kv_capacity_tokens_per_replica": "KV cache tokens per (decode) replica",
+    "note": "why a config was not simulated",
+}
+
+DEPLOYMENTS_SCHEMA = {
+    "rank": "1 = cheapest ($/hour, then $/M tokens, then p99 E2E)",
+    "gpu": "GPU id",
+    "tp": "tensor-parallel GPUs per replica",
+    "replicas": "fewest replicas meeting the SLOs",
+    "scheduler": "replica scheduler",
+    "chunk_size": "Sarathi token budget per iteration (empty for others)",
+    "pd_ratio": "prefill:decode pool ratio (empty: colocated)",
+    "prefill_replicas": "disaggregated: prefill replicas",
+    "decode_replicas": "disaggregated: decode replicas",
+    "gpus": "GPUs of the deployment",
+    "usd_per_gpu_hour": "US$ per GPU-hour",
+    "usd_per_hour": "US$ per hour of the deployment",
+    "usd_per_million_output_tokens": "US$ per million output tokens over the simulated run",
+    "slo_attainment": "fraction of requests meeting the SLOs",
+    "ttft_s_p50": "time to first token, median, seconds",
+    "ttft_s_p99": "time to first token, p99, seconds",
+    "tpot_s_p50": "time per output token, median, seconds",
+    "tpot_s_p99": "time per output token, p99, seconds",
+    "e2e_s_p50": "end-to-end latency, median, seconds",
+    "e2e_s_p99": "end-to-end latency, p99, seconds",
+    "throughput_tokens_per_s": "output tokens per second",
+    "preemptions": "preemptions over all engines",
+    "kv_capacity_tokens_per_replica": "KV cache tokens per (decode) replica",
+    "attainment_one_fewer": "attainment with one replica fewer (upper bound if stopped early)",
+}
+
+CSV_SCHEMAS: dict[str, dict[str, str]] = {
+    "requests.csv": REQUESTS_SCHEMA,
+    "summary.csv": SUMMARY_SCHEMA,
+    "timeline.csv": TIMELINE_SCHEMA,
+    "replicas.csv": REPLICAS_SCHEMA,
+    "qps_sweep.csv": SWEEP_SCHEMA,
+    "plans.csv": EVALUATED_SCHEMA,
+    "deployments.csv": DEPLOYMENTS_SCHEMA,
+}
+
+
+def frame(rows: Sequence[dict[str, Any]], schema: dict[str, str]) -> pd.DataFrame:
+    """Rows as a frame with the schema's columns, in its order; keys the schema does not
+    know are appended after them (a test keeps the schema complete)."""
+    df = pd.DataFrame(list(rows))
+    extra = [c for c in df.columns if c not in schema]
+    return df.reindex(columns=[*schema, *extra])
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def check_output_dir(folder: Path) -> None:
+    """Fail before simulating when ``--output DIR`` cannot be written (one line)."""
+    folder = Path(folder)
+    parent = folder.parent if str(folder.parent) else Path(".")
+    if not parent.is_dir():
+        raise OSError(
+            f"--output {folder}: parent folder {parent} does not exist; allowed: a folder "
+            "in an existing folder, or a .csv/.json file name"
+        )
+    if folder.exists() and not folder.is_dir():
+        raise OSError(f"--output {folder} is a file; allowed: a folder (or a .csv/.json name)")
+
+
+def check_file_path(option: str, path: Path) -> None:
+    """Fail before simulating when an output file cannot be written (one line)."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OSError(
+            f"{option} {path}: folder {parent} does not exist; allowed: a file in an "
+            "existing folder"
+        )
+    if path.is_dir():
+        raise OSError(f"{option} {path} is a folder; allowed: a file name")
+
+
+class StagedBundle:
+    """An ``--output DIR`` bundle assembled in a hidden folder beside ``folder``: stream
+    large files into :meth:`path` while simulating, then :meth:`commit` writes the rest
+    and moves everything into place (a new folder appears in one rename). Leaving the
+    ``with`` block without a commit removes the staging folder: no partial bundle."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        check_output_dir(self.folder)
+        parent = self.folder.parent if str(self.folder.parent) else Path(".")
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}.", dir=parent))
+
+    def __enter__(self) -> StagedBundle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def path(self, name: str) -> Path:
+        return self.staging / name
+
+    def commit(
+        self, *, csvs: dict[str, pd.DataFrame], config: dict[str, Any], report_html: str
+    ) -> list[Path]:
+        write_output_dir(self.staging, csvs=csvs, config=config, report_html=report_html)
+        names = sorted(p.name for p in self.staging.iterdir())
+        for name in names:
+            os.chmod(self.staging / name, 0o644)
+        if not self.folder.exists():
+            os.chmod(self.staging, 0o755)
+            os.replace(self.staging, self.folder)
+        else:
+            check_output_dir(self.folder)
+            for name in names:
+                os.replace(self.staging / name, self.folder / name)
+        return [self.folder / n for n in names]
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def qps_multipliers(points: int) -> list[float]:
+    """``points`` arrival-rate multipliers spaced evenly in log from 0.25x to 2x."""
+    if points <= 0:
+        return []
+    if points == 1:
+        return [1.0]
+    return [float(x) for x in np.geomspace(0.25, 2.0, points)]
+
+
+def histogram_cdf(hist: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(values, fraction <= value) at the upper edges of a ``LogHistogram``'s filled
+    buckets (clamped to its exact min and max), starting at (min, 0)."""
+    counts = np.asarray(hist.counts, dtype=np.int64)
+    if not hist.n:
+        return np.zeros(0), np.zeros(0)
+    idx = np.nonzero(counts)[0]
+    edges = hist.LO * np.power(hist.GAMMA, idx + 1.0)
+    edges = np.clip(edges, hist.min, hist.max)
+    frac = np.cumsum(counts[idx]) / hist.n
+    return np.concatenate([[hist.min], edges]), np.concatenate([[0.0], frac])
+
+
+def _cdf_figure(hists: dict[str, Any], slos: dict[str, float | None]):
+    titles = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "end-to-end latency"}
+    fig, axes = new_figure(10.0, 3.2, ncols=3)
+    for ax, (key, color) in zip(axes, zip(titles, PALETTE, strict=False), strict=True):
+        x, y = histogram_cdf(hists[key])
+        ax.set_title(titles[key])
+        ax.set_xlabel("seconds")
+        if len(x) == 0:
+            ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
+            continue
+        ax.step(x, y, where="post", color=color, lw=1.5, label=f"n={hists[key].n}")
+        if x[0] > 0 and x[-1] / x[0] > 20:
+            ax.set_xscale("log")
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.set_ylim(0, 1.02)
+        ax.set_ylabel("fraction of requests")
+        slo = slos.get(key)
+        if slo is not None:
+            ax.axvline(slo, color="#d1495b", ls="--", lw=1.0, label=f"SLO {slo:g} s")
+        for q in (0.5, 0.99):
+            ax.axhline(q, color="#9aa3ad", lw=0.5, ls=":")
+        ax.legend(fontsize=7, loc="lower right", frameon=False)
+    return fig
+
+
+def _sweep_figures(sweep: pd.DataFrame, run: dict[str, Any], has_slo: bool):
+    x = sweep["offered_qps"].to_numpy(float)
+    here = run.get("offered_qps")
+    fig1, ax = new_figure(8.0, 3.2)
+    ax.plot(x, sweep["throughput_tokens_per_s"], "o-", color=PALETTE[0], label="output tokens/s")
+    if here is not None:
+        ax.plot([here], [run["throughput_tokens_per_s"]], "*", ms=12, color=PALETTE[2],
+                label="this run")  # fmt: skip
+    ax.set_xlabel("offered load, requests/s")
+    ax.set_ylabel("output tokens/s")
+    ax2 = ax.twinx()
+    ax2.plot(x, sweep["throughput_requests_per_s"], "s--", color=PALETTE[3], ms=4,
+             label="completed requests/s")  # fmt: skip
+    if has_slo:
+        ax2.plot(x, sweep["goodput_requests_per_s"], "^--", color=PALETTE[1], ms=4,
+                 label="goodput requests/s")  # fmt: skip
+    ax2.set_ylabel("requests/s")
+    ax2.spines["top"].set_visible(False)
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", frameon=False)
+
+    fig2, axes = new_figure(10.0, 3.2, ncols=3)
+    for ax, key, title in zip(
+        axes, ("ttft_s", "tpot_s", "e2e_s"), ("TTFT", "TPOT", "end-to-end"), strict=True
+    ):
+        for q, style in (("p50", "o-"), ("p99", "s--")):
+            y = sweep[f"{key}_{q}"].to_numpy(float)
+            ax.plot(x, y, style, ms=4, label=q, color=PALETTE[0] if q == "p50" else PALETTE[1])
+        if here is not None and run.get(f"{key}_p99") is not None:
+            ax.plot([here], [run[f"{key}_p99"]], "*", ms=10, color=PALETTE[2], label="this run p99")
+        vals = sweep[[f"{key}_p50", f"{key}_p99"]].to_numpy(float)
+        vals = vals[np.isfinite(vals) & (vals > 0)]
+        if len(vals) and vals.max() / vals.min() > 20:
+            ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("offered load, requests/s")
+        ax.set_ylabel("seconds")
+        ax.legend(fontsize=7, frameon=False)
+    return fig1, fig2
+
+
+def _timeline_figures(timeline: pd.DataFrame, max_lines: int = 8):
+    """Batch size, KV use and queue over time, one line per replica (engines summed)."""
+    figs = []
+    if timeline.empty:
+        return figs, 0
+    reps = sorted(timeline["replica"].unique())
+    shown = reps[:max_lines]
+    panels = (
+        ("batch_seqs", "sequences in the batch"),
+        ("kv_used_pct", "KV blocks in use, %"),
+        ("queue_seqs", "queued sequences"),
+    )
+    tl = timeline.assign(
+        kv_used_pct=100.0 * timeline["kv_blocks_used"] / timeline["kv_blocks_total"]
+    )
+    for col, label in panels:
+        fig, ax = new_figure(10.0, 2.4)
+        for i, r in enumerate(shown):
+            part = tl[tl["replica"] == r].sort_values("time_s")
+            role = part["role"].iloc[0]
+            ax.step(part["time_s"], part[col], where="post", lw=1.0,
+                    color=PALETTE[i % len(PALETTE)], label=f"replica {r} ({role})")  # fmt: skip
+        ax.set_xlabel("simulated time, s")
+        ax.set_ylabel(label)
+        if col == "kv_used_pct":
+            ax.set_ylim(0, 102)
+        else:
+            ax.set_ylim(0, max(1.0, float(tl[col].max())) * 1.05)
+        ax.legend(fontsize=7, ncols=min(len(shown), 4), loc="upper left", frameon=False)
+        figs.append((fig, label))
+    return figs, len(reps) - len(shown)
+
+
+KEY_METRICS = (
+    "requests_completed",
+    "duration_s",
+    "ttft_s_p50",
+    "ttft_s_p99",
+    "tpot_s_p50",
+    "tpot_s_p99",
+    "e2e_s_p50",
+    "e2e_s_p99",
+    "throughput_tokens_per_s",
+    "throughput_requests_per_s",
+    "goodput_requests_per_s",
+    "slo_attainment",
+    "kv_util_mean",
+    "kv_util_max",
+    "preemptions",
+    "gpus",
+    "gpu_hours",
+    "cost_usd",
+    "cost_usd_per_million_output_tokens",
+    "energy_kwh",
+)
+
+
+def serve_report(
+    out: dict[str, Any],
+    *,
+    title: str,
+    hists: dict[str, Any],
+    slos: dict[str, float | None],
+    timeline: pd.DataFrame,
+    replicas: pd.DataFrame,
+    sweep: pd.DataFrame | None,
+    sweep_note: str,
+    cost_model: str,
+) -> str:
+    """``report.html`` of one ``simcli serve`` run."""
+    rep = Report(title, command="serve", subtitle=f"arrivals: {out.get('arrivals')}")
+    setup = {
+        k: out.get(k)
+        for k in ("model", "gpu", "tp", "pp", "engine", "replicas", "scheduler", "router",
+                  "arrivals", "price_per_gpu_hour")
+    }  # fmt: skip
+    if out.get("disaggregated"):
+        setup |= {k: out.get(k) for k in ("prefill_replicas", "decode_replicas", "prefill_tp",
+                                          "decode_tp", "kv_transfer")}  # fmt: skip
+    setup["cost model"] = cost_model
+    slo_text = ", ".join(f"{k} <= {v:g} s" for k, v in slos.items() if v is not None)
+    setup["SLOs"] = slo_text or "none given"
+    rep.summary({k: out.get(k) for k in KEY_METRICS}, title="Summary")
+    rep.summary(setup, title="Deployment")
+    rep.heading("Latency distributions")
+    rep.figure(
+        _cdf_figure(hists, slos),
+        "Empirical CDFs over all completed requests (from the simulator's log histograms: "
+        "values within 0.5%). Dotted lines: median and p99.",
+    )
+    rep.heading("Load: throughput and latency against the arrival rate")
+    if sweep is not None and not sweep.empty:
+        f1, f2 = _sweep_figures(sweep, out, any(v is not None for v in slos.values()))
+        rep.note(sweep_note)
+        rep.figure(f1, "Throughput against offered load (star: this run).")
+        rep.figure(f2, "Latency percentiles against offered load (star: this run's p99).")
+        rep.table("QPS sweep", sweep)
+    else:
+        rep.note(sweep_note)
+    rep.heading("Timeline")
+    figs, hidden = _timeline_figures(timeline)
+    if figs:
+        rep.note(
+            f"Sampled iterations ({len(timeline)} rows of timeline.csv, evenly spread over "
+            "each replica's iterations); pipeline engines of a replica share its line."
+            + (f" {hidden} more replicas are in timeline.csv." if hidden else "")
+        )
+        for fig, label in figs:
+            rep.figure(fig, f"{label} over time, per replica")
+    else:
+        rep.note("no iterations were recorded")
+    rep.table("Replicas", replicas)
+    rep.summary({k: v for k, v in out.items() if not isinstance(v, list | dict)},
+                title="All metrics")  # fmt: skip
+    return rep.html()
+
+
+def serve_csvs(
+    out: dict[str, Any],
+    *,
+    timeline: pd.DataFrame,
+    replicas: pd.DataFrame,
+    sweep: pd.DataFrame | None,
+) -> dict[str, pd.DataFrame]:
+    """The bundle's CSVs other than requests.csv (which is streamed)."""
+    flat = {k: v for k, v in out.items() if not isinstance(v, list | dict)}
+    csvs = {
+        "summary.csv": frame([flat], SUMMARY_SCHEMA),
+        "timeline.csv": timeline,
+        "replicas.csv": replicas,
+    }
+    if sweep is not None:
+        csvs["qps_sweep.csv"] = sweep
+    return csvs
+
+
+# --------------------------------------------------------------------------- serve plan
+
+
+def _latency_key(slo: dict[str, Any]) -> tuple[str, str]:
+    for key, label in (("e2e_s", "end-to-end"), ("ttft_s", "TTFT"), ("tpot_s", "TPOT")):
+        if slo.get(key) is not None:
+            return f"{key}_p99", f"p99 {label}, s"
+    return "e2e_s_p99", "p99 end-to-end, s"
+
+
+def _pareto_figure(evaluated: pd.DataFrame, slo: dict[str, Any]):
+    key, label = _latency_key(slo)
+    fig, ax = new_figure(8.0, 4.0)
+    done = evaluated[evaluated[key].notna() & evaluated["usd_per_hour"].notna()]
+    meets = done[done["meets_slo"] == True]  # noqa: E712 (object column with NaN)
+    misses = done[done["meets_slo"] != True]  # noqa: E712
+    if len(misses):
+        ax.scatter(misses["usd_per_hour"], misses[key], s=18, marker="x", color="#9aa3ad",
+                   label="misses the SLO")  # fmt: skip
+    if len(meets):
+        ax.scatter(meets["usd_per_hour"], meets[key], s=22, color=PALETTE[0],
+                   label="meets the SLO")  # fmt: skip
+        x = meets["usd_per_hour"].to_numpy(float)
+        y = meets[key].to_numpy(float)
+        front = pareto_mask(x, y)
+        order = np.argsort(x[front])
+        ax.plot(x[front][order], y[front][order], "o-", color=PALETTE[1], ms=7, mfc="none",
+                lw=1.2, label="Pareto front (meets the SLO)")  # fmt: skip
+        ranked = meets[meets["rank"].notna()]
+        spots: dict[tuple[float, float], list[str]] = {}
+        for r, xv, yv in zip(ranked["rank"], ranked["usd_per_hour"], ranked[key], strict=True):
+            spots.setdefault((round(xv, 6), round(yv, 4)), []).append(f"#{int(r)}")
+        for (xv, yv), labels in spots.items():  # one label per point: ranks that coincide
+            ax.annotate(",".join(labels), (xv, yv), textcoords="offset points", xytext=(5, 4),
+                        fontsize=8)  # fmt: skip
+    limit = slo.get(key.removesuffix("_p99"))
+    if limit is not None:
+        ax.axhline(limit, color="#d1495b", ls="--", lw=0.8, label=f"SLO {limit:g} s")
+    ax.set_xlabel("US$ per hour")
+    ax.set_ylabel(label)
+    vals = done[key].to_numpy(float)
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    if len(vals) and vals.max() / vals.min() > 20:
+        ax.set_yscale("log")
+    ax.legend(fontsize=7, frameon=False)
+    return fig
+
+
+def _attainment_figure(evaluated: pd.DataFrame, target: float):
+    fig, ax = new_figure(8.0, 3.2)
+    sim = evaluated[evaluated["slo_attainment"].notna()]
+    for i, (gpu, part) in enumerate(sim.groupby("gpu", sort=True)):
+        early = part["stopped_early"] == True  # noqa: E712
+        color = PALETTE[i % len(PALETTE)]
+        ax.scatter(part.loc[~early, "usd_per_hour"], part.loc[~early, "slo_attainment"],
+                   s=18, color=color, label=f"{gpu}")  # fmt: skip
+        if early.any():
+            ax.scatter(part.loc[early, "usd_per_hour"], part.loc[early, "slo_attainment"],
+                       s=18, color=color, marker="v", alpha=0.6,
+                       label=f"{gpu} (stopped early: upper bound)")  # fmt: skip
+    ax.axhline(target, color="#d1495b", ls="--", lw=0.8, label=f"target {target:g}")
+    ax.set_xlabel("US$ per hour")
+    ax.set_ylabel("SLO attainment")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    return fig
+
+
+def plan_report(summary: dict[str, Any], deployments: pd.DataFrame, evaluated: pd.DataFrame,
+                *, title: str) -> str:  # fmt: skip
+    """``report.html`` of one ``simcli serve plan`` search."""
+    slo = summary.get("slo") or {}
+    rep = Report(title, command="serve plan", subtitle="cheapest deployments meeting the SLOs")
+    best = deployments.iloc[0].to_dict() if len(deployments) else {}
+    head = {k: v for k, v in summary.items() if k not in ("notes", "slo")}
+    head["slo"] = ", ".join(f"{k}={v:g}" for k, v in slo.items() if v is not None)
+    if best:
+        head["cheapest"] = (
+            f"{best['replicas']} x {best['tp']} {best['gpu']} ({best['scheduler']}) "
+            f"${best['usd_per_hour']:.2f}/h"
+        )
+    rep.summary(head)
+    rep.table("Ranking", deployments)
+    rep.heading("Cost against latency")
+    rep.figure(
+        _pareto_figure(evaluated, slo),
+        "Every deployment simulated to the end (runs stopped early have no latency). The "
+        "front: deployments meeting the SLO that no other meeting it beats on both cost "
+        "and latency; #n: rank.",
+    )
+    rep.figure(
+        _attainment_figure(evaluated, float(slo.get("attainment") or 0.0)),
+        "SLO attainment of every simulated deployment against its cost.",
+    )
+    rep.table("Every deployment evaluated", evaluated, max_rows=300)
+    notes = summary.get("notes") or []
+    if notes:
+        rep.heading("Notes")
+        for n in notes:
+            rep.note(n)
+    return rep.html()
+
+
+__all__ = [
+    "CSV_SCHEMAS",
+    "StagedBundle",
+    "check_file_path",
+    "check_output_dir",
+    "frame",
+    "histogram_cdf",
+    "plan_report",
+    "qps_multipliers",
+    "serve_csvs",
+    "serve_report",
+]

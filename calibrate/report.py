@@ -1,14 +1,13 @@
-"""Fidelity of a profile on measurements: tables, CSVs and a self-contained HTML page.
+"""Fidelity of a profile on measurements: per-op-class errors and per-row predictions.
 
 The held-out side is the one the profile recorded (its ``held_out_groups``), so the
 figures are on data never used for fitting; rows of groups the profile never saw
-(e.g. a new dataset) count as held-out too.
+(e.g. a new dataset) count as held-out too. The page and the CSV bundle are drawn by the
+CLI (``simcli.reports.calibration``): this layer computes, the top layer renders.
 """
 
 from __future__ import annotations
 
-import html
-import io
 from pathlib import Path
 from typing import Any
 
@@ -80,84 +79,3 @@ def evaluate(profile: Profile, datasets: list[Dataset]) -> tuple[pd.DataFrame, p
     predictions["default_ms"] = pred_default * 1e3
     predictions["profile_ms"] = pred_profile * 1e3
     return fidelity, predictions
-
-
-def _scatter_svg(pred: pd.DataFrame, cls: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sub = pred[pred["op_class"] == cls]
-    fig, (ax, hx) = plt.subplots(1, 2, figsize=(9, 3.6))
-    for side, colour in (("fit", "#9aa7b8"), ("held_out", "#d1495b")):
-        part = sub[sub["side"] == side]
-        ax.scatter(
-            part["measured_ms"],
-            part["profile_ms"],
-            s=9,
-            alpha=0.7,
-            color=colour,
-            label=f"{side.replace('_', '-')} ({len(part)})",
-        )
-    lo = max(min(sub["measured_ms"].min(), sub["profile_ms"].min()), 1e-4)
-    hi = max(sub["measured_ms"].max(), sub["profile_ms"].max())
-    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="measured ms",
-        ylabel="predicted ms",
-        title=f"{cls}: measured vs predicted",
-    )
-    ax.legend(fontsize=8)
-    held = sub[sub["side"] == "held_out"]
-    err = (held["profile_ms"] - held["measured_ms"]) / held["measured_ms"] * 100
-    hx.hist(np.clip(err, -60, 60), bins=30, color="#d1495b")
-    hx.set(
-        xlabel="error on held-out rows, % (clipped at ±60)", ylabel="rows", title="error histogram"
-    )
-    fig.tight_layout()
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg")
-    plt.close(fig)
-    svg = buf.getvalue()
-    return svg[svg.index("<svg") :]
-
-
-def render_html(profile: Profile, fidelity: pd.DataFrame, predictions: pd.DataFrame) -> str:
-    """One self-contained page: summary table, a scatter and histogram per op class."""
-    table = fidelity.to_html(index=False, float_format=lambda v: f"{v:.1f}", na_rep="", border=0)
-    env = profile.measured_on
-    facts = ", ".join(
-        f"{k}: {html.escape(str(env[k]))}"
-        for k in ("gpu_name", "sm_count", "driver", "torch", "torch_cuda", "nccl", "date")
-        if k in env
-    )
-    classes = [
-        c for c in fidelity["op_class"] if c != "all" and (predictions["op_class"] == c).any()
-    ]
-    plots = "".join(
-        f"<section><h2>{html.escape(c)}: {html.escape(OP_CLASSES.get(c, c))}</h2>"
-        f"{_scatter_svg(predictions, c)}</section>"
-        for c in classes
-    )
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>simcli calibration: {html.escape(profile.name)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem; color: #222; }}
-table {{ border-collapse: collapse; font-size: 0.85rem; }}
-th, td {{ padding: 0.25rem 0.6rem; border-bottom: 1px solid #ddd; text-align: right; }}
-th:nth-child(-n+2), td:nth-child(-n+2) {{ text-align: left; }}
-section {{ margin-top: 1.5rem; }} svg {{ max-width: 100%; height: auto; }}
-</style></head><body>
-<h1>Calibration profile {html.escape(profile.name)} ({html.escape(profile.gpu)})</h1>
-<p>{facts}</p>
-<p>Errors are absolute percentage errors on held-out rows: shape families (models, head
-configurations, mask patterns, size decades) never used for fitting. <em>default</em> is the
-uncalibrated analytical model, <em>profile</em> the calibrated one.</p>
-{table}
-{plots}
-</body></html>
-"""

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import typer
 
+from simcli import progress
+from simcli.commands.predict import check_output_target
 from simcli.errors import fail, user_errors
-from simcli.output import Format, atomic_write_csv, atomic_write_text, emit_records
+from simcli.output import Format, _clean, atomic_write_csv, atomic_write_text, emit_records
+from simcli.reports.bundle import output_is_dir
 
 app = typer.Typer(
     help="Microbenchmarks on a GPU, fitted profiles, fidelity reports.", no_args_is_help=True
@@ -19,6 +26,42 @@ FormatOpt = typer.Option(Format.table, "--format", help="table | json | csv")
 DataOpt = typer.Option(
     ..., "--data", help="Dataset folder written by `calibrate run` (repeatable)."
 )
+QuietOpt = typer.Option(False, "--quiet", help="No progress bar or progress lines.")
+
+
+@contextlib.contextmanager
+def _stages(label: str, total: int) -> Iterator[Callable[[str], None]]:
+    """A bar over a few long stages: ``step(name)`` marks the next one started. A ticker
+    thread redraws it, so elapsed time moves while one stage (e.g. fitting) runs."""
+    if not progress.enabled():
+        yield lambda name: None
+        return
+    lock = threading.Lock()
+    state = {"done": 0, "stage": ""}
+    stop = threading.Event()
+    with progress.progress_bar(label, total=total, fields=("stage",)) as advance:
+
+        def draw() -> None:
+            with lock:
+                advance(state["done"], stage=state["stage"])
+
+        def tick() -> None:
+            while not stop.wait(0.25):
+                draw()
+
+        def step(name: str) -> None:
+            with lock:
+                state["done"] = min(total, state["done"] + (1 if state["stage"] else 0))
+                state["stage"] = name
+            draw()
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            yield step
+        finally:
+            stop.set()
+            ticker.join()
 
 
 @app.command("run")
@@ -39,9 +82,13 @@ def run(
     ops: Path | None = typer.Option(
         None, "--ops", help="Measure the rows of this ops CSV instead of the built-in suites."
     ),
+    quiet: bool = typer.Option(
+        False, "--quiet", help="Drop the runner's progress bar and lines (stdout); errors stay."
+    ),
 ) -> None:
     """Run the microbenchmarks here (needs torch: pip install 'simcli[calibrate]')."""
     with user_errors():
+        progress.set_quiet(quiet)
         if importlib.util.find_spec("torch") is None:
             raise fail("calibrate run needs torch: pip install 'simcli[calibrate]'")
         from calibrate import run as runner
@@ -62,7 +109,11 @@ def run(
         argv += ["--quick"] if quick else []
         argv += ["--tiny"] if tiny else []
         argv += ["--time-budget-s", str(time_budget_s)] if time_budget_s else []
-        code = runner.main(argv)
+        if quiet:  # the runner's bar and progress lines go to stdout
+            with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+                code = runner.main(argv)
+        else:
+            code = runner.main(argv)
         if code:
             raise fail(f"the benchmark runner stopped with status {code}")
 
@@ -77,9 +128,13 @@ def fit(
         "gpu", "--scope", help="gpu | collectives (NCCL data of a node fabric)"
     ),
     report_dir: Path | None = typer.Option(
-        None, "--report", help="Also write the fidelity report here."
+        None,
+        "--report",
+        help="Also write the fidelity report into this folder: fidelity.csv, predictions.csv, "
+        "config.json, report.html.",
     ),
     fmt: Format = FormatOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Fit efficiencies and learned corrections; print held-out fidelity per op class."""
     with user_errors():
@@ -88,21 +143,37 @@ def fit(
         from costmodels.profile import Profile
         from hardware_specs.registry import load_catalog
 
+        progress.set_quiet(quiet)
         if scope not in ("gpu", "collectives"):
             raise fail(f"unknown --scope {scope!r}; allowed: gpu, collectives")
+        check_output_target(out, "--out", kind="file")
+        check_output_target(report_dir, "--report", kind="folder")
         cat = load_catalog()
         cat.gpu(gpu)
-        datasets = [load_dataset(d, expect_gpu=gpu) for d in data]
-        result = fit_profile(datasets, gpu, name=name)
-        if scope == "collectives":
-            result.profile["scope"] = "collectives"
-            result.profile["link"] = cat.reference_node(gpu).intra_node_link
-            result.profile["params"] = {
-                "collectives": result.profile["params"].get("collectives", {})
-            }
-        profile = Profile.model_validate(result.profile)  # validate before writing anything
-        if report_dir is not None:
-            _write_report(report_dir, profile, datasets)
+        with _stages("calibrate fit", len(data) + 1 + (report_dir is not None)) as step:
+            datasets = []
+            for d in data:
+                step(f"loading {d.name}")
+                datasets.append(load_dataset(d, expect_gpu=gpu))
+            step("fitting")
+            result = fit_profile(datasets, gpu, name=name)
+            if scope == "collectives":
+                result.profile["scope"] = "collectives"
+                result.profile["link"] = cat.reference_node(gpu).intra_node_link
+                result.profile["params"] = {
+                    "collectives": result.profile["params"].get("collectives", {})
+                }
+            profile = Profile.model_validate(result.profile)  # validate before writing
+            if report_dir is not None:
+                step("report")
+                inputs = {
+                    "data": [str(d.resolve()) for d in data],
+                    "gpu": gpu,
+                    "out": str(out.resolve()),
+                    "name": name,
+                    "scope": scope,
+                }
+                _write_report(report_dir, profile, datasets, "calibrate fit", inputs)
         atomic_write_text(out, json.dumps(result.profile, indent=1) + "\n")
         headline = ["default_mape", "fitted_mape", "learned_mape", "learned_p50", "learned_p90"]
         rows = _compact(result.fidelity, fmt, headline)
@@ -116,9 +187,13 @@ def report(
     profile: Path = typer.Option(..., "--profile", help="Profile JSON to evaluate."),
     data: list[Path] = DataOpt,
     output: Path | None = typer.Option(
-        None, "--output", help="Folder for fidelity.csv, predictions.csv and report.html."
+        None,
+        "--output",
+        help="Folder for fidelity.csv, predictions.csv, config.json and report.html (a name "
+        "ending in .csv or .json writes only the fidelity table there).",
     ),
     fmt: Format = FormatOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """MAPE, p50 and p90 error per op class on held-out data; CSV and HTML with plots."""
     with user_errors():
@@ -126,12 +201,30 @@ def report(
         from calibrate.report import evaluate
         from costmodels.profile import load_profile
 
+        progress.set_quiet(quiet)
+        check_output_target(output)
         prof = load_profile(profile)
-        datasets = [load_dataset(d, expect_gpu=prof.gpu) for d in data]
-        fidelity, _ = evaluate(prof, datasets)
-        if output is not None:
-            _write_report(output, prof, datasets)
-        wrapper = {"profile": str(profile), "gpu": prof.gpu}
+        bundle = output is not None and output_is_dir(output)
+        with _stages("calibrate report", len(data) + 1 + bundle) as step:
+            datasets = []
+            for d in data:
+                step(f"loading {d.name}")
+                datasets.append(load_dataset(d, expect_gpu=prof.gpu))
+            step("evaluating")
+            fidelity, predictions = evaluate(prof, datasets)
+            wrapper = {"profile": str(profile), "gpu": prof.gpu}
+            if bundle:
+                step("report")
+                inputs = {
+                    "profile": str(profile.resolve()),
+                    "data": [str(d.resolve()) for d in data],
+                }
+                _write_bundle(output, prof, fidelity, predictions, "calibrate report", inputs)
+            elif output is not None and output.suffix.lower() == ".csv":
+                atomic_write_csv(fidelity, output)
+            elif output is not None:
+                doc = {**wrapper, "fidelity": fidelity.to_dict(orient="records")}
+                atomic_write_text(output, json.dumps(_clean(doc), indent=2) + "\n")
         rows = _compact(
             fidelity, fmt, ["default_mape", "profile_mape", "profile_p50", "profile_p90"]
         )
@@ -151,12 +244,14 @@ def _compact(fidelity, fmt: Format, errors: list[str]) -> list[dict]:
     )
 
 
-def _write_report(folder: Path, profile, datasets) -> None:
-    from calibrate.report import evaluate, render_html
+def _write_report(folder: Path, profile, datasets, command: str, inputs: dict) -> None:
+    from calibrate.report import evaluate
 
     fidelity, predictions = evaluate(profile, datasets)
-    folder.mkdir(parents=True, exist_ok=True)
-    page = render_html(profile, fidelity, predictions)
-    atomic_write_csv(fidelity, folder / "fidelity.csv")
-    atomic_write_csv(predictions, folder / "predictions.csv")
-    atomic_write_text(folder / "report.html", page)
+    _write_bundle(folder, profile, fidelity, predictions, command, inputs)
+
+
+def _write_bundle(folder: Path, profile, fidelity, predictions, command: str, inputs) -> None:
+    from simcli.reports.calibration import write_calibration_bundle
+
+    write_calibration_bundle(folder, profile, fidelity, predictions, command=command, inputs=inputs)

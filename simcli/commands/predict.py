@@ -12,6 +12,7 @@ import typer
 from costmodels.select import get_cost_model
 from simcli.errors import fail, user_errors
 from simcli.output import Format, atomic_write_csv, emit_object, emit_records
+from simcli.reports.bundle import output_is_dir
 from workloads.ops import CSV_COLUMNS, Op, OpError, OpKind, normalise_frame, ops_frame
 
 app = typer.Typer(
@@ -58,13 +59,40 @@ def _model(gpu: str, profile: Path | None, hardware: Path | None):
     return get_cost_model(gpu, profile=profile, hardware_file=hardware)
 
 
+def check_output_target(path: Path | None, flag: str = "--output", kind: str = "auto") -> None:
+    """Fail before any work when an output path cannot be written: a missing parent folder,
+    or an existing file where a folder (report bundle) is meant. ``kind``: ``auto`` (a
+    folder unless the name ends in .csv/.json), ``folder`` or ``file``."""
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OSError(
+            f"{flag} {path}: parent folder {parent} does not exist; allowed: a path in an "
+            "existing folder"
+        )
+    folder = kind == "folder" or (kind == "auto" and output_is_dir(path))
+    if folder and path.exists() and not path.is_dir():
+        allowed = "a folder" if kind == "folder" else "a folder, or a name ending in .csv/.json"
+        raise OSError(f"{flag} {path} is an existing file; allowed: {allowed}")
+    if kind == "file" and path.is_dir():
+        raise OSError(f"{flag} {path} is a folder; allowed: a file name")
+
+
+def _resolved(path: Path | None) -> str | None:
+    return None if path is None else str(path.resolve())
+
+
 @app.callback()
 def batch(
     ctx: typer.Context,
     gpu: str | None = typer.Option(None, "--gpu", help="GPU id (see `simcli specs list`)."),
     input_csv: Path | None = typer.Option(None, "--input", help="Ops CSV (contract columns)."),
     output_csv: Path | None = typer.Option(
-        None, "--output", help="Where to write the input rows plus predicted_ms."
+        None,
+        "--output",
+        help="pred.csv (or .json): the input rows plus predicted_ms. Any other name is a "
+        "folder: predictions.csv, by_op.csv, config.json and report.html.",
     ),
     profile: Path | None = ProfileOpt,
     hardware: Path | None = HardwareOpt,
@@ -79,6 +107,7 @@ def batch(
                 "batch mode needs --gpu and --input (or use a subcommand: "
                 "gemm, attention, decode, blocksparse, collective, elementwise)"
             )
+        check_output_target(output_csv)
         model = _model(gpu, profile, hardware)
         raw = read_ops_csv(input_csv)
         frame = normalise_frame(raw)
@@ -91,7 +120,29 @@ def batch(
             "rows": len(out),
             "total_predicted_ms": float(np.sum(work.time_s) * 1e3),
         }
-        if output_csv is not None:
+        if output_csv is not None and output_is_dir(output_csv):
+            from simcli.reports.predict import write_predict_bundle
+
+            inputs = {
+                "gpu": gpu,
+                "input": _resolved(input_csv),
+                "profile": _resolved(profile),
+                "hardware": _resolved(hardware),
+            }
+            write_predict_bundle(
+                output_csv,
+                gpu=model.gpu,
+                model_label=model.label,
+                inputs=inputs,
+                out=out,
+                frame=frame,
+                time_s=work.time_s,
+                flops=work.flops,
+                nbytes=work.bytes,
+            )
+            summary["output"] = str(output_csv)
+            emit_object(summary, fmt, title="simcli predict")
+        elif output_csv is not None:
             atomic_write_csv(out, output_csv)
             summary["output"] = str(output_csv)
             emit_object(summary, fmt, title="simcli predict")
@@ -361,4 +412,4 @@ def layer(
             )
 
 
-__all__ = ["app", "emit_records", "read_ops_csv"]
+__all__ = ["app", "check_output_target", "emit_records", "read_ops_csv"]

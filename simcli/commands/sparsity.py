@@ -5,15 +5,19 @@ from __future__ import annotations
 import io
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import typer
 
+from simcli.commands.predict import check_output_target
 from simcli.errors import user_errors
 from simcli.output import Format, _clean, atomic_write_text, emit_records
-from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, timed_sweep
+from simcli.progress import progress_bar, set_quiet
+from simcli.reports.bundle import output_is_dir
+from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, sweep
 from workloads.models import load_model
 from workloads.sparsity import ALLOWED
 
@@ -79,7 +83,7 @@ def _footnotes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _write(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
-    """``--output``: CSV for a .csv name, else the JSON object."""
+    """``--output`` with a .csv name: the rows as CSV; .json: the JSON object."""
     if path.suffix.lower() == ".csv":
         buf = io.StringIO()
         pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(buf, index=False, float_format="%.6g")
@@ -129,35 +133,58 @@ def compare(
     ),
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
     output: Path | None = typer.Option(
-        None, "--output", help="Also write the rows: CSV (.csv name) or JSON."
+        None,
+        "--output",
+        help="Also write the rows: CSV (.csv name) or JSON (.json). Any other name is a "
+        "folder: comparison.csv, speedup_curves.csv (every pattern again at powers of two "
+        "from 4k to the longest length), config.json and report.html.",
     ),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar on stderr."),
 ) -> None:
     """Per-layer attention forward/backward, decode attention, KV bytes and speedups over
     dense, and their effect on a prefill, a decode step and a training iteration; one row
     per (sequence length, GQA group, pattern)."""
     with user_errors():
+        set_quiet(quiet)
         if (seq_len is None) == (seq_lens is None):
             raise WhatIfError("give exactly one of --seq-len N or --seq-lens N1,N2,...")
         seqs = [seq_len] if seq_len is not None else _ints(seq_lens, "--seq-lens")
+        seqs = list(dict.fromkeys(seqs))
         groups = _ints(gqa_groups, "--gqa-groups")
+        check_output_target(output)
+        bundle = output is not None and output_is_dir(output)
         cfg = load_model(model)
         pricer = SparsityPricer(gpu)
-        rows, seconds = timed_sweep(
-            cfg,
-            gpu,
-            seqs,
-            patterns,
-            gqa_groups=groups,
-            tp=tp,
-            batch=batch,
-            context_len=context_len,
-            train_gpus=train_gpus,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            recompute=recompute,
-            end_to_end=not kernels_only,
-            pricer=pricer,
-        )
+        common = {
+            "gqa_groups": groups,
+            "tp": tp,
+            "batch": batch,
+            "pricer": pricer,
+        }
+        curve_lens = _curve_lengths(seqs) if bundle else []
+        t0 = time.perf_counter()
+        rows: list[dict[str, Any]] = []
+        curve_rows: list[dict[str, Any]] = []
+        with progress_bar("sparsity compare", total=len(seqs) + len(curve_lens)) as advance:
+            for i, s in enumerate(seqs):  # one length at a time, so the bar moves
+                rows += sweep(
+                    cfg,
+                    gpu,
+                    [s],
+                    patterns,
+                    context_len=context_len,
+                    train_gpus=train_gpus,
+                    global_batch=global_batch,
+                    micro_batch=micro_batch,
+                    recompute=recompute,
+                    end_to_end=not kernels_only,
+                    **common,
+                )
+                advance(i + 1)
+            seconds = time.perf_counter() - t0
+            for j, s in enumerate(curve_lens):  # kernels only: the curves of the report
+                curve_rows += sweep(cfg, gpu, [s], patterns, end_to_end=False, **common)
+                advance(len(seqs) + j + 1)
         meta = {
             "model": cfg.id,
             "gpu": gpu,
@@ -165,7 +192,29 @@ def compare(
             "seconds": seconds,
             "columns": COLUMNS,
         }
-        if output is not None:
+        if bundle:
+            from simcli.reports.sparsity import write_sparsity_bundle
+
+            inputs = {
+                "model": model,
+                "gpu": gpu,
+                "seq_lens": seqs,
+                "patterns": patterns,
+                "tp": tp,
+                "batch": batch,
+                "context_len": context_len,
+                "gqa_groups": groups,
+                "train_gpus": train_gpus,
+                "global_batch": global_batch,
+                "micro_batch": micro_batch,
+                "recompute": recompute,
+                "kernels_only": kernels_only,
+                "curve_seq_lens": curve_lens,
+            }
+            write_sparsity_bundle(
+                output, rows, curve_rows, inputs=inputs, meta=meta, footnotes=_footnotes(rows)
+            )
+        elif output is not None:
             _write(rows, meta, output)
         if fmt == Format.table:
             emit_records(_table_rows(rows), fmt, title=f"{cfg.id} on {gpu}, tp={tp}, batch={batch}")
@@ -177,3 +226,9 @@ def compare(
             )
         else:
             emit_records(rows, fmt, json_wrapper=meta)
+
+
+def _curve_lengths(seqs: list[int]) -> list[int]:
+    from simcli.reports.sparsity import curve_lengths
+
+    return curve_lengths(seqs)

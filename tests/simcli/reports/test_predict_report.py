@@ -1,0 +1,135 @@
+"""`simcli predict --output DIR`: predictions.csv, by_op.csv, config.json, report.html."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simcli.reports.predict import CSV_SCHEMAS
+from tests.simcli.reports.browser import check_report
+from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llama3-8b-layer-tp2.csv"
+FULL_ROWS = [  # every contract column, nodes included
+    "gemm,bf16,4096,4096,4096,,,,,,,,,,,,,",
+    "attn_fwd,bf16,,,,2,4096,4096,32,8,128,true,flash,,,,,",
+    "attn_decode,bf16,,,,64,1,8192,32,8,128,,,,,,,",
+    "all_reduce,,,,,,,,,,,,,,,1073741824,8,1",
+    "copy,,,,,,,,,,,,,,,268435456,,",
+    "rmsnorm,bf16,8192,4096,,,,,,,,,,,,,,",
+]
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """The README quick start, once as a CSV file and once as a folder bundle."""
+    from typer.testing import CliRunner
+
+    from simcli.cli import app
+
+    tmp = tmp_path_factory.mktemp("predict")
+    runner = CliRunner()
+    base = ["predict", "--gpu", "h100-sxm", "--input", str(EXAMPLE)]
+    single = runner.invoke(app, [*base, "--output", str(tmp / "pred.csv")])
+    assert single.exit_code == 0, single.output
+    folder = tmp / "run"
+    result = runner.invoke(app, [*base, "--output", str(folder), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return tmp, folder, result
+
+
+def test_bundle_files_and_json_stdout(bundle):
+    tmp, folder, result = bundle
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "by_op.csv",
+        "config.json",
+        "predictions.csv",
+        "report.html",
+    ]
+    summary = json.loads(result.stdout)  # --format json stays one clean object
+    assert summary["rows"] == 30 and summary["output"] == str(folder)
+    assert summary["model"].startswith("calibrated profile h100-sxm")
+    # predictions.csv is exactly what the single-file mode writes
+    assert (folder / "predictions.csv").read_text() == (tmp / "pred.csv").read_text()
+    assert [p.name for p in tmp.iterdir() if p.name.startswith(".")] == []
+
+
+def test_by_op_schema_and_totals(bundle):
+    _, folder, result = bundle
+    by_op = pd.read_csv(folder / "by_op.csv")
+    assert list(by_op.columns) == list(CSV_SCHEMAS["by_op.csv"])
+    pred = pd.read_csv(folder / "predictions.csv")
+    assert by_op["rows"].sum() == len(pred)
+    assert by_op["total_predicted_ms"].sum() == pytest.approx(pred["predicted_ms"].sum(), 1e-4)
+    assert by_op["share_pct"].sum() == pytest.approx(100, abs=1e-3)
+    assert by_op["total_predicted_ms"].is_monotonic_decreasing
+    gemm = by_op.set_index("op").loc["gemm"]
+    assert gemm["op_class"] == "gemm_half" and gemm["achieved_tflop_per_s"] > 100
+    assert by_op.set_index("op").loc["all_reduce", "total_flops"] == 0
+
+
+def test_config_records_resolved_inputs(bundle):
+    _, folder, result = bundle
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["command"] == "predict" and cfg["simcli_version"]
+    assert cfg["inputs"] == {
+        "gpu": "h100-sxm",
+        "input": str(EXAMPLE),
+        "profile": None,
+        "hardware": None,
+    }
+    assert cfg["cost_model"] == json.loads(result.stdout)["model"]
+
+
+def test_report_renders(bundle, tmp_path):
+    _, folder, _ = bundle
+    rendered = check_report(folder / "report.html", tmp_path, min_svgs=3)  # classes, roofline, top
+    assert "roofline" in (folder / "report.html").read_text()
+    assert "Time by op kind" in rendered.text
+
+
+def test_predictions_schema_with_every_column(run, tmp_path):
+    header = ",".join((*CSV_COLUMNS, *EXTRA_COLUMNS))
+    src = tmp_path / "ops.csv"
+    src.write_text("\n".join([header, *FULL_ROWS]) + "\n")
+    out = tmp_path / "bundle"
+    result = run("predict", "--gpu", "h100-sxm", "--input", str(src), "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert list(pd.read_csv(out / "predictions.csv").columns) == list(
+        CSV_SCHEMAS["predictions.csv"]
+    )
+    assert list(pd.read_csv(out / "by_op.csv").columns) == list(CSV_SCHEMAS["by_op.csv"])
+    page = (out / "report.html").read_text()
+    assert "ops without FLOPs" in page  # the copy row: GB/s panel beside the roofline
+
+
+def test_bad_output_is_one_line_and_writes_nothing(run, tmp_path):
+    src = tmp_path / "ops.csv"
+    src.write_text("op,m,n,k\ngemm,128,256,512\n")
+    base = ("predict", "--gpu", "h100-sxm", "--input", str(src), "--output")
+    line = _one_error_line(run(*base, str(tmp_path / "missing" / "run")))
+    assert "parent folder" in line and "does not exist" in line
+    taken = tmp_path / "taken"
+    taken.write_text("keep me")
+    line = _one_error_line(run(*base, str(taken)))
+    assert "is an existing file" in line and "allowed: a folder" in line
+    assert taken.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.csv", "taken"]
+
+
+def test_bad_input_with_folder_output_leaves_no_folder(run, tmp_path):
+    src = tmp_path / "ops.csv"
+    src.write_text("op,m,n,k\ngemm,-1,256,512\n")
+    out = tmp_path / "run"
+    _one_error_line(run("predict", "--gpu", "h100-sxm", "--input", str(src), "--output", str(out)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.csv"]

@@ -13,10 +13,9 @@ from pathlib import Path
 import typer
 
 from simcli import progress
-from simcli.commands.predict import check_output_target
 from simcli.errors import fail, user_errors
 from simcli.output import Format, _clean, atomic_write_csv, atomic_write_text, emit_records
-from simcli.reports.bundle import output_is_dir
+from simcli.reports.bundle import check_output_path, output_is_dir
 
 app = typer.Typer(
     help="Microbenchmarks on a GPU, fitted profiles, fidelity reports.", no_args_is_help=True
@@ -146,8 +145,8 @@ def fit(
         progress.set_quiet(quiet)
         if scope not in ("gpu", "collectives"):
             raise fail(f"unknown --scope {scope!r}; allowed: gpu, collectives")
-        check_output_target(out, "--out", kind="file")
-        check_output_target(report_dir, "--report", kind="folder")
+        check_output_path(out, "--out", kind="file")
+        check_output_path(report_dir, "--report", kind="folder")
         cat = load_catalog()
         cat.gpu(gpu)
         with _stages("calibrate fit", len(data) + 1 + (report_dir is not None)) as step:
@@ -202,7 +201,7 @@ def report(
         from costmodels.profile import load_profile
 
         progress.set_quiet(quiet)
-        check_output_target(output)
+        check_output_path(output)
         prof = load_profile(profile)
         bundle = output is not None and output_is_dir(output)
         with _stages("calibrate report", len(data) + 1 + bundle) as step:

@@ -12,7 +12,7 @@ import typer
 from costmodels.select import get_cost_model
 from simcli.errors import fail, user_errors
 from simcli.output import Format, atomic_write_csv, emit_object, emit_records
-from simcli.reports.bundle import output_is_dir
+from simcli.reports.bundle import check_output_path, output_is_dir
 from workloads.ops import CSV_COLUMNS, Op, OpError, OpKind, normalise_frame, ops_frame
 
 app = typer.Typer(
@@ -59,26 +59,6 @@ def _model(gpu: str, profile: Path | None, hardware: Path | None):
     return get_cost_model(gpu, profile=profile, hardware_file=hardware)
 
 
-def check_output_target(path: Path | None, flag: str = "--output", kind: str = "auto") -> None:
-    """Fail before any work when an output path cannot be written: a missing parent folder,
-    or an existing file where a folder (report bundle) is meant. ``kind``: ``auto`` (a
-    folder unless the name ends in .csv/.json), ``folder`` or ``file``."""
-    if path is None:
-        return
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OSError(
-            f"{flag} {path}: parent folder {parent} does not exist; allowed: a path in an "
-            "existing folder"
-        )
-    folder = kind == "folder" or (kind == "auto" and output_is_dir(path))
-    if folder and path.exists() and not path.is_dir():
-        allowed = "a folder" if kind == "folder" else "a folder, or a name ending in .csv/.json"
-        raise OSError(f"{flag} {path} is an existing file; allowed: {allowed}")
-    if kind == "file" and path.is_dir():
-        raise OSError(f"{flag} {path} is a folder; allowed: a file name")
-
-
 def _resolved(path: Path | None) -> str | None:
     return None if path is None else str(path.resolve())
 
@@ -107,7 +87,7 @@ def batch(
                 "batch mode needs --gpu and --input (or use a subcommand: "
                 "gemm, attention, decode, blocksparse, collective, elementwise)"
             )
-        check_output_target(output_csv)
+        check_output_path(output_csv)
         model = _model(gpu, profile, hardware)
         raw = read_ops_csv(input_csv)
         frame = normalise_frame(raw)
@@ -412,4 +392,4 @@ def layer(
             )
 
 
-__all__ = ["app", "check_output_target", "emit_records", "read_ops_csv"]
+__all__ = ["app", "emit_records", "read_ops_csv"]

@@ -35,7 +35,7 @@ from simcli.errors import fail, user_errors
 from simcli.output import Format, emit_object
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir
-from simcli.reports.bundle import config_document
+from simcli.reports.bundle import check_output_path, config_document
 from simcli.reports.serve import (
     REPLICAS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -43,8 +43,6 @@ from simcli.reports.serve import (
     SWEEP_SCHEMA,
     TIMELINE_SCHEMA,
     StagedBundle,
-    check_file_path,
-    check_output_dir,
     frame,
     qps_multipliers,
     serve_csvs,
@@ -382,11 +380,11 @@ def serve(
     with user_errors():
         bundle_dir = output if output is not None and output_is_dir(output) else None
         if bundle_dir is not None:
-            check_output_dir(bundle_dir)
+            check_output_path(bundle_dir, "--output", kind="folder")
         elif output is not None:
-            check_file_path("--output", output)
+            check_output_path(output, "--output", kind="file")
         if trace_output is not None:
-            check_file_path("--trace-output", trace_output)
+            check_output_path(trace_output, "--trace-output", kind="file")
             if output is not None and trace_output.resolve() == output.resolve():
                 raise fail(f"--trace-output {trace_output} is also --output; allowed: two paths")
         _check_positive("--trace-max-steps", trace_max_steps)

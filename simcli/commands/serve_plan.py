@@ -20,12 +20,10 @@ from simcli.errors import fail, user_errors
 from simcli.output import Format, _clean, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir, write_output_dir
-from simcli.reports.bundle import config_document
+from simcli.reports.bundle import check_output_path, config_document
 from simcli.reports.serve import (
     DEPLOYMENTS_SCHEMA,
     EVALUATED_SCHEMA,
-    check_file_path,
-    check_output_dir,
     frame,
     plan_report,
 )
@@ -231,9 +229,9 @@ def serve_plan(
     with user_errors():
         if output is not None:
             if output_is_dir(output):
-                check_output_dir(output)
+                check_output_path(output, "--output", kind="folder")
             else:
-                check_file_path("--output", output)
+                check_output_path(output, "--output", kind="file")
         if slo_ttft_s is None and slo_tpot_s is None and slo_e2e_s is None:
             raise fail(
                 "no SLO given; allowed: at least one of --slo-ttft-s, --slo-tpot-s, --slo-e2e-s"

@@ -12,11 +12,10 @@ from typing import Any
 import pandas as pd
 import typer
 
-from simcli.commands.predict import check_output_target
 from simcli.errors import user_errors
 from simcli.output import Format, _clean, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
-from simcli.reports.bundle import output_is_dir
+from simcli.reports.bundle import check_output_path, output_is_dir
 from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, sweep
 from workloads.models import load_model
 from workloads.sparsity import ALLOWED
@@ -151,7 +150,7 @@ def compare(
         seqs = [seq_len] if seq_len is not None else _ints(seq_lens, "--seq-lens")
         seqs = list(dict.fromkeys(seqs))
         groups = _ints(gqa_groups, "--gqa-groups")
-        check_output_target(output)
+        check_output_path(output)
         bundle = output is not None and output_is_dir(output)
         cfg = load_model(model)
         pricer = SparsityPricer(gpu)

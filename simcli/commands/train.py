@@ -107,7 +107,7 @@ def train(
     with user_errors():
         inputs = cli_inputs()
         check_output_path(output, "--output")
-        check_output_path(trace, "--trace")
+        check_output_path(trace, "--trace", kind="file")
         cfg = load_model(model)
         if framework not in ("megatron", "pytorch"):
             raise PlanError(f"--framework {framework!r}; allowed: megatron, pytorch")

@@ -124,15 +124,23 @@ def cli_inputs() -> dict[str, Any]:
     return _jsonable(params)
 
 
-def check_output_path(path: Path | None, option: str) -> None:
-    """Fail before any work when an output cannot be written, so no output is partial."""
+def check_output_path(path: Path | None, option: str = "--output", kind: str = "auto") -> None:
+    """Fail before any work when an output cannot be written, so no output is partial:
+    a missing parent folder, an existing file where a folder is meant, or a folder where
+    a file is meant. ``kind``: ``auto`` (a folder unless the name ends in .csv/.json),
+    ``folder`` or ``file``."""
     if path is None:
         return
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise OSError(f"{option} {path}: folder {parent} does not exist")
-    if path.is_dir() and not output_is_dir(path):
+        raise OSError(
+            f"{option} {path}: parent folder {parent} does not exist; allowed: a path in "
+            "an existing folder"
+        )
+    folder = kind == "folder" or (kind == "auto" and output_is_dir(path))
+    if folder and path.exists() and not path.is_dir():
+        allowed = "a folder" if kind == "folder" else "a folder, or a name ending in .csv/.json"
+        raise OSError(f"{option} {path} is an existing file; allowed: {allowed}")
+    if not folder and path.is_dir():
         raise OSError(f"{option} {path} is a folder; allowed: a file name")
-    if output_is_dir(path) and path.exists() and not path.is_dir() and option == "--output":
-        raise OSError(f"{option} {path} is a file; allowed: a folder (or a .csv/.json name)")

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from simcli.reports.bundle import write_output_dir
+from simcli.reports.bundle import check_output_path, write_output_dir
 from simcli.reports.charts import PALETTE, new_figure, pareto_mask
 from simcli.reports.page import Report
 
@@ -254,32 +254,6 @@ def frame(rows: Sequence[dict[str, Any]], schema: dict[str, str]) -> pd.DataFram
 # --------------------------------------------------------------------------- paths
 
 
-def check_output_dir(folder: Path) -> None:
-    """Fail before simulating when ``--output DIR`` cannot be written (one line)."""
-    folder = Path(folder)
-    parent = folder.parent if str(folder.parent) else Path(".")
-    if not parent.is_dir():
-        raise OSError(
-            f"--output {folder}: parent folder {parent} does not exist; allowed: a folder "
-            "in an existing folder, or a .csv/.json file name"
-        )
-    if folder.exists() and not folder.is_dir():
-        raise OSError(f"--output {folder} is a file; allowed: a folder (or a .csv/.json name)")
-
-
-def check_file_path(option: str, path: Path) -> None:
-    """Fail before simulating when an output file cannot be written (one line)."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise OSError(
-            f"{option} {path}: folder {parent} does not exist; allowed: a file in an "
-            "existing folder"
-        )
-    if path.is_dir():
-        raise OSError(f"{option} {path} is a folder; allowed: a file name")
-
-
 class StagedBundle:
     """An ``--output DIR`` bundle assembled in a hidden folder beside ``folder``: stream
     large files into :meth:`path` while simulating, then :meth:`commit` writes the rest
@@ -288,7 +262,7 @@ class StagedBundle:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        check_output_dir(self.folder)
+        check_output_path(self.folder, "--output", kind="folder")
         parent = self.folder.parent if str(self.folder.parent) else Path(".")
         self.staging = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}.", dir=parent))
 
@@ -312,7 +286,7 @@ class StagedBundle:
             os.chmod(self.staging, 0o755)
             os.replace(self.staging, self.folder)
         else:
-            check_output_dir(self.folder)
+            check_output_path(self.folder, "--output", kind="folder")
             for name in names:
                 os.replace(self.staging / name, self.folder / name)
         return [self.folder / n for n in names]
@@ -652,8 +626,6 @@ def plan_report(summary: dict[str, Any], deployments: pd.DataFrame, evaluated: p
 __all__ = [
     "CSV_SCHEMAS",
     "StagedBundle",
-    "check_file_path",
-    "check_output_dir",
     "frame",
     "histogram_cdf",
     "plan_report",

@@ -220,7 +220,15 @@ def build_report(frame: pd.DataFrame, meta: dict[str, Any], store_path: str) -> 
         cols = [c for c in failed.columns if c.startswith("in.")] + ["error"]
         rep.table("Failed points", failed[cols], max_rows=50)
     if len(in_spec):
-        rep.table("Points", in_spec, max_rows=100)
+        # what varies first, then the outcome, then the bookkeeping columns
+        varying = [c for c in in_spec.columns
+                   if c.startswith("in.") and in_spec[c].astype(str).nunique() > 1]  # fmt: skip
+        outs = [c for c in in_spec.columns if c.startswith("out.")]
+        rest = [c for c in in_spec.columns if c not in varying and c not in outs]
+        lead = [c for c in ("ok", "error") if c in rest]
+        rest = [c for c in rest if c not in lead]
+        rep.table("Points", in_spec[varying + lead + outs + rest], max_rows=100,
+                  caption="swept inputs first; points.csv has every row")  # fmt: skip
     return rep
 
 

@@ -161,11 +161,11 @@ def build(out: dict[str, Any], spans: list[Any]) -> tuple[dict[str, pd.DataFrame
     hbar_stack(a1, labels, {"busy": stages.busy_s, "bubble": stages.bubble_s,
                             "dp comm exposed": stages.dp_comm_exposed_s})  # fmt: skip
     a1.set_xlabel("seconds")
-    a1.legend(fontsize=7)
+    a1.legend(fontsize=7, ncols=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     hbar_stack(a2, ["fullest GPU"], {r.component: [r.memory_gib] for r in memory.itertuples()})
     a2.axvline(out["memory_capacity_gib"], color="black", lw=1, ls="--")
     a2.set_xlabel("GiB (dashed: capacity)")
-    a2.legend(fontsize=7, loc="lower right")
+    a2.legend(fontsize=7, ncols=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     rep.figure(fig, "Stage time (stages.csv) and memory of the fullest GPU (memory.csv)")
     rep.table("Stages", stages)
     rep.table("Plan", pd.DataFrame([{k: v for k, v in plan.items()}]))

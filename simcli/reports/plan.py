@@ -39,20 +39,10 @@ PLAN_COLUMNS: dict[str, str] = {
     "cost_usd_per_iteration": "US$ per iteration at the GPU price",
 }
 
+_SHARED = ("num_gpus", "tp", "pp", "dp", "cp", "cp_kind", "ep", "vpp", "zero", "micro_batch",
+           "num_microbatches", "recompute", "sequence_parallel")  # fmt: skip
 EVALUATED_COLUMNS: dict[str, str] = {
-    "num_gpus": "GPUs of the plan",
-    "tp": "tensor-parallel degree",
-    "pp": "pipeline-parallel degree",
-    "dp": "data-parallel degree",
-    "cp": "context-parallel degree",
-    "cp_kind": "ring | ulysses | tokenring (empty when cp = 1)",
-    "ep": "expert-parallel degree",
-    "vpp": "virtual pipeline stages per rank",
-    "zero": "ZeRO stage",
-    "micro_batch": "sequences per micro-batch",
-    "num_microbatches": "micro-batches per iteration per pipeline",
-    "recompute": "none | selective | full",
-    "sequence_parallel": "Megatron sequence parallelism on",
+    **{c: PLAN_COLUMNS[c] for c in _SHARED},
     "peak_memory_gib": "estimated peak memory of the fullest GPU, GiB",
     "fits": "peak memory within capacity",
     "estimate_s": "closed-form iteration time (equal to the simulator for even 1F1B "

@@ -102,3 +102,11 @@ def check_report(page_path: Path, tmp_path: Path, *, min_svgs: int = 1) -> Rende
     assert rendered.network_requests == [], rendered.network_requests
     assert rendered.svg_count >= min_svgs, f"{rendered.svg_count} charts, wanted {min_svgs}"
     return rendered
+
+
+def one_error_line(result) -> str:
+    """The CLI failed on bad input: exit 2 and exactly one ``error: ...`` line on stderr."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]

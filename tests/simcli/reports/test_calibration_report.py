@@ -12,18 +12,11 @@ import pytest
 
 from simcli.reports.calibration import CSV_SCHEMAS
 from tests.calibrate.test_fit import write_dataset
-from tests.simcli.reports.browser import check_report
+from tests.simcli.reports.browser import check_report, one_error_line
 
 ROOT = Path(__file__).resolve().parents[3]
 PROFILE = ROOT / "costmodels" / "profiles" / "h100-sxm.json"
 SHIPPED = ROOT / "calibrate" / "data" / "h100-sxm"
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -121,15 +114,15 @@ def test_single_file_output(run, small_data, tmp_path):
 
 def test_bad_output_is_one_line_and_writes_nothing(run, small_data, tmp_path):
     base = ["calibrate", "report", "--profile", str(PROFILE), "--data", str(small_data)]
-    line = _one_error_line(run(*base, "--output", str(tmp_path / "missing" / "dir")))
+    line = one_error_line(run(*base, "--output", str(tmp_path / "missing" / "dir")))
     assert "does not exist" in line
     taken = tmp_path / "taken"
     taken.write_text("keep me")
-    assert "is an existing file" in _one_error_line(run(*base, "--output", str(taken)))
+    assert "is an existing file" in one_error_line(run(*base, "--output", str(taken)))
     assert taken.read_text() == "keep me"
     # fit: a bad --report is refused before fitting, and no profile is written
     fit = ["calibrate", "fit", "--data", str(small_data), "--gpu", "h100-sxm"]
     profile = tmp_path / "p.json"
-    line = _one_error_line(run(*fit, "--out", str(profile), "--report", str(taken)))
+    line = one_error_line(run(*fit, "--out", str(profile), "--report", str(taken)))
     assert "--report" in line and "existing file" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]

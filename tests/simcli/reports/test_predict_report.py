@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from simcli.reports.predict import CSV_SCHEMAS
-from tests.simcli.reports.browser import check_report
+from tests.simcli.reports.browser import check_report, one_error_line
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llama3-8b-layer-tp2.csv"
@@ -21,13 +21,6 @@ FULL_ROWS = [  # every contract column, nodes included
     "copy,,,,,,,,,,,,,,,268435456,,",
     "rmsnorm,bf16,8192,4096,,,,,,,,,,,,,,",
 ]
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +110,11 @@ def test_bad_output_is_one_line_and_writes_nothing(run, tmp_path):
     src = tmp_path / "ops.csv"
     src.write_text("op,m,n,k\ngemm,128,256,512\n")
     base = ("predict", "--gpu", "h100-sxm", "--input", str(src), "--output")
-    line = _one_error_line(run(*base, str(tmp_path / "missing" / "run")))
+    line = one_error_line(run(*base, str(tmp_path / "missing" / "run")))
     assert "parent folder" in line and "does not exist" in line
     taken = tmp_path / "taken"
     taken.write_text("keep me")
-    line = _one_error_line(run(*base, str(taken)))
+    line = one_error_line(run(*base, str(taken)))
     assert "is an existing file" in line and "allowed: a folder" in line
     assert taken.read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.csv", "taken"]
@@ -131,5 +124,5 @@ def test_bad_input_with_folder_output_leaves_no_folder(run, tmp_path):
     src = tmp_path / "ops.csv"
     src.write_text("op,m,n,k\ngemm,-1,256,512\n")
     out = tmp_path / "run"
-    _one_error_line(run("predict", "--gpu", "h100-sxm", "--input", str(src), "--output", str(out)))
+    one_error_line(run("predict", "--gpu", "h100-sxm", "--input", str(src), "--output", str(out)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.csv"]

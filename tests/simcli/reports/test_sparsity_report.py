@@ -10,17 +10,10 @@ import pytest
 
 from simcli.reports.sparsity import CSV_SCHEMAS, curve_lengths
 from simcli.sparsity.whatif import COLUMNS
-from tests.simcli.reports.browser import check_report
+from tests.simcli.reports.browser import check_report, one_error_line
 
 PATTERNS = "dense,window:2048,s2:local=2,stride=8"
 ARGS = ["sparsity", "compare", "--model", "llama3-8b", "--gpu", "h100-sxm", "--patterns", PATTERNS]
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +102,14 @@ def test_single_file_outputs_unchanged(run, tmp_path):
 
 def test_bad_output_is_one_line_and_writes_nothing(run, tmp_path):
     base = [*ARGS, "--seq-len", "8192", "--kernels-only", "--output"]
-    line = _one_error_line(run(*base, str(tmp_path / "missing" / "run")))
+    line = one_error_line(run(*base, str(tmp_path / "missing" / "run")))
     assert "does not exist" in line
     taken = tmp_path / "taken"
     taken.write_text("keep me")
-    line = _one_error_line(run(*base, str(taken)))
+    line = one_error_line(run(*base, str(taken)))
     assert "is an existing file" in line
     assert taken.read_text() == "keep me"
     # a bad pattern fails before anything is written
     r = run(*ARGS[:-1], "dense,foo:3", "--seq-len", "8192", "--output", str(tmp_path / "run"))
-    assert "unknown sparsity pattern" in _one_error_line(r)
+    assert "unknown sparsity pattern" in one_error_line(r)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -11,8 +12,15 @@ import typer
 
 from costmodels.select import get_cost_model
 from simcli.errors import fail, user_errors
-from simcli.output import Format, atomic_write_csv, emit_object, emit_records
-from simcli.reports.bundle import check_output_path, output_is_dir
+from simcli.output import (
+    Format,
+    _clean,
+    atomic_write_csv,
+    atomic_write_text,
+    emit_object,
+    emit_records,
+)
+from simcli.reports.bundle import check_output_path, cli_inputs, output_is_dir
 from workloads.ops import CSV_COLUMNS, Op, OpError, OpKind, normalise_frame, ops_frame
 
 app = typer.Typer(
@@ -27,6 +35,12 @@ FormatOpt = typer.Option(Format.table, "--format", help="table | json | csv")
 GpuOpt = typer.Option(..., "--gpu", help="GPU id (see `simcli specs list`).")
 ProfileOpt = typer.Option(None, "--profile", help="Calibration profile overriding the defaults.")
 HardwareOpt = typer.Option(None, "--hardware", help="Extra hardware spec file (YAML/JSON).")
+OutputOpt = typer.Option(
+    None,
+    "--output",
+    help="prediction.csv (one row: the op's columns plus predicted_ms) or .json; any other "
+    "name is a folder: predictions.csv, by_op.csv, config.json and report.html.",
+)
 DtypeOpt = typer.Option("bf16", "--dtype", help="fp64 | fp32 | tf32 | bf16 | fp16 | fp8 | int8")
 
 
@@ -131,7 +145,9 @@ def batch(
             emit_records(records, fmt, title=f"predictions on {gpu}", json_wrapper=summary)
 
 
-def _report(model, op: Op, fmt: Format) -> None:
+def _report(model, op: Op, fmt: Format, output: Path | None = None) -> None:
+    """One op's prediction; ``output`` as in batch mode (a one-row predictions.csv)."""
+    check_output_path(output)
     work = model.work(op)
     t = float(work.time_s[0])
     flops, nbytes = float(work.flops[0]), float(work.bytes[0])
@@ -150,6 +166,29 @@ def _report(model, op: Op, fmt: Format) -> None:
         dtype = np.array([op.dtype.value])
         result["power_w"] = float(model.power.power_w(work, dtype, model.gpu)[0])
         result["energy_j"] = float(model.power.energy_j(work, dtype, model.gpu)[0])
+    if output is not None:
+        frame = ops_frame([op])
+        row = pd.DataFrame([op.row()]).dropna(axis=1, how="all")
+        row["predicted_ms"] = t * 1e3
+        if output_is_dir(output):
+            from simcli.reports.predict import write_predict_bundle
+
+            inputs = {**cli_inputs(), "op": op.op.value}
+            write_predict_bundle(
+                output,
+                gpu=model.gpu,
+                model_label=model.label,
+                inputs=inputs,
+                out=row,
+                frame=frame,
+                time_s=work.time_s,
+                flops=work.flops,
+                nbytes=work.bytes,
+            )
+        elif output.suffix.lower() == ".json":
+            atomic_write_text(output, json.dumps(_clean(result), indent=2) + "\n")
+        else:
+            atomic_write_csv(row, output)
     emit_object(result, fmt, title=f"{op.op.value} on {model.gpu.id}")
 
 
@@ -164,11 +203,12 @@ def gemm(
     profile: Path | None = ProfileOpt,
     hardware: Path | None = HardwareOpt,
     fmt: Format = FormatOpt,
+    output: Path | None = OutputOpt,
 ) -> None:
     """C[m,n] = A[m,k] . B[k,n]."""
     with user_errors():
         op = Op(op=OpKind.gemm, m=m, n=n, k=k, batch=batch_count, dtype=dtype)
-        _report(_model(gpu, profile, hardware), op, fmt)
+        _report(_model(gpu, profile, hardware), op, fmt, output)
 
 
 @app.command("attention")
@@ -187,6 +227,7 @@ def attention(
     profile: Path | None = ProfileOpt,
     hardware: Path | None = HardwareOpt,
     fmt: Format = FormatOpt,
+    output: Path | None = OutputOpt,
 ) -> None:
     """Dense attention (FlashAttention-style kernels)."""
     with user_errors():
@@ -205,7 +246,7 @@ def attention(
             backend=backend or None,
             dtype=dtype,
         )
-        _report(_model(gpu, profile, hardware), op, fmt)
+        _report(_model(gpu, profile, hardware), op, fmt, output)
 
 
 @app.command("decode")
@@ -221,6 +262,7 @@ def decode(
     profile: Path | None = ProfileOpt,
     hardware: Path | None = HardwareOpt,
     fmt: Format = FormatOpt,
+    output: Path | None = OutputOpt,
 ) -> None:
     """Decode attention: new tokens over a KV cache (split-KV)."""
     with user_errors():
@@ -234,7 +276,7 @@ def decode(
             head_dim=head_dim,
             dtype=dtype,
         )
-        _report(_model(gpu, profile, hardware), op, fmt)
+        _report(_model(gpu, profile, hardware), op, fmt, output)
 
 
 @app.command("blocksparse")
@@ -253,6 +295,7 @@ def blocksparse(
     profile: Path | None = ProfileOpt,
     hardware: Path | None = HardwareOpt,
     fmt: Format = FormatOpt,
+    output: Path | None = OutputOpt,
 ) -> None:
     """Block-sparse attention visiting `density` of the block_size x block_size tiles."""
     with user_errors():
@@ -272,7 +315,7 @@ def blocksparse(
             backend=backend or None,
             dtype=dtype,
         )
-        _report(_model(gpu, profile, hardware), op, fmt)
+        _report(_model(gpu, profile, hardware), op, fmt, output)
 
 
 @app.command("collective")
@@ -289,6 +332,7 @@ def collective(
     profile: Path | None = ProfileOpt,
     hardware: Path | None = HardwareOpt,
     fmt: Format = FormatOpt,
+    output: Path | None = OutputOpt,
 ) -> None:
     """NCCL collective over `ranks` GPUs in `nodes` reference nodes."""
     with user_errors():
@@ -296,7 +340,7 @@ def collective(
         if kind not in allowed:
             raise OpError(f"unknown --kind {kind!r}; allowed: {', '.join(allowed)}")
         op = Op(op=OpKind(kind), bytes=nbytes, ranks=ranks, nodes=nodes)
-        _report(_model(gpu, profile, hardware), op, fmt)
+        _report(_model(gpu, profile, hardware), op, fmt, output)
 
 
 @app.command("elementwise")
@@ -310,6 +354,7 @@ def elementwise(
     profile: Path | None = ProfileOpt,
     hardware: Path | None = HardwareOpt,
     fmt: Format = FormatOpt,
+    output: Path | None = OutputOpt,
 ) -> None:
     """Memory-bound ops priced by bytes moved."""
     with user_errors():
@@ -319,7 +364,7 @@ def elementwise(
         if kind not in allowed:
             raise OpError(f"unknown --op {kind!r}; allowed: {', '.join(allowed)}")
         op = Op(op=OpKind(kind), m=m, n=n, bytes=nbytes, dtype=dtype)
-        _report(_model(gpu, profile, hardware), op, fmt)
+        _report(_model(gpu, profile, hardware), op, fmt, output)
 
 
 @app.command("layer")
@@ -336,6 +381,7 @@ def layer(
     profile: Path | None = ProfileOpt,
     hardware: Path | None = HardwareOpt,
     fmt: Format = FormatOpt,
+    output: Path | None = OutputOpt,
 ) -> None:
     """Every op of one transformer layer on one TP rank, priced; the sum times the layers."""
     with user_errors():
@@ -357,7 +403,10 @@ def layer(
             lo.op.model_copy(update={"nodes": -(-tp // per_node)}) if lo.op.ranks else lo.op
             for _, lo in named
         ]
-        seconds = cost.predict_many(ops_frame(ops), validated=True)
+        check_output_path(output)
+        frame = ops_frame(ops)
+        work = cost.work_many(frame, validated=True)
+        seconds = work.time_s
         rows = []
         for (ph, lo), t in zip(named, seconds, strict=True):
             rows.append(
@@ -381,6 +430,8 @@ def layer(
             "all_layers_ms": layer_ms * arch.num_layers,
             "cost_model": cost.label,
         }
+        if output is not None:
+            _write_layer(output, cost, named, frame, work, rows, summary)
         if fmt == Format.json:
             emit_records(rows, fmt, json_wrapper=summary, json_key="ops")
         else:
@@ -390,6 +441,38 @@ def layer(
                 title=f"{arch.id} layer on {gpu}: {layer_ms:.3f} ms "
                 f"({arch.num_layers} layers: {layer_ms * arch.num_layers:.1f} ms)",
             )
+
+
+def _write_layer(output: Path, cost, named, frame, work, rows, summary) -> None:
+    """``predict layer --output``: the layer's ops (times x their count) as a predict bundle,
+    or the rows as one CSV / the result as JSON."""
+    if not output_is_dir(output):
+        if output.suffix.lower() == ".json":
+            obj = {**summary, "ops": rows}
+            atomic_write_text(output, json.dumps(_clean(obj), indent=2) + "\n")
+        else:
+            atomic_write_csv(pd.DataFrame(rows), output)
+        return
+    from simcli.reports.predict import write_predict_bundle
+
+    count = np.array([lo.count for _, lo in named], dtype=float)
+    out = pd.DataFrame([lo.op.row() for _, lo in named]).dropna(axis=1, how="all")
+    out.insert(0, "phase", [ph for ph, _ in named])
+    out.insert(1, "name", [lo.name for _, lo in named])
+    out.insert(2, "count", count.astype(int))
+    out["predicted_ms"] = work.time_s * count * 1e3
+    inputs = {**cli_inputs(), "op": f"{summary['model']} layer ({summary['phase']})"}
+    write_predict_bundle(
+        output,
+        gpu=cost.gpu,
+        model_label=cost.label,
+        inputs=inputs,
+        out=out,
+        frame=frame,
+        time_s=work.time_s * count,
+        flops=work.flops * count,
+        nbytes=work.bytes * count,
+    )
 
 
 __all__ = ["app", "emit_records", "read_ops_csv"]

@@ -18,10 +18,16 @@ from simcli.reports.charts import PALETTE, new_figure
 from simcli.reports.page import Report
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS
 
-_INPUT_DOC = "input column, copied unchanged from --input (see README: The ops CSV)"
+_INPUT_DOC = (
+    "input column, copied unchanged from --input (see README: The ops CSV); one-op "
+    "subcommands write their op's non-empty columns"
+)
 
 CSV_SCHEMAS: dict[str, dict[str, str]] = {
     "predictions.csv": {
+        "phase": "predict layer only: fwd | bwd",
+        "name": "predict layer only: the op's name in the layer (qkv_proj, attn, ...)",
+        "count": "predict layer only: calls per layer (predicted_ms covers all of them)",
         **{c: _INPUT_DOC for c in (*CSV_COLUMNS, *EXTRA_COLUMNS)},
         "predicted_ms": "predicted time of the row's op, milliseconds",
     },
@@ -197,7 +203,7 @@ def render_predict_report(
     *,
     gpu,
     model_label: str,
-    input_path: Path,
+    source: str,
     out: pd.DataFrame,
     frame: pd.DataFrame,
     time_s: np.ndarray,
@@ -209,10 +215,11 @@ def render_predict_report(
     classes = _classes(frame)
     colours = _class_colours(classes)
     total_ms = float(np.sum(time_s) * 1e3)
-    rep = Report(f"{input_path.name} on {gpu.id}", command="predict", subtitle=model_label)
+    title = Path(source).name if source.endswith(".csv") else source
+    rep = Report(f"{title} on {gpu.id}", command="predict", subtitle=model_label)
     rep.summary(
         {
-            "input": str(input_path),
+            "input": source,
             "gpu": gpu.id,
             "profile (cost model)": model_label,
             "rows": len(out),
@@ -254,7 +261,7 @@ def write_predict_bundle(
     page = render_predict_report(
         gpu=gpu,
         model_label=model_label,
-        input_path=Path(inputs["input"]),
+        source=str(inputs.get("input") or inputs.get("op", "")),
         out=out,
         frame=frame,
         time_s=time_s,

@@ -98,9 +98,10 @@ def test_predictions_schema_with_every_column(run, tmp_path):
     out = tmp_path / "bundle"
     result = run("predict", "--gpu", "h100-sxm", "--input", str(src), "--output", str(out))
     assert result.exit_code == 0, result.output
-    assert list(pd.read_csv(out / "predictions.csv").columns) == list(
-        CSV_SCHEMAS["predictions.csv"]
-    )
+    layer_only = ("phase", "name", "count")
+    assert list(pd.read_csv(out / "predictions.csv").columns) == [
+        c for c in CSV_SCHEMAS["predictions.csv"] if c not in layer_only
+    ]
     assert list(pd.read_csv(out / "by_op.csv").columns) == list(CSV_SCHEMAS["by_op.csv"])
     page = (out / "report.html").read_text()
     assert "ops without FLOPs" in page  # the copy row: GB/s panel beside the roofline
@@ -126,3 +127,41 @@ def test_bad_input_with_folder_output_leaves_no_folder(run, tmp_path):
     out = tmp_path / "run"
     one_error_line(run("predict", "--gpu", "h100-sxm", "--input", str(src), "--output", str(out)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.csv"]
+
+
+def _in_schema_order(columns) -> bool:
+    schema = list(CSV_SCHEMAS["predictions.csv"])
+    return all(c in schema for c in columns) and [schema.index(c) for c in columns] == sorted(
+        schema.index(c) for c in columns
+    )
+
+
+def test_one_op_subcommands_write_the_same_bundle(run, tmp_path):
+    out = tmp_path / "gemm"
+    args = ["predict", "gemm", "--m", "4096", "--n", "4096", "--k", "4096", "--gpu", "h100-sxm"]
+    result = run(*args, "--output", str(out), "--format", "json")
+    assert result.exit_code == 0, result.output
+    ms = json.loads(result.stdout)["predicted_ms"]
+    pred = pd.read_csv(out / "predictions.csv")
+    assert len(pred) == 1 and _in_schema_order(pred.columns)
+    assert pred.loc[0, "m"] == 4096 and abs(pred.loc[0, "predicted_ms"] / ms - 1) < 1e-5
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["inputs"]["m"] == 4096 and cfg["inputs"]["op"] == "gemm"
+    # the single-file forms
+    result = run(*args, "--output", str(tmp_path / "one.json"))
+    assert json.loads((tmp_path / "one.json").read_text())["op"] == "gemm"
+    result = run(*args, "--output", str(tmp_path / "one.csv"))
+    assert pd.read_csv(tmp_path / "one.csv").loc[0, "k"] == 4096
+
+
+def test_layer_bundle_renders(run, tmp_path):
+    out = tmp_path / "layer"
+    result = run("predict", "layer", "--model", "llama3-8b", "--seq-len", "4096", "--tp", "2",
+                 "--phase", "fwdbwd", "--gpu", "h100-sxm", "--output", str(out), "--format",
+                 "json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    layer_ms = json.loads(result.stdout)["layer_ms"]
+    pred = pd.read_csv(out / "predictions.csv")
+    assert _in_schema_order(pred.columns) and set(pred.phase) == {"fwd", "bwd"}
+    assert abs(pred.predicted_ms.sum() / layer_ms - 1) < 1e-5  # counts included
+    check_report(out / "report.html", tmp_path, min_svgs=3)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:  # matplotlib loads only when a report is drawn: the CLI starts faster
+    from matplotlib.figure import Figure
 
 PALETTE = (
     "#3b6fb6", "#d1495b", "#edae49", "#66a182", "#8d6cab",
@@ -23,6 +26,7 @@ _RC = {"svg.fonttype": "path", "svg.hashsalt": "simcli", "font.size": 9}
 def new_figure(width_in: float = 8.0, height_in: float = 3.6, ncols: int = 1) -> tuple:
     """(figure, axes) with simcli's look; ``axes`` is a list when ``ncols`` > 1."""
     import matplotlib
+    from matplotlib.figure import Figure
 
     with matplotlib.rc_context(_RC):
         fig = Figure(figsize=(width_in, height_in))

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import MaxNLocator
 
 from simcli.reports.bundle import check_output_path, write_output_dir
 from simcli.reports.charts import PALETTE, new_figure, pareto_mask
@@ -331,6 +330,8 @@ def _cdf_figure(hists: dict[str, Any], slos: dict[str, float | None]):
         if x[0] > 0 and x[-1] / x[0] > 20:
             ax.set_xscale("log")
         else:
+            from matplotlib.ticker import MaxNLocator
+
             ax.xaxis.set_major_locator(MaxNLocator(4))
         ax.set_ylim(0, 1.02)
         ax.set_ylabel("fraction of requests")

@@ -79,3 +79,14 @@ def test_page_renders_in_browser(tmp_path):
     page.write_text(_report().html())
     rendered = check_report(page, tmp_path)
     assert "iteration_s" in rendered.text
+
+
+def test_cli_starts_without_matplotlib():
+    """Charts load only when a report is drawn, so every CLI call (and sweep point) starts
+    without paying for matplotlib."""
+    import subprocess
+    import sys
+
+    code = "import sys, simcli.cli; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

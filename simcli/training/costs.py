@@ -295,6 +295,78 @@ def _collective_s(
     return float(cost_model.predict_many(_frame([_with_nodes(op, nodes)]))[0])
 
 
+@dataclass(frozen=True)
+class Comm:
+    """One collective of a plan's layer, before pricing (see :func:`_collective_s`)."""
+
+    kind: str
+    nbytes: float
+    ranks: int
+    nodes: int
+    dtype: str
+
+
+def cp_comms(model: ModelConfig, plan: TrainPlan, gpus_per_node: int) -> dict[str, Comm]:
+    """The context-parallel collectives of one layer: Ulysses' all-to-alls (``a2a`` of Q
+    and of the output, ``a2a_kv``), or one ring step's K/V send (``step_f``; ``step_b``
+    also returns their gradients)."""
+    cp = plan.cp
+    if cp == 1:
+        return {}
+    nodes = group_nodes(cp, plan.tp, gpus_per_node)
+    act = plan.activation_dtype
+    elt = DTYPE_BYTES[Dtype(act)]
+    tokens = plan.micro_batch * plan.seq_len // cp
+    kv_heads = max(1, model.num_kv_heads // plan.tp)
+    q_heads = model.num_heads // plan.tp
+    kv_bytes = 2.0 * tokens * kv_heads * model.head_dim * elt
+    if plan.cp_kind == "ulysses":
+        # all-to-all of Q, K, V before attention and of the output after; the same in
+        # backward for the gradients. Each rank's send buffer is its whole local tensor.
+        q_bytes = tokens * q_heads * model.head_dim * elt
+        return {
+            "a2a": Comm("all_to_all", q_bytes, cp, nodes, act),
+            "a2a_kv": Comm("all_to_all", kv_bytes, cp, nodes, act),
+        }
+    # Ring: TokenRing splits each step over both directions of the ring, halving the
+    # bytes on the slower direction; the ring's slowest hop leaves the node.
+    p2p_nodes = 2 if nodes > 1 else 1
+    step = kv_bytes / (2.0 if plan.cp_kind == "tokenring" else 1.0)
+    return {
+        "step_f": Comm("send_recv", step, 2, p2p_nodes, "bf16"),
+        "step_b": Comm("send_recv", 2.0 * step, 2, p2p_nodes, "bf16"),
+    }
+
+
+def cp_exposed_s(
+    plan: TrainPlan, times_s: dict[str, float], attn_f_s: float, attn_b_s: float
+) -> tuple[float, float]:
+    """Exposed CP communication per layer (forward, backward) from the priced
+    :func:`cp_comms`: Ulysses' all-to-alls are on the critical path; a ring's cp - 1
+    steps each overlap one attention block (1/cp of the local attention work)."""
+    cp = plan.cp
+    if cp == 1:
+        return 0.0, 0.0
+    if plan.cp_kind == "ulysses":
+        one = 2.0 * times_s["a2a"] + times_s["a2a_kv"]
+        return one, one
+    exposed_f = (cp - 1) * max(0.0, times_s["step_f"] - attn_f_s / cp)
+    exposed_b = (cp - 1) * max(0.0, times_s["step_b"] - attn_b_s / cp)
+    return exposed_f, exposed_b
+
+
+def ep_comm(model: ModelConfig, plan: TrainPlan, gpus_per_node: int) -> Comm | None:
+    """Token dispatch (and, priced the same, combine) all-to-all of an expert-parallel MoE
+    layer (GShard); None without expert parallelism."""
+    if model.num_experts == 1 or plan.ep == 1:
+        return None
+    nodes = group_nodes(plan.ep, plan.tp * plan.cp, gpus_per_node)
+    elt = DTYPE_BYTES[Dtype(plan.activation_dtype)]
+    tokens = plan.micro_batch * plan.seq_len // plan.cp
+    nbytes = tokens * model.experts_per_token * model.hidden_size * elt
+    return Comm("all_to_all", nbytes, plan.ep, nodes, plan.activation_dtype)
+
+
 def _cp_comm(
     model: ModelConfig,
     plan: TrainPlan,
@@ -304,51 +376,23 @@ def _cp_comm(
     layer_b: Phase,
 ) -> tuple[float, float]:
     """Exposed context-parallel communication per layer (forward, backward)."""
-    cp = plan.cp
-    if cp == 1:
-        return 0.0, 0.0
-    gpn = system.node.gpus_per_node
-    nodes = group_nodes(cp, plan.tp, gpn)
-    elt = DTYPE_BYTES[Dtype(plan.activation_dtype)]
-    tokens = plan.micro_batch * plan.seq_len // cp
-    kv_heads = max(1, model.num_kv_heads // plan.tp)
-    q_heads = model.num_heads // plan.tp
-    kv_bytes = 2.0 * tokens * kv_heads * model.head_dim * elt
-    attn_f = layer_f.by_op_s.get("attn", 0.0)
-    attn_b = layer_b.by_op_s.get("attn_bwd", 0.0)
-    if plan.cp_kind == "ulysses":
-        # all-to-all of Q, K, V before attention and of the output after; the same in
-        # backward for the gradients. Each rank's send buffer is its whole local tensor.
-        q_bytes = tokens * q_heads * model.head_dim * elt
-        a2a = _collective_s(cost_model, "all_to_all", q_bytes, cp, nodes, plan.activation_dtype)
-        a2a_kv = _collective_s(cost_model, "all_to_all", kv_bytes, cp, nodes, plan.activation_dtype)
-        one = 2.0 * a2a + a2a_kv
-        return one, one
-    # Ring: cp - 1 point-to-point steps, each overlapped with one attention block
-    # (the block of 1/cp of the local work). TokenRing splits each step over both
-    # directions of the ring, halving the bytes on the slower direction.
-    p2p_nodes = 2 if nodes > 1 else 1  # the ring's slowest hop leaves the node
-    step_bytes = kv_bytes / (2.0 if plan.cp_kind == "tokenring" else 1.0)
-    step_f = _collective_s(cost_model, "send_recv", step_bytes, 2, p2p_nodes, "bf16")
-    step_b = _collective_s(cost_model, "send_recv", 2.0 * step_bytes, 2, p2p_nodes, "bf16")
-    block_f, block_b = attn_f / cp, attn_b / cp
-    exposed_f = (cp - 1) * max(0.0, step_f - block_f)
-    exposed_b = (cp - 1) * max(0.0, step_b - block_b)
-    return exposed_f, exposed_b
+    comms = cp_comms(model, plan, system.node.gpus_per_node)
+    times = {
+        k: _collective_s(cost_model, c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
+        for k, c in comms.items()
+    }
+    attn_f, attn_b = layer_f.by_op_s.get("attn", 0.0), layer_b.by_op_s.get("attn_bwd", 0.0)
+    return cp_exposed_s(plan, times, attn_f, attn_b)
 
 
 def _ep_comm(
     model: ModelConfig, plan: TrainPlan, cost_model: CostModel, system: System
 ) -> tuple[float, float]:
-    """Token dispatch and combine all-to-alls of an expert-parallel MoE layer (GShard)."""
-    if model.num_experts == 1 or plan.ep == 1:
+    """Dispatch and combine all-to-alls of an expert-parallel MoE layer, each direction."""
+    c = ep_comm(model, plan, system.node.gpus_per_node)
+    if c is None:
         return 0.0, 0.0
-    gpn = system.node.gpus_per_node
-    nodes = group_nodes(plan.ep, plan.tp * plan.cp, gpn)
-    elt = DTYPE_BYTES[Dtype(plan.activation_dtype)]
-    tokens = plan.micro_batch * plan.seq_len // plan.cp
-    nbytes = tokens * model.experts_per_token * model.hidden_size * elt
-    one = _collective_s(cost_model, "all_to_all", nbytes, plan.ep, nodes, plan.activation_dtype)
+    one = _collective_s(cost_model, c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
     return 2.0 * one, 2.0 * one
 
 

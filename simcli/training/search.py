@@ -53,6 +53,9 @@ from simcli.training.costs import (
     _frame,
     _sum_phase,
     _with_nodes,
+    cp_comms,
+    cp_exposed_s,
+    ep_comm,
     group_nodes,
     op_groups,
     plan_fields,
@@ -312,33 +315,18 @@ def step_costs_many(
 def _comm_requests(
     model: ModelConfig, plan: TrainPlan, system: System, pricer: _Pricer
 ) -> dict[str, Any]:
-    """The CP, EP and pipeline p2p ops of ``plan`` (as in ``_cp_comm``, ``_ep_comm`` and
-    ``step_costs``), registered with the pricer."""
+    """The CP, EP and pipeline p2p ops of ``plan`` (:func:`cp_comms`, :func:`ep_comm` and
+    ``step_costs``'s p2p), registered with the pricer."""
     gpn = system.node.gpus_per_node
     act = plan.activation_dtype
     elt = DTYPE_BYTES[Dtype(act)]
     req: dict[str, Any] = {"ep": -1}
+    for key, c in cp_comms(model, plan, gpn).items():
+        req[key] = pricer.collective(c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
+    ep = ep_comm(model, plan, gpn)
+    if ep is not None:
+        req["ep"] = pricer.collective(ep.kind, ep.nbytes, ep.ranks, ep.nodes, ep.dtype)
     cp = plan.cp
-    if cp > 1:
-        nodes = group_nodes(cp, plan.tp, gpn)
-        tokens = plan.micro_batch * plan.seq_len // cp
-        kv_heads = max(1, model.num_kv_heads // plan.tp)
-        q_heads = model.num_heads // plan.tp
-        kv_bytes = 2.0 * tokens * kv_heads * model.head_dim * elt
-        if plan.cp_kind == "ulysses":
-            q_bytes = tokens * q_heads * model.head_dim * elt
-            req["a2a"] = pricer.collective("all_to_all", q_bytes, cp, nodes, act)
-            req["a2a_kv"] = pricer.collective("all_to_all", kv_bytes, cp, nodes, act)
-        else:
-            p2p_nodes = 2 if nodes > 1 else 1
-            step = kv_bytes / (2.0 if plan.cp_kind == "tokenring" else 1.0)
-            req["step_f"] = pricer.collective("send_recv", step, 2, p2p_nodes, "bf16")
-            req["step_b"] = pricer.collective("send_recv", 2.0 * step, 2, p2p_nodes, "bf16")
-    if model.num_experts > 1 and plan.ep > 1:
-        nodes = group_nodes(plan.ep, plan.tp * plan.cp, gpn)
-        tokens = plan.micro_batch * plan.seq_len // plan.cp
-        nbytes = tokens * model.experts_per_token * model.hidden_size * elt
-        req["ep"] = pricer.collective("all_to_all", nbytes, plan.ep, nodes, act)
     tokens = plan.micro_batch * (plan.seq_len // cp)
     p2p_bytes = tokens * model.hidden_size * elt / (plan.tp if plan.sp else 1)
     req["p2p_bytes"] = p2p_bytes
@@ -354,17 +342,10 @@ def _comm_requests(
 def _cp_exposed(
     plan: TrainPlan, req: dict[str, Any], pricer: _Pricer, layer_f: Phase, layer_b: Phase
 ) -> tuple[float, float]:
-    cp = plan.cp
-    if cp == 1:
-        return 0.0, 0.0
-    if plan.cp_kind == "ulysses":
-        one = 2.0 * pricer.time(req["a2a"]) + pricer.time(req["a2a_kv"])
-        return one, one
-    block_f = layer_f.by_op_s.get("attn", 0.0) / cp
-    block_b = layer_b.by_op_s.get("attn_bwd", 0.0) / cp
-    exposed_f = (cp - 1) * max(0.0, pricer.time(req["step_f"]) - block_f)
-    exposed_b = (cp - 1) * max(0.0, pricer.time(req["step_b"]) - block_b)
-    return exposed_f, exposed_b
+    keys = ("a2a", "a2a_kv", "step_f", "step_b")
+    times = {k: pricer.time(req[k]) for k in keys if k in req}
+    attn_f, attn_b = layer_f.by_op_s.get("attn", 0.0), layer_b.by_op_s.get("attn_bwd", 0.0)
+    return cp_exposed_s(plan, times, attn_f, attn_b)
 
 
 # --------------------------------------------------------------------------- closed form

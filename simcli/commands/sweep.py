@@ -23,8 +23,9 @@ from simcli.progress import set_quiet
 class DefaultGroup(TyperGroup):
     """A group whose first argument, when it names no subcommand, goes to ``run``.
 
-    So ``simcli sweep SPEC.yaml`` means ``simcli sweep run SPEC.yaml`` while ``status`` and
-    ``export`` stay subcommands (a spec file named ``status`` needs ``sweep run status``).
+    So ``simcli sweep SPEC.yaml`` means ``simcli sweep run SPEC.yaml`` while ``status``,
+    ``export`` and ``report`` stay subcommands (a spec file named ``status`` needs
+    ``sweep run status``).
     """
 
     default_command = "run"
@@ -40,7 +41,8 @@ app = typer.Typer(
     help=(
         "Run many simcli commands from a YAML spec (grid, zip, filters) on a local process "
         "pool or a Ray cluster; results go to a resumable SQLite/Parquet store. "
-        "simcli sweep SPEC.yaml | simcli sweep status STORE | simcli sweep export STORE"
+        "simcli sweep SPEC.yaml | simcli sweep status STORE | simcli sweep export STORE | "
+        "simcli sweep report STORE --output DIR"
     ),
     no_args_is_help=True,
 )
@@ -217,3 +219,35 @@ def export(
             sys.stdout.write(text)
         else:
             atomic_write_text(output, text)
+
+
+@app.command("report")
+def report(
+    store: Path = typer.Argument(..., metavar="STORE", help="A sweep store (file or folder)."),
+    output: Path = typer.Option(
+        ..., "--output", help="Folder for points.csv, config.json and report.html."
+    ),
+    fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
+) -> None:
+    """The --output report of a stored sweep, e.g. one that was interrupted or is still
+    partial (points not yet run are counted as such)."""
+    with user_errors():
+        from simcli.reports.bundle import check_output_path
+        from simcli.sweep.report import points_frame, write_report
+
+        check_output_path(output, "--output", kind="folder")
+        st = _open(store)
+        try:
+            frame, meta = points_frame(st.frame()), st.meta()
+        finally:
+            st.close()
+        write_report(output, frame, meta, str(store))
+        ids = meta.get("point_ids")
+        in_spec = frame[frame["point_id"].isin(ids)] if ids else frame
+        out = {
+            "store": str(store),
+            "output": str(output),
+            "points_total": int(meta.get("points_total", len(frame))),
+            "points_done": len(in_spec),
+        }
+        emit_object(out, fmt, title=f"sweep report {output}")

@@ -277,6 +277,25 @@ def test_report_bundle(sweep, tmp_path):
     assert "a100-sxm-80gb" in rendered.text
 
 
+def test_report_of_a_partial_store(sweep, tmp_path):
+    """`sweep report` draws a stored sweep, counting points not yet run (as after Ctrl-C)."""
+    spec = write_spec(tmp_path, GEMM)
+    results = tmp_path / "r.sqlite"
+    assert sweep(spec, "--results", results, "--workers", "1").exit_code == 0
+    with sqlite3.connect(results) as con:  # two points "not run yet"
+        con.execute("DELETE FROM points WHERE seq IN (SELECT seq FROM points LIMIT 2)")
+    out = tmp_path / "partial"
+    res = sweep("report", results, "--output", out, "--format", "json")
+    assert res.exit_code == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["points_done"] == got["points_total"] - 2
+    assert len(pd.read_csv(out / "points.csv")) == got["points_done"]
+    page = (out / "report.html").read_text()
+    assert "not run: 2" in page
+    res = sweep("report", results, "--output", tmp_path / "no" / "dir")
+    assert res.exit_code == 2 and "does not exist" in res.stderr
+
+
 # -- executors ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_local():

@@ -35,14 +35,13 @@ from simcli.errors import fail, user_errors
 from simcli.output import Format, emit_object
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir
-from simcli.reports.bundle import check_output_path, config_document
+from simcli.reports.bundle import StagedBundle, check_output_path, config_document
 from simcli.reports.serve import (
     REPLICAS_SCHEMA,
     REQUESTS_SCHEMA,
     SWEEP_METRICS,
     SWEEP_SCHEMA,
     TIMELINE_SCHEMA,
-    StagedBundle,
     frame,
     qps_multipliers,
     serve_csvs,

@@ -59,6 +59,60 @@ def config_document(command: str, inputs: dict[str, Any], **extra: Any) -> dict[
     return _jsonable(doc)
 
 
+class StagedBundle:
+    """An ``--output DIR`` bundle assembled in a hidden folder beside ``folder``: large
+    files can be streamed into :meth:`path` while the work runs, then :meth:`commit`
+    writes the rest and moves everything into place (a new folder appears in one rename;
+    in an existing folder each file is replaced atomically, and files of an earlier run
+    that this one does not write are left alone). Leaving the ``with`` block without a
+    commit removes the staging folder: no partial bundle."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        check_output_path(self.folder, "--output", kind="folder")
+        parent = self.folder.parent if str(self.folder.parent) else Path(".")
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}.", dir=parent))
+
+    def __enter__(self) -> StagedBundle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def path(self, name: str) -> Path:
+        return self.staging / name
+
+    def commit(
+        self,
+        *,
+        csvs: dict[str, pd.DataFrame],
+        config: dict[str, Any],
+        report_html: str,
+        extra_files: dict[str, str] | None = None,
+    ) -> list[Path]:
+        texts: dict[str, str] = {}
+        for name, frame in csvs.items():
+            buf = io.StringIO()
+            frame.to_csv(buf, index=False, float_format="%.6g")
+            texts[name] = buf.getvalue()
+        texts["config.json"] = json.dumps(config, indent=2) + "\n"
+        texts["report.html"] = report_html
+        texts.update(extra_files or {})
+        for name, text in texts.items():
+            (self.staging / name).write_text(text, newline="")
+        names = sorted(p.name for p in self.staging.iterdir())
+        for name in names:
+            os.chmod(self.staging / name, 0o644)
+        if not self.folder.exists():
+            os.chmod(self.staging, 0o755)
+            os.replace(self.staging, self.folder)  # one rename: the whole bundle at once
+        else:
+            check_output_path(self.folder, "--output", kind="folder")
+            for name in names:
+                os.replace(self.staging / name, self.folder / name)
+        return [self.folder / n for n in names]
+
+
 def write_output_dir(
     folder: Path,
     *,
@@ -67,40 +121,13 @@ def write_output_dir(
     report_html: str,
     extra_files: dict[str, str] | None = None,
 ) -> list[Path]:
-    """Write ``csvs`` (name -> frame), ``config.json`` and ``report.html`` into ``folder``.
-
-    Returns the written paths. The folder's parent must exist; the folder itself is
-    created. Files of an earlier run that this run does not write are left alone.
-    """
-    folder = Path(folder)
-    parent = folder.parent if str(folder.parent) else Path(".")
-    if not parent.is_dir():
-        raise OSError(f"--output {folder}: parent folder {parent} does not exist")
-    if folder.exists() and not folder.is_dir():
-        raise OSError(f"--output {folder} is a file; allowed: a folder (or a .csv/.json name)")
-    texts: dict[str, str] = {}
-    for name, frame in csvs.items():
-        buf = io.StringIO()
-        frame.to_csv(buf, index=False, float_format="%.6g")
-        texts[name] = buf.getvalue()
-    texts["config.json"] = json.dumps(config, indent=2) + "\n"
-    texts["report.html"] = report_html
-    texts.update(extra_files or {})
-
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=parent))
-    try:
-        for name, text in texts.items():
-            (staging / name).write_text(text, newline="")
-            os.chmod(staging / name, 0o644)
-        if not folder.exists():
-            os.chmod(staging, 0o755)
-            os.replace(staging, folder)  # one rename: the whole bundle appears at once
-            return [folder / n for n in texts]
-        for name in texts:  # existing folder: each file replaced atomically
-            os.replace(staging / name, folder / name)
-        return [folder / n for n in texts]
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    """Write ``csvs`` (name -> frame), ``config.json`` and ``report.html`` into ``folder``
+    (see :class:`StagedBundle`); returns the written paths. The folder's parent must
+    exist; the folder itself is created."""
+    with StagedBundle(folder) as bundle:
+        return bundle.commit(
+            csvs=csvs, config=config, report_html=report_html, extra_files=extra_files
+        )
 
 
 def cli_inputs() -> dict[str, Any]:

@@ -16,17 +16,12 @@ arrays, so a report of 10^8 requests costs the memory of one of 10^3.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from simcli.reports.bundle import check_output_path, write_output_dir
 from simcli.reports.charts import PALETTE, new_figure, pareto_mask
 from simcli.reports.page import Report
 
@@ -251,44 +246,6 @@ def frame(rows: Sequence[dict[str, Any]], schema: dict[str, str]) -> pd.DataFram
 
 
 # --------------------------------------------------------------------------- paths
-
-
-class StagedBundle:
-    """An ``--output DIR`` bundle assembled in a hidden folder beside ``folder``: stream
-    large files into :meth:`path` while simulating, then :meth:`commit` writes the rest
-    and moves everything into place (a new folder appears in one rename). Leaving the
-    ``with`` block without a commit removes the staging folder: no partial bundle."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
-        check_output_path(self.folder, "--output", kind="folder")
-        parent = self.folder.parent if str(self.folder.parent) else Path(".")
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}.", dir=parent))
-
-    def __enter__(self) -> StagedBundle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
-
-    def path(self, name: str) -> Path:
-        return self.staging / name
-
-    def commit(
-        self, *, csvs: dict[str, pd.DataFrame], config: dict[str, Any], report_html: str
-    ) -> list[Path]:
-        write_output_dir(self.staging, csvs=csvs, config=config, report_html=report_html)
-        names = sorted(p.name for p in self.staging.iterdir())
-        for name in names:
-            os.chmod(self.staging / name, 0o644)
-        if not self.folder.exists():
-            os.chmod(self.staging, 0o755)
-            os.replace(self.staging, self.folder)
-        else:
-            check_output_path(self.folder, "--output", kind="folder")
-            for name in names:
-                os.replace(self.staging / name, self.folder / name)
-        return [self.folder / n for n in names]
 
 
 # --------------------------------------------------------------------------- serve
@@ -626,7 +583,6 @@ def plan_report(summary: dict[str, Any], deployments: pd.DataFrame, evaluated: p
 
 __all__ = [
     "CSV_SCHEMAS",
-    "StagedBundle",
     "frame",
     "histogram_cdf",
     "plan_report",

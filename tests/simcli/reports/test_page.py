@@ -55,7 +55,7 @@ def test_bundle_refuses_missing_parent_and_file(tmp_path):
         write_output_dir(tmp_path / "no" / "dir", csvs={}, config={}, report_html="")
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(OSError, match="is a file"):
+    with pytest.raises(OSError, match="is an existing file"):
         write_output_dir(f, csvs={}, config={}, report_html="")
 
 

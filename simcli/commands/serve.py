@@ -35,7 +35,12 @@ from simcli.errors import fail, user_errors
 from simcli.output import Format, emit_object
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir
-from simcli.reports.bundle import StagedBundle, check_output_path, config_document
+from simcli.reports.bundle import (
+    StagedBundle,
+    check_output_path,
+    cli_inputs,
+    config_document,
+)
 from simcli.reports.serve import (
     REPLICAS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -691,7 +696,7 @@ def serve(
                         "timeline_rows_max": TIMELINE_ROWS,
                     },
                 }
-                inputs = {k: v for k, v in ctx.params.items()}
+                inputs = cli_inputs()
                 staged.commit(
                     csvs=serve_csvs(out, timeline=timeline, replicas=reps, sweep=sweep),
                     config=config_document("serve", inputs, resolved=resolved),

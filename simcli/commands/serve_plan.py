@@ -20,7 +20,7 @@ from simcli.errors import fail, user_errors
 from simcli.output import Format, _clean, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir, write_output_dir
-from simcli.reports.bundle import check_output_path, config_document
+from simcli.reports.bundle import check_output_path, cli_inputs, config_document
 from simcli.reports.serve import (
     DEPLOYMENTS_SCHEMA,
     EVALUATED_SCHEMA,
@@ -224,7 +224,6 @@ def serve_plan(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Cheapest deployments (GPU, TP, replicas, scheduler, chunk, P:D) meeting SLOs at --qps."""
-    inputs = dict(locals())  # every option after defaults, for config.json
     set_quiet(quiet)
     with user_errors():
         if output is not None:
@@ -282,7 +281,7 @@ def serve_plan(
         with progress_bar("serve plan: configs", total=None) as advance:
             result = plan_deployments(cfg, workload, slo, space, top=top, progress=advance)
         if output is not None and output_is_dir(output):
-            _write_bundle(result, output, inputs, space, workload, slo)
+            _write_bundle(result, output, cli_inputs(), space, workload, slo)
         elif output is not None:
             _write(result, output)
         records = result.records()

@@ -131,7 +131,10 @@ def write_output_dir(
 
 
 def cli_inputs() -> dict[str, Any]:
-    """Every option of the running command after defaults (the click context's params)."""
+    """Every option of the running command after defaults (its click context's params),
+    after the root's global options (``--debug``, ``--quiet``). Groups in between (e.g.
+    ``predict``'s batch options under ``predict gemm``) are left out: their options were
+    not part of this command."""
     try:  # typer >= 0.29 vendors click; earlier releases run on click itself
         from typer._click.globals import get_current_context
     except ImportError:
@@ -140,13 +143,9 @@ def cli_inputs() -> dict[str, Any]:
     ctx = get_current_context(silent=True)
     if ctx is None:
         return {}
-    params: dict[str, Any] = {}
-    chain = []
-    while ctx is not None:
-        chain.append(ctx)
-        ctx = ctx.parent
-    for c in reversed(chain):  # parent options first (e.g. the root --debug/--quiet)
-        params.update(c.params)
+    root = ctx.find_root()
+    params: dict[str, Any] = dict(root.params) if root is not ctx else {}
+    params.update(ctx.params)
     params.pop("version", None)
     return _jsonable(params)
 

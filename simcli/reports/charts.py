@@ -126,6 +126,18 @@ def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return keep
 
 
+def pareto_line(ax, x, y, *, label: str = "Pareto front ({n})", **style) -> np.ndarray:
+    """Draw the Pareto front (lower x, lower y) of the finite points as a line through them,
+    left to right; ``{n}`` in ``label`` becomes its size. Returns the front's mask."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    finite = np.isfinite(x) & np.isfinite(y)
+    front = np.zeros(len(x), dtype=bool)
+    front[finite] = pareto_mask(x[finite], y[finite])
+    order = np.argsort(x[front])
+    ax.plot(x[front][order], y[front][order], label=label.format(n=int(front.sum())), **style)
+    return front
+
+
 def measured_vs_predicted(ax, measured, predicted, label: str, color: str) -> None:
     """Log-log scatter with the y = x line."""
     m = np.asarray(measured, dtype=float)

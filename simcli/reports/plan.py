@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simcli.reports.charts import PALETTE, hbar_stack, new_figure, pareto_mask
+from simcli.reports.charts import PALETTE, hbar_stack, new_figure, pareto_line
 from simcli.reports.page import Report
 
 PLAN_COLUMNS: dict[str, str] = {
@@ -107,12 +107,9 @@ def build(
     if len(fits):
         x = fits.peak_memory_gib.to_numpy(float)
         y = fits.estimate_s.to_numpy(float)
-        front = pareto_mask(x, y)
         fig, ax = new_figure(9, 4.2)
         ax.scatter(x, y, s=6, alpha=0.35, color="#9aa7b8", label=f"fits ({len(fits)})")
-        order = np.argsort(x[front])
-        ax.plot(x[front][order], y[front][order], "-o", ms=4, color=PALETTE[1],
-                label=f"Pareto front ({int(front.sum())})")  # fmt: skip
+        pareto_line(ax, x, y, marker="o", ms=4, color=PALETTE[1])
         ax.scatter(plans.peak_memory_gib, plans.iteration_s, marker="*", s=90,
                    color=PALETTE[0], zorder=5, label="ranked plans (simulated)")  # fmt: skip
         for r in records[:3]:

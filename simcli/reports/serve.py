@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simcli.reports.charts import PALETTE, new_figure, pareto_mask
+from simcli.reports.charts import PALETTE, new_figure, pareto_line
 from simcli.reports.page import Report
 
 # --------------------------------------------------------------------------- CSV schemas
@@ -500,12 +500,8 @@ def _pareto_figure(evaluated: pd.DataFrame, slo: dict[str, Any]):
     if len(meets):
         ax.scatter(meets["usd_per_hour"], meets[key], s=22, color=PALETTE[0],
                    label="meets the SLO")  # fmt: skip
-        x = meets["usd_per_hour"].to_numpy(float)
-        y = meets[key].to_numpy(float)
-        front = pareto_mask(x, y)
-        order = np.argsort(x[front])
-        ax.plot(x[front][order], y[front][order], "o-", color=PALETTE[1], ms=7, mfc="none",
-                lw=1.2, label="Pareto front (meets the SLO)")  # fmt: skip
+        pareto_line(ax, meets["usd_per_hour"], meets[key], label="Pareto front (meets the SLO)",
+                    marker="o", color=PALETTE[1], ms=7, mfc="none", lw=1.2)  # fmt: skip
         ranked = meets[meets["rank"].notna()]
         spots: dict[tuple[float, float], list[str]] = {}
         for r, xv, yv in zip(ranked["rank"], ranked["usd_per_hour"], ranked[key], strict=True):

@@ -10,7 +10,7 @@ import pandas as pd
 
 from simcli.reports import Report
 from simcli.reports.bundle import config_document, write_output_dir
-from simcli.reports.charts import PALETTE, new_figure, pareto_mask
+from simcli.reports.charts import PALETTE, new_figure, pareto_line
 
 FIXED_COLUMNS = {
     "point_id": "hash of (command, canonical JSON of the parameters): the point's identity",
@@ -100,19 +100,8 @@ def _pareto_chart(ok: pd.DataFrame, x: str, y: str, group: str | None, xlabel: s
             xs[sel], ys[sel], s=14, alpha=0.6, color=PALETTE[i % len(PALETTE)], label=g or None
         )
     if finite.any():
-        mask = np.zeros(len(xs), dtype=bool)
-        mask[finite] = pareto_mask(xs[finite], ys[finite])
-        order = np.argsort(xs[mask])
-        ax.plot(
-            xs[mask][order],
-            ys[mask][order],
-            color="black",
-            lw=1.0,
-            marker="o",
-            ms=5,
-            mfc="none",
-            label="Pareto front",
-        )
+        pareto_line(ax, xs, ys, label="Pareto front", color="black", lw=1.0, marker="o", ms=5,
+                    mfc="none")  # fmt: skip
     ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.legend(fontsize=7, frameon=False)
     return fig

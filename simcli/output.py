@@ -53,6 +53,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         raise
 
 
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """One JSON object, as ``--format json`` prints it (NaN/inf as null), written atomically."""
+    atomic_write_text(path, json.dumps(_clean(obj), indent=2) + "\n")
+
+
 def atomic_write_csv(frame: pd.DataFrame, path: str | Path, float_format: str = "%.6g") -> None:
     buf = io.StringIO()
     frame.to_csv(buf, index=False, float_format=float_format)

@@ -14,7 +14,13 @@ import typer
 
 from simcli import progress
 from simcli.errors import fail, user_errors
-from simcli.output import Format, _clean, atomic_write_csv, atomic_write_text, emit_records
+from simcli.output import (
+    Format,
+    atomic_write_csv,
+    atomic_write_json,
+    atomic_write_text,
+    emit_records,
+)
 from simcli.reports.bundle import check_output_path, output_is_dir
 
 app = typer.Typer(
@@ -223,7 +229,7 @@ def report(
                 atomic_write_csv(fidelity, output)
             elif output is not None:
                 doc = {**wrapper, "fidelity": fidelity.to_dict(orient="records")}
-                atomic_write_text(output, json.dumps(_clean(doc), indent=2) + "\n")
+                atomic_write_json(output, doc)
         rows = _compact(
             fidelity, fmt, ["default_mape", "profile_mape", "profile_p50", "profile_p90"]
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -11,7 +10,7 @@ import typer
 
 from hardware_specs.registry import load_catalog
 from simcli.errors import user_errors
-from simcli.output import Format, _clean, atomic_write_text, emit_records
+from simcli.output import Format, atomic_write_json, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports.bundle import (
     check_output_path,
@@ -87,7 +86,7 @@ def _write(result: SearchResult, path: Path, inputs: dict) -> None:
         atomic_write_text(path, buf.getvalue())
     else:
         obj = {**result.summary(), "plans": records}
-        atomic_write_text(path, json.dumps(_clean(obj), indent=2) + "\n")
+        atomic_write_json(path, obj)
 
 
 @app.callback(invoke_without_command=True)

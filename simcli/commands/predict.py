@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -14,9 +13,8 @@ from costmodels.select import get_cost_model
 from simcli.errors import fail, user_errors
 from simcli.output import (
     Format,
-    _clean,
     atomic_write_csv,
-    atomic_write_text,
+    atomic_write_json,
     emit_object,
     emit_records,
 )
@@ -186,7 +184,7 @@ def _report(model, op: Op, fmt: Format, output: Path | None = None) -> None:
                 nbytes=work.bytes,
             )
         elif output.suffix.lower() == ".json":
-            atomic_write_text(output, json.dumps(_clean(result), indent=2) + "\n")
+            atomic_write_json(output, result)
         else:
             atomic_write_csv(row, output)
     emit_object(result, fmt, title=f"{op.op.value} on {model.gpu.id}")
@@ -449,7 +447,7 @@ def _write_layer(output: Path, cost, named, frame, work, rows, summary) -> None:
     if not output_is_dir(output):
         if output.suffix.lower() == ".json":
             obj = {**summary, "ops": rows}
-            atomic_write_text(output, json.dumps(_clean(obj), indent=2) + "\n")
+            atomic_write_json(output, obj)
         else:
             atomic_write_csv(pd.DataFrame(rows), output)
         return

@@ -9,7 +9,6 @@ A plain Typer command function (mounted by the CLI as ``serve plan``); the searc
 from __future__ import annotations
 
 import io
-import json
 import math
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pandas as pd
 import typer
 
 from simcli.errors import fail, user_errors
-from simcli.output import Format, _clean, atomic_write_text, emit_records
+from simcli.output import Format, atomic_write_json, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir, write_output_dir
 from simcli.reports.bundle import check_output_path, cli_inputs, config_document
@@ -120,7 +119,7 @@ def _write(result: PlanResult, path: Path) -> None:
         atomic_write_text(path, buf.getvalue())
     else:
         obj = {**result.summary(), "deployments": records}
-        atomic_write_text(path, json.dumps(_clean(obj), indent=2) + "\n")
+        atomic_write_json(path, obj)
 
 
 def _write_bundle(

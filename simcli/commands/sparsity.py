@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import pandas as pd
 import typer
 
 from simcli.errors import user_errors
-from simcli.output import Format, _clean, atomic_write_text, emit_records
+from simcli.output import Format, atomic_write_json, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports.bundle import check_output_path, output_is_dir
 from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, sweep
@@ -88,7 +87,7 @@ def _write(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None
         pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(buf, index=False, float_format="%.6g")
         atomic_write_text(path, buf.getvalue())
     else:
-        atomic_write_text(path, json.dumps(_clean({**meta, "rows": rows}), indent=2) + "\n")
+        atomic_write_json(path, {**meta, "rows": rows})
 
 
 @app.callback()

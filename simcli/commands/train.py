@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -11,7 +10,12 @@ import typer
 from costmodels.select import get_cost_model
 from hardware_specs.registry import load_catalog, load_hardware_file
 from simcli.errors import user_errors
-from simcli.output import Format, _clean, atomic_write_csv, atomic_write_text, emit_object
+from simcli.output import (
+    Format,
+    atomic_write_csv,
+    atomic_write_json,
+    emit_object,
+)
 from simcli.progress import set_quiet
 from simcli.reports.bundle import (
     check_output_path,
@@ -220,7 +224,7 @@ def _write_output(path: Path, out: dict, flat: dict, spans, inputs: dict, plan, 
     """``--output``: a folder bundle, or the JSON object (.json) / flat row (.csv)."""
     if not output_is_dir(path):
         if path.suffix.lower() == ".json":
-            atomic_write_text(path, json.dumps(_clean(out), indent=2) + "\n")
+            atomic_write_json(path, out)
         else:
             scalars = {k: v for k, v in flat.items() if not isinstance(v, dict | list)}
             atomic_write_csv(pd.DataFrame([scalars]), path)

@@ -65,6 +65,24 @@ def op_class(op: np.ndarray, dtype: np.ndarray) -> np.ndarray:
     return out
 
 
+def kernel_family(cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Which kernel family a row runs: for GEMMs "aligned" or "unaligned" (k or n rows
+    not 16-byte aligned: cuBLAS falls back from its TMA/wgmma kernels); "" for other ops.
+
+    A learned correction may be fitted per family within an op class when grouped CV
+    says the split predicts better (see :class:`costmodels.learned.LearnedCostModel`).
+    """
+    out = np.full(len(cols["op"]), "", dtype=object)
+    gemm = cols["op"] == "gemm"
+    if gemm.any():
+        elt = by_dtype(cols["dtype"][gemm], ELEMENT_BYTES, "features")
+        align = np.minimum(
+            row_alignment(cols["k"][gemm] * elt), row_alignment(cols["n"][gemm] * elt)
+        )
+        out[gemm] = np.where(align >= 16, "aligned", "unaligned")
+    return out
+
+
 def _log(x: np.ndarray) -> np.ndarray:
     return np.log2(np.where(np.isnan(x), 1.0, np.maximum(x, 1.0)))
 

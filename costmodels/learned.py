@@ -19,7 +19,7 @@ import pandas as pd
 
 from costmodels.analytical import AnalyticalCostModel, frame_columns, op_columns
 from costmodels.common import Work
-from costmodels.features import FEATURE_NAMES, feature_matrix, op_class
+from costmodels.features import FEATURE_NAMES, feature_matrix, kernel_family, op_class
 from workloads.ops import Op, normalise_frame
 
 FAMILIES = ("none", "linear", "shallow", "trees")
@@ -205,7 +205,8 @@ def mape(measured: np.ndarray, predicted: np.ndarray) -> float:
 
 
 class LearnedCostModel:
-    """Analytical model x exp(learned log-ratio), one correction per op class.
+    """Analytical model x exp(learned log-ratio), one correction per op class (or per
+    kernel family within a class, where grouped CV shows the split predicts better).
 
     ``fit(frame)`` takes an ops frame with a ``measured_s`` column (and optionally
     ``family`` for grouped model selection) and returns self; fitted state lives in
@@ -257,49 +258,108 @@ class LearnedCostModel:
         x = feature_matrix(cols, work)
         y = np.log(measured / work.time_s)
         classes = op_class(cols["op"], cols["dtype"])
+        kinds = kernel_family(cols)
         self.residuals_: dict[str, Residual] = {}
         self.selection_: dict[str, dict[str, float]] = {}
         for cls in np.unique(classes):
             mask = classes == cls
             grp = groups[mask] if groups is not None else np.arange(mask.sum()) % self.folds
-            family, scores = self._select(x[mask], y[mask], grp)
+            family, scores, err = self._cv(x[mask], y[mask], grp)
+            split_score, parts = self._split_by_kernel_family(
+                x[mask], y[mask], grp, kinds[mask], err
+            )
+            if np.isfinite(split_score):
+                scores = {**scores, "per_kernel_family": split_score}
+            if parts:
+                self.selection_[str(cls)] = scores
+                for kind, (sub, fam, sc) in parts.items():
+                    self.selection_[f"{cls}/{kind}"] = sc
+                    self.residuals_[f"{cls}/{kind}"] = _fit_family(
+                        fam, x[mask][sub], y[mask][sub], self.bound, self.seed
+                    )
+                continue
             self.selection_[str(cls)] = scores
             self.residuals_[str(cls)] = _fit_family(family, x[mask], y[mask], self.bound, self.seed)
         return self
 
-    def _select(
+    def _split_by_kernel_family(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        groups: np.ndarray,
+        kinds: np.ndarray,
+        err_one: np.ndarray,
+    ) -> tuple[float, dict[str, Any]]:
+        """(CV MAPE of one correction per kernel family, those corrections if taken).
+
+        The split is taken only if it beats the class's one correction by more than one
+        standard error of the per-group mean difference in CV error (the one-standard-
+        error rule, Hastie et al., ESL sec. 7.10): with few shape families, a split that
+        wins by noise is refused. NaN and nothing when the class has one family.
+        """
+        if len(np.unique(kinds)) < 2:
+            return float("nan"), {}
+        err_split = np.zeros(len(y))
+        parts: dict[str, Any] = {}
+        for kind in np.unique(kinds):
+            sub = kinds == kind
+            fam, sc, err = self._cv(x[sub], y[sub], groups[sub])
+            if not np.isfinite(sc[fam]):
+                return float("nan"), {}
+            err_split[sub] = err
+            parts[str(kind)] = (sub, fam, sc)
+        score = float(np.mean(err_split) * 100.0)
+        uniq, inverse = np.unique(groups, return_inverse=True)
+        gain = np.bincount(inverse, err_one - err_split) / np.bincount(inverse)
+        if len(uniq) < 2 or gain.mean() <= gain.std(ddof=1) / np.sqrt(len(uniq)):
+            return score, {}
+        return score, parts
+
+    def _cv(
         self, x: np.ndarray, y: np.ndarray, groups: np.ndarray
-    ) -> tuple[str, dict[str, float]]:
-        """Pick the family with the lowest grouped-CV MAPE (groups never straddle folds)."""
+    ) -> tuple[str, dict[str, float], np.ndarray]:
+        """Grouped CV (groups never straddle folds): (the family with the lowest MAPE,
+        MAPE per family, that family's CV error of every row)."""
         uniq = np.unique(groups)
         if len(uniq) < 2 or len(y) < 20:
-            return "none", {"none": float("nan")}
+            return "none", {"none": float("nan")}, np.abs(np.exp(-y) - 1.0)
         rng = np.random.default_rng(self.seed)
         fold_of = dict(
             zip(uniq, rng.permutation(len(uniq)) % min(self.folds, len(uniq)), strict=True)
         )
         fold = np.array([fold_of[g] for g in groups])
-        scores = {}
+        scores, errors = {}, {}
         for family in self.families:
-            errs = []
+            err = np.zeros(len(y))
             for f in np.unique(fold):
                 tr, te = fold != f, fold == f
                 res = _fit_family(family, x[tr], y[tr], self.bound, self.seed)
                 # |predicted / measured - 1| with predicted = analytical * exp(r), y = log(m / a)
-                errs.append(np.abs(np.exp(res.predict(x[te]) - y[te]) - 1.0))
-            scores[family] = float(np.mean(np.concatenate(errs)) * 100.0)
-        return min(scores, key=scores.get), scores
+                err[te] = np.abs(np.exp(res.predict(x[te]) - y[te]) - 1.0)
+            scores[family], errors[family] = float(np.mean(err) * 100.0), err
+        best = min(scores, key=scores.get)
+        return best, scores, errors[best]
 
     # --- prediction --------------------------------------------------------------------
     def _check_fitted(self) -> None:
         if not hasattr(self, "residuals_"):
             raise NotFittedError("LearnedCostModel is not fitted: call fit() or load a profile")
 
+    def _correction_keys(self, cols: dict[str, np.ndarray]) -> np.ndarray:
+        """Each row's correction: its op class's, or its kernel family's within the class
+        when the fit split that class."""
+        keys = op_class(cols["op"], cols["dtype"])
+        split = [k for k in self.residuals_ if "/" in k]
+        if split:
+            own = np.char.add(np.char.add(keys.astype(str), "/"), kernel_family(cols).astype(str))
+            keys = np.where(np.isin(own, split), own, keys)
+        return keys
+
     def work_columns(self, cols: dict[str, np.ndarray]) -> Work:
         """Corrected time; FLOPs and bytes are the analytical model's."""
         self._check_fitted()
         work = self.base.work_columns(cols)
-        classes = op_class(cols["op"], cols["dtype"])
+        classes = self._correction_keys(cols)
         log_ratio = np.zeros(len(classes))
         active = [(c, r) for c, r in self.residuals_.items() if r.family != "none"]
         corrected = np.isin(classes, [c for c, _ in active])

@@ -8,7 +8,7 @@ import pytest
 
 from costmodels import AnalyticalCostModel
 from costmodels.features import FEATURE_NAMES, feature_matrix, op_class
-from costmodels.learned import LearnedCostModel, NotFittedError, mape
+from costmodels.learned import FAMILIES, LearnedCostModel, NotFittedError, mape
 from workloads.ops import Op, ops_frame
 
 
@@ -119,3 +119,72 @@ def test_feature_op_lists_match_the_op_schema():
 
     assert set(ELEMENTWISE) == {k.value for k in ELEMENTWISE_KINDS}
     assert set(COLLECTIVES) == {k.value for k in COLLECTIVE_KINDS}
+
+
+def _two_kernel_family_frame(base, rows, seed, unaligned_effect):
+    """Aligned GEMMs slower at small k (2% noise); unaligned ones (odd n) by
+    ``unaligned_effect(m, k)`` with 10% noise, like cuBLAS's fallback kernels."""
+    rng = np.random.default_rng(seed)
+    m, n, k = np.exp(rng.uniform(np.log(64), np.log(16384), (3, rows)))
+    aligned = np.arange(rows) % 2 == 0
+    m, k = m // 64 * 64 + 64, k // 64 * 64 + 64
+    n = np.where(aligned, n // 64 * 64 + 64, n // 2 * 2 + 1)
+    frame = ops_frame(
+        [Op(op="gemm", m=int(a), n=int(b), k=int(c)) for a, b, c in zip(m, n, k, strict=True)]
+    )
+    effect = np.where(aligned, 1 + 0.3 * np.exp(-k / 512), unaligned_effect(m, k))
+    truth = base.predict_many(frame, validated=True) * effect
+    noise = np.where(aligned, 0.02, 0.10) * rng.normal(0, 1, rows)
+    frame["measured_s"] = truth * np.exp(noise)
+    frame["family"] = [f"fam{i % 16}" for i in range(rows)]
+    return frame, truth, aligned
+
+
+def test_kernel_family_labels():
+    from costmodels.analytical import frame_columns
+    from costmodels.features import kernel_family
+
+    frame = ops_frame([
+        Op(op="gemm", m=5, n=4096, k=4096),
+        Op(op="gemm", m=5, n=4095, k=4096),  # n rows of 8190 bytes: 2-byte aligned
+        Op(op="gemm", m=5, n=4096, k=4100, dtype="fp32"),  # k rows of 16400 bytes
+        Op(op="gemm", m=5, n=4096, k=4100),  # k rows of 8200 bytes: 8-byte aligned
+        Op(op="copy", bytes=1024),
+    ])  # fmt: skip
+    assert list(kernel_family(frame_columns(frame))) == [
+        "aligned", "unaligned", "aligned", "unaligned", ""
+    ]  # fmt: skip
+
+
+def test_correction_per_kernel_family_when_one_family_swamps_the_other(base):
+    # the unaligned kernels' large, shape-dependent residuals take the capacity of one
+    # shared correction; fitted apart, the aligned family's own effect is learned
+    def unaligned_effect(m, k):
+        return 1.5 * np.exp(0.5 * np.sin(2 * np.log2(m)) + 0.5 * np.cos(1.5 * np.log2(k)))
+
+    frame, _, _ = _two_kernel_family_frame(base, 600, 0, unaligned_effect)
+    model = LearnedCostModel(base).fit(frame)
+    assert {"gemm_half/aligned", "gemm_half/unaligned"} <= set(model.residuals_)
+    assert "gemm_half" not in model.residuals_
+    scores = model.selection_["gemm_half"]
+    assert scores["per_kernel_family"] < min(v for f, v in scores.items() if f in FAMILIES)
+
+    one = LearnedCostModel(base)
+    one._split_by_kernel_family = lambda *a: (float("nan"), {})  # one correction, to compare
+    one.fit(frame)
+    test, truth, aligned = _two_kernel_family_frame(base, 400, 1, unaligned_effect)
+    ops = test.drop(columns=["measured_s", "family"])
+    pred = model.predict_many(ops)
+    assert mape(truth[aligned], pred[aligned]) < 0.7 * mape(
+        truth[aligned], one.predict_many(ops)[aligned]
+    )
+    again = LearnedCostModel.from_dict(base, json.loads(json.dumps(model.to_dict())))
+    np.testing.assert_allclose(again.predict_many(ops), pred, rtol=1e-12)
+
+
+def test_one_correction_when_a_split_gains_nothing(base):
+    frame, _, _ = _two_kernel_family_frame(base, 600, 0, lambda m, k: np.full_like(m, 1.5))
+    model = LearnedCostModel(base).fit(frame)
+    assert "gemm_half" in model.residuals_
+    assert not [k for k in model.residuals_ if "/" in k]
+    assert "per_kernel_family" in model.selection_["gemm_half"]  # considered, not taken

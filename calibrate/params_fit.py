@@ -108,6 +108,7 @@ GROUPS: tuple[Group, ...] = (
         _ops("attn_decode"),
         (
             Param(("attention", "decode_memory_efficiency"), 0.2, 1.0),
+            Param(("attention", "decode_crowded_bytes_per_s"), 1e11, 1e13),
             Param(("attention", "decode_ctas_per_sm"), 0.25, 16.0),
             Param(("attention", "decode_launch_s"), 1e-7, 1e-4),
             Param(("attention", "decode_head_dim_factor", "64"), 0.5, 2.0),

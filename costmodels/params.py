@@ -82,6 +82,13 @@ class AttentionBackendParams(_P):
 class AttentionParams(_P):
     backends: dict[str, AttentionBackendParams]
     decode_memory_efficiency: float = Field(gt=0, le=1)
+    decode_crowded_bytes_per_s: float = Field(
+        default=2.7e12,
+        gt=0,
+        description="KV-read rate of a split-KV backend once batch x KV heads exceeds the SM "
+        "count (no split, several cache streams per SM): measured ~2.7 TB/s on both H100 "
+        "and H200, where one stream per SM reads 3.0 and 4.4 TB/s",
+    )
     decode_ctas_per_sm: float = Field(
         gt=0, description="CTAs per SM needed to saturate HBM in split-KV decode"
     )

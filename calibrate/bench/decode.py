@@ -52,7 +52,8 @@ def cases(ctx: Context) -> list[Case]:
         heads = [(32, 8), (32, 32)]
     else:
         seqs = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
-        batches = [1, 4, 16, 64, 256]
+        # 8 and 32 straddle where split-KV stops (batch x KV heads near the SM count)
+        batches = [1, 4, 8, 16, 32, 64, 256]
         heads = [(32, 32), (32, 8), (32, 4), (64, 8)]
     # (heads_q, heads_kv, head_dim): head_dim 128 in every mode, plus the other head dims
     # and GQA groups of real models (d64 small models, d80 Phi-2, d96 Phi-3, d256 Gemma)

@@ -145,6 +145,22 @@ def test_decode_is_memory_bound_at_large_batch(h100):
     assert h100.predict(op) == pytest.approx(kv_bytes / bw, rel=0.05)
 
 
+def test_decode_read_rate_falls_with_more_cache_streams_than_sms():
+    # measured on H100 and H200: batch x KV heads = 128 streams read at 3.0 / 4.4 TB/s,
+    # 256 streams at ~2.7 TB/s on both: the faster HBM stops helping
+    h200 = AnalyticalCostModel.for_gpu("h200-sxm")
+    att = arch_params("hopper").attention
+    common = dict(seq_kv=32768, heads_q=32, heads_kv=8, head_dim=128, backend="flash")
+
+    def rate(batch: int) -> float:
+        op = Op(op="attn_decode", batch=batch, **common)
+        return batch * 32768 * 8 * 128 * 2 * 2 / h200.predict(op)
+
+    assert rate(16) > 1.3 * att.decode_crowded_bytes_per_s  # 128 streams: HBM-bound
+    assert rate(32) == pytest.approx(att.decode_crowded_bytes_per_s, rel=0.05)
+    assert rate(64) == pytest.approx(att.decode_crowded_bytes_per_s, rel=0.05)
+
+
 def test_decode_gqa_reads_less(h100):
     common = dict(batch=64, seq_kv=8192, heads_q=32, head_dim=128)
     assert h100.predict(Op(op="attn_decode", heads_kv=8, **common)) < 0.5 * h100.predict(

@@ -120,15 +120,41 @@ def test_profiles_record_clocks_seen():
         assert clocks["power_limit_w_max"] == 700.0
 
 
+# GPU -> op class -> MAPE ceiling: the targets of issue 3 (H200: 10% for every class)
+_TARGETS = {
+    "h100-sxm": {"gemm_half": 6.0, "gemm_fp32": 8.0, "attn": 8.0, "decode": 8.0},
+    "h200-sxm": {"gemm_half": 10.0, "gemm_fp32": 10.0, "attn": 10.0, "decode": 10.0},
+}
+
+
 @pytest.mark.parametrize("gpu", ["h100-sxm", "h200-sxm"])
-def test_independent_validation_set(gpu):
-    """Architectures no calibration suite measured (calibrate/data/validation-*): the shipped
-    profile must stay clearly better than the defaults and within the recorded figures."""
+@pytest.mark.parametrize(
+    "folder,rows", [("validation", 318), ("validation-rerun", 318), ("validation2", 382)]
+)
+def test_independent_validation_sets(gpu, folder, rows):
+    """Architectures no calibration suite measured (calibrate/data/validation*-GPU), never
+    fitted: the shipped profile meets the issue's targets and beats the defaults."""
     prof = by_name()[gpu]
-    fidelity, _ = evaluate(prof, [load_dataset(ROOT / "calibrate" / "data" / f"validation-{gpu}")])
-    rows = fidelity.set_index("op_class")
-    assert rows.loc["all", "rows_held_out"] == 318 and rows.loc["all", "rows_fit"] == 0
-    assert rows.loc["all", "profile_mape"] <= 9.0
-    assert rows.loc["attn", "profile_mape"] <= 6.0
-    assert rows.loc["gemm_half", "profile_mape"] <= 9.0
-    assert rows.loc["all", "profile_mape"] < 0.75 * rows.loc["all", "default_mape"]
+    data = ROOT / "calibrate" / "data" / f"{folder}-{gpu}"
+    fidelity, _ = evaluate(prof, [load_dataset(data)])
+    by_class = fidelity.set_index("op_class")
+    assert by_class.loc["all", "rows_held_out"] == rows and by_class.loc["all", "rows_fit"] == 0
+    for cls, ceiling in _TARGETS[gpu].items():
+        if cls in by_class.index:
+            assert by_class.loc[cls, "profile_mape"] <= ceiling, (folder, cls)
+    assert by_class.loc["all", "profile_mape"] < 0.75 * by_class.loc["all", "default_mape"]
+
+
+def test_validation_op_lists_are_the_committed_ones(tmp_path):
+    """The committed ops files are what calibrate.validation_ops generates (no drift)."""
+    import subprocess
+    import sys
+
+    for args, name in (([], "ops.csv"), (["--set", "2"], "ops-2.csv")):
+        out = tmp_path / name
+        subprocess.run(
+            [sys.executable, "-m", "calibrate.validation_ops", *args, str(out)],
+            check=True, cwd=ROOT, capture_output=True,
+        )  # fmt: skip
+        committed = ROOT / "calibrate" / "validation" / name
+        assert out.read_text() == committed.read_text(), name

@@ -73,13 +73,14 @@ def kernel_family(cols: dict[str, np.ndarray]) -> np.ndarray:
     says the split predicts better (see :class:`costmodels.learned.LearnedCostModel`).
     """
     out = np.full(len(cols["op"]), "", dtype=object)
-    gemm = cols["op"] == "gemm"
-    if gemm.any():
+    gemm = np.flatnonzero(cols["op"] == "gemm")
+    if len(gemm):
         elt = by_dtype(cols["dtype"][gemm], ELEMENT_BYTES, "features")
         align = np.minimum(
             row_alignment(cols["k"][gemm] * elt), row_alignment(cols["n"][gemm] * elt)
         )
-        out[gemm] = np.where(align >= 16, "aligned", "unaligned")
+        out[gemm] = "unaligned"
+        out[gemm[align >= 16]] = "aligned"
     return out
 
 

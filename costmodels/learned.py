@@ -347,12 +347,14 @@ class LearnedCostModel:
 
     def _correction_keys(self, cols: dict[str, np.ndarray]) -> np.ndarray:
         """Each row's correction: its op class's, or its kernel family's within the class
-        when the fit split that class."""
+        when the fit split that class (kernel families are worked out for those rows only)."""
         keys = op_class(cols["op"], cols["dtype"])
-        split = [k for k in self.residuals_ if "/" in k]
-        if split:
-            own = np.char.add(np.char.add(keys.astype(str), "/"), kernel_family(cols).astype(str))
-            keys = np.where(np.isin(own, split), own, keys)
+        split = sorted({k.rsplit("/", 1)[0] for k in self.residuals_ if "/" in k})
+        rows = np.flatnonzero(np.isin(keys, split)) if split else ()
+        if len(rows):
+            sub = {k: cols[k][rows] for k in ("op", "dtype", "k", "n")}
+            own = keys[rows] + "/" + kernel_family(sub)
+            keys[rows] = np.where(np.isin(own, list(self.residuals_)), own, keys[rows])
         return keys
 
     def work_columns(self, cols: dict[str, np.ndarray]) -> Work:

@@ -64,13 +64,51 @@ def model(arch: tuple) -> ModelConfig:
     )
 
 
+def _row(op_row: dict, family: str) -> dict:
+    row = {c: op_row.get(c) for c in CSV_COLUMNS}
+    row["family"] = family
+    return row
+
+
+def _attention(m: ModelConfig, seqs: tuple[int, ...], backends: tuple[str, ...]) -> list[dict]:
+    """Causal fwd and fwd+bwd at 16k tokens per call (batch = 16384 / seq)."""
+    hq, hkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
+    return [
+        _row(
+            {
+                "op": op, "dtype": "bf16", "batch": max(1, 16384 // seq), "seq_q": seq,
+                "seq_kv": seq, "heads_q": hq, "heads_kv": hkv, "head_dim": hd, "causal": True,
+                "backend": backend,
+            },
+            f"{m.id}/attn",
+        )
+        for seq in seqs
+        for op in ("attn_fwd", "attn_fwdbwd")
+        for backend in backends
+    ]  # fmt: skip
+
+
+def _decode(m: ModelConfig, batches: tuple[int, ...], contexts: tuple[int, ...]) -> list[dict]:
+    hq, hkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
+    return [
+        _row(
+            {
+                "op": "attn_decode", "dtype": "bf16", "batch": batch, "seq_q": 1,
+                "seq_kv": ctx, "heads_q": hq, "heads_kv": hkv, "head_dim": hd,
+                "backend": "flash",
+            },
+            f"{m.id}/decode",
+        )
+        for batch in batches
+        for ctx in contexts
+    ]  # fmt: skip
+
+
 def rows() -> list[dict]:
     out: list[dict] = []
 
     def add(op_row: dict, family: str) -> None:
-        row = {c: op_row.get(c) for c in CSV_COLUMNS}
-        row["family"] = family
-        out.append(row)
+        out.append(_row(op_row, family))
 
     for arch in ARCHS:
         m = model(arch)
@@ -91,42 +129,8 @@ def rows() -> list[dict]:
                 },
                 f"{m.id}/lmhead",
             )
-        hq, hkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
-        for seq in (512, 2048, 8192, 32768):
-            batch = max(1, 16384 // seq)
-            for op in ("attn_fwd", "attn_fwdbwd"):
-                for backend in ("flash", "cudnn"):
-                    add(
-                        {
-                            "op": op,
-                            "dtype": "bf16",
-                            "batch": batch,
-                            "seq_q": seq,
-                            "seq_kv": seq,
-                            "heads_q": hq,
-                            "heads_kv": hkv,
-                            "head_dim": hd,
-                            "causal": True,
-                            "backend": backend,
-                        },
-                        f"{m.id}/attn",
-                    )
-        for batch in (1, 16, 64):
-            for ctx in (2048, 8192, 32768):
-                add(
-                    {
-                        "op": "attn_decode",
-                        "dtype": "bf16",
-                        "batch": batch,
-                        "seq_q": 1,
-                        "seq_kv": ctx,
-                        "heads_q": hq,
-                        "heads_kv": hkv,
-                        "head_dim": hd,
-                        "backend": "flash",
-                    },
-                    f"{m.id}/decode",
-                )
+        out += _attention(m, (512, 2048, 8192, 32768), ("flash", "cudnn"))
+        out += _decode(m, (1, 16, 64), (2048, 8192, 32768))
         for tokens in (256, 4096, 16384):
             add({"op": "rmsnorm", "dtype": "bf16", "m": tokens, "n": m.hidden_size}, f"{m.id}/ew")
             add(
@@ -138,13 +142,8 @@ def rows() -> list[dict]:
 def rows_2() -> list[dict]:
     out: list[dict] = []
 
-    def add(op_row: dict, family: str) -> None:
-        row = {c: op_row.get(c) for c in CSV_COLUMNS}
-        row["family"] = family
-        out.append(row)
-
     def gemm(m: int, n: int, k: int, dtype: str, family: str) -> None:
-        add({"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k}, family)
+        out.append(_row({"op": "gemm", "dtype": dtype, "m": m, "n": n, "k": k}, family))
 
     for arch in ARCHS_2:
         m = model(arch)
@@ -168,29 +167,8 @@ def rows_2() -> list[dict]:
                                 continue  # torch._scaled_mm needs multiples of 16
                             gemm(gm, gn, gk, dtype, f"{m.id}/{lo.name}")
             gemm(4096, -(-m.vocab_size // tp), m.hidden_size, "bf16", f"{m.id}/lmhead")
-        hq, hkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
-        for seq in (1024, 4096, 16384):
-            batch = max(1, 16384 // seq)
-            for op in ("attn_fwd", "attn_fwdbwd"):
-                for backend in ("flash", "cudnn", "efficient"):
-                    add(
-                        {
-                            "op": op, "dtype": "bf16", "batch": batch, "seq_q": seq,
-                            "seq_kv": seq, "heads_q": hq, "heads_kv": hkv, "head_dim": hd,
-                            "causal": True, "backend": backend,
-                        },
-                        f"{m.id}/attn",
-                    )  # fmt: skip
-        for batch in (1, 32):
-            for ctx in (4096, 32768):
-                add(
-                    {
-                        "op": "attn_decode", "dtype": "bf16", "batch": batch, "seq_q": 1,
-                        "seq_kv": ctx, "heads_q": hq, "heads_kv": hkv, "head_dim": hd,
-                        "backend": "flash",
-                    },
-                    f"{m.id}/decode",
-                )  # fmt: skip
+        out += _attention(m, (1024, 4096, 16384), ("flash", "cudnn", "efficient"))
+        out += _decode(m, (1, 32), (4096, 32768))
     return out
 
 

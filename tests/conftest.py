@@ -14,3 +14,12 @@ def run():
         return runner.invoke(app, list(args))
 
     return invoke
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        default=False,
+        help="rewrite tests/golden/data from the current code (deliberate changes only)",
+    )

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from costmodels import AnalyticalCostModel
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
 
 

@@ -48,6 +48,7 @@ LLAMA_1B = {  # Llama-3.2-1B's config.json (the keys simcli reads): the draft of
 
 
 def _child(args: argparse.Namespace) -> None:
+    from costmodels.steps.serving import StepModel
     from simcli.serving.branches import BranchConfig
     from simcli.serving.disagg import DisaggConfig
     from simcli.serving.metrics import EnergyMeter
@@ -55,7 +56,6 @@ def _child(args: argparse.Namespace) -> None:
     from simcli.serving.schedulers import SchedulerConfig
     from simcli.serving.simulator import ServeConfig, Simulator
     from simcli.serving.spec import SpecConfig
-    from simcli.serving.step import StepModel
     from workloads.lengths import parse_dist
     from workloads.models import load_model
 

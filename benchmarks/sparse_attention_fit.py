@@ -1,4 +1,4 @@
-"""Fit and validate the tile-table block-sparse attention model (costmodels/sparse_attention.py).
+"""Fit and validate the tile-table block-sparse attention model (costmodels/ops/).
 
 Run:  python benchmarks/sparse_attention_fit.py            # print the tables
       python benchmarks/sparse_attention_fit.py --write    # also write the fitted YAML
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from costmodels import sparse_attention as sa
+from costmodels.ops import sparse_attention as sa
 
 ROOT = Path(__file__).resolve().parents[1]
 GPUS = ("h100-sxm", "h200-sxm")
@@ -56,9 +56,9 @@ def profile_held_out(gpu: str, families: set[str]) -> list[str]:
 
 
 def density_model_predictions(gpu: str, frame: pd.DataFrame) -> dict[str, np.ndarray]:
-    """The density-only model (costmodels.attention.attention_work) with the shipped
+    """The density-only model (costmodels.ops.attention.attention_work) with the shipped
     profile: its fitted analytical part and its learned correction, seconds per row."""
-    from costmodels.select import get_cost_model
+    from costmodels.ops.select import get_cost_model
     from workloads.ops import CSV_COLUMNS, normalise_frame
 
     model = get_cost_model(gpu)
@@ -201,7 +201,7 @@ def write_yaml(results: list[dict]) -> None:
         backends[res["gpu"]] = entry
     doc = {
         "about": (
-            "Fitted parameters of costmodels/sparse_attention.py (tile-table block-sparse "
+            "Fitted parameters of costmodels/ops/sparse_attention.py (tile-table block-sparse "
             "attention). Regenerate with: python benchmarks/sparse_attention_fit.py --write. "
             "Efficiencies are of the tile matmuls (forward 2, backward 7 per tile: "
             "FlexAttention's dK/dV and dQ programs both recompute QK^T and dP), keyed by "

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from simcli.serving.step import (
+from costmodels.steps.serving import (
     EAGER_HOST_DISPATCH_S,
     StepModel,
     derive_host_dispatch_s,

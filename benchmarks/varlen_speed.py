@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from simcli.training.varlen import make_varlen_config, simulate_varlen
 from workloads.lengths import parse_dist
 from workloads.models import get_model

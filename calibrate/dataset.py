@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodels.features import op_class
+from costmodels.ops.features import op_class
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, OpError, normalise_frame
 
 OP_COLUMNS = (*CSV_COLUMNS, *EXTRA_COLUMNS)
-NON_OP_SUITES = {"power", "sparse_gemm"}  # sparse_gemm: fitted by costmodels.sparse_gemm
+NON_OP_SUITES = {"power", "sparse_gemm"}  # sparse_gemm: fitted by costmodels.ops.sparse_gemm
 
 
 class DatasetError(ValueError):

@@ -19,12 +19,12 @@ import pandas as pd
 
 from calibrate.dataset import OP_COLUMNS, Dataset, DatasetError, environment, held_out
 from calibrate.params_fit import GroupFit, fit_params
-from costmodels.analytical import AnalyticalCostModel, frame_columns
-from costmodels.common import peak_flops
-from costmodels.energy import PowerModel
-from costmodels.features import OP_CLASSES, op_class
-from costmodels.learned import LearnedCostModel
-from costmodels.params import arch_params
+from costmodels.ops.analytical import AnalyticalCostModel, frame_columns
+from costmodels.ops.common import peak_flops
+from costmodels.ops.energy import PowerModel
+from costmodels.ops.features import OP_CLASSES, op_class
+from costmodels.ops.learned import LearnedCostModel
+from costmodels.ops.params import arch_params
 from hardware_specs.registry import load_catalog
 
 

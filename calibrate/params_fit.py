@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from costmodels.analytical import AnalyticalCostModel, Columns
-from costmodels.features import COLLECTIVES, ELEMENTWISE
-from costmodels.gemm import row_alignment
-from costmodels.params import ArchParams
+from costmodels.ops.analytical import AnalyticalCostModel, Columns
+from costmodels.ops.features import COLLECTIVES, ELEMENTWISE
+from costmodels.ops.gemm import row_alignment
+from costmodels.ops.params import ArchParams
 from hardware_specs.registry import System
 
 

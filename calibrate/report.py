@@ -16,10 +16,10 @@ import pandas as pd
 
 from calibrate.dataset import OP_COLUMNS, Dataset
 from calibrate.fit import error_stats
-from costmodels.analytical import AnalyticalCostModel, frame_columns
-from costmodels.features import OP_CLASSES, op_class
-from costmodels.profile import Profile
-from costmodels.select import get_cost_model
+from costmodels.ops.analytical import AnalyticalCostModel, frame_columns
+from costmodels.ops.features import OP_CLASSES, op_class
+from costmodels.ops.profile import Profile
+from costmodels.ops.select import get_cost_model
 from hardware_specs.registry import load_catalog
 
 FIDELITY_COLUMNS = [

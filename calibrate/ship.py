@@ -14,7 +14,7 @@ from pathlib import Path
 
 from calibrate.dataset import load_dataset
 from calibrate.fit import fit_profile
-from costmodels.profile import Profile
+from costmodels.ops.profile import Profile
 from hardware_specs.registry import load_catalog
 
 ROOT = Path(__file__).resolve().parents[1]

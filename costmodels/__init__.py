@@ -5,10 +5,10 @@ collectives) priced against hardware specs; calibration profiles override their
 efficiency parameters with values fitted on measurements.
 """
 
-from costmodels.analytical import AnalyticalCostModel, frame_columns, op_columns
-from costmodels.common import Work
-from costmodels.params import ArchParams, arch_params
-from costmodels.profile import Profile, ProfileError, load_profile
+from costmodels.ops.analytical import AnalyticalCostModel, frame_columns, op_columns
+from costmodels.ops.common import Work
+from costmodels.ops.params import ArchParams, arch_params
+from costmodels.ops.profile import Profile, ProfileError, load_profile
 
 __all__ = [
     "AnalyticalCostModel",
@@ -28,8 +28,8 @@ __all__ = [
 def _model_for(hw, **kwargs):
     """``hw``: a GPU id or GpuSpec (best model: its profile when one ships), a System
     (uncalibrated model on that exact system), or a cost model used as is."""
-    from costmodels.learned import LearnedCostModel
-    from costmodels.select import get_cost_model
+    from costmodels.ops.learned import LearnedCostModel
+    from costmodels.ops.select import get_cost_model
     from hardware_specs.registry import System, builtin_catalog
     from hardware_specs.schema import GpuSpec, HardwareFile
 

@@ -22,7 +22,7 @@ m tokens, n output features, k input features), told apart by ``pattern`` and ``
   bound a fused CATS kernel (which reads only the active rows) approaches.
 
 Unstructured (Flash-LLM style) sparsity has no kernel in torch: it is modelled
-analytically in ``costmodels/sparse_gemm.py`` and not measured here.
+analytically in ``costmodels/ops/sparse_gemm.py`` and not measured here.
 
 Kernels that do not exist on the device (the CPU, an old GPU, a torch without cuSPARSELt)
 are recorded as ``unsupported``. Imports only the standard library and torch.

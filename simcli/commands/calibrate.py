@@ -145,7 +145,7 @@ def fit(
     with user_errors():
         from calibrate.dataset import load_dataset
         from calibrate.fit import fit_profile
-        from costmodels.profile import Profile
+        from costmodels.ops.profile import Profile
         from hardware_specs.registry import load_catalog
 
         progress.set_quiet(quiet)
@@ -204,7 +204,7 @@ def report(
     with user_errors():
         from calibrate.dataset import load_dataset
         from calibrate.report import evaluate
-        from costmodels.profile import load_profile
+        from costmodels.ops.profile import load_profile
 
         progress.set_quiet(quiet)
         check_output_path(output)

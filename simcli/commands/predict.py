@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import typer
 
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from simcli.errors import fail, user_errors
 from simcli.output import (
     Format,

@@ -3,7 +3,7 @@
 Replicas of ``tp x pp`` GPUs, a router, a replica scheduler (vLLM, Orca or Sarathi-Serve
 style) over a paged KV cache, fed by Poisson/gamma arrivals or a replayed trace; reports
 latency percentiles, throughput, goodput under SLOs, KV use, preemptions, GPU-hours and
-cost. Iteration times come from ``simcli.serving.step.StepModel``.
+cost. Iteration times come from ``costmodels.steps.serving.StepModel``.
 
 Optional, each off by default: prefill/decode disaggregation (``--disaggregate``, see
 :mod:`simcli.serving.disagg`), speculative decoding (``--draft-model``, see
@@ -201,7 +201,7 @@ def _pools(
 def _step_model(
     model_cfg, gpu: str, *, tp: int, pp: int, engine: str, attn_pattern: str | None = None, **kw
 ):
-    from simcli.serving.step import StepModel
+    from costmodels.steps.serving import StepModel
 
     if attn_pattern is not None:
         from simcli.sparsity.serving import PatternStepModel

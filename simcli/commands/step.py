@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import typer
 
+from costmodels.steps.serving import ENGINES, GIB, StepError, StepModel
 from simcli.errors import user_errors
 from simcli.output import Format, emit_object
-from simcli.serving.step import ENGINES, GIB, StepError, StepModel
 
 app = typer.Typer(
     help="Latency of one prefill, decode or mixed (chunked-prefill) engine iteration."

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import typer
 
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from hardware_specs.registry import load_catalog, load_hardware_file
 from simcli.errors import user_errors
 from simcli.output import (
@@ -164,8 +164,8 @@ def train(
         # scale-out traffic of other nodes by their bandwidth, see System.slowdown)
         costs = None
         if attn_pattern is not None:
+            from costmodels.steps.training import step_costs
             from simcli.sparsity.whatif import sparse_step_costs
-            from simcli.training.costs import step_costs
 
             base = step_costs(cfg, plan, cm, system, attn_backend, framework)  # type: ignore[arg-type]
             costs = sparse_step_costs(cfg, plan, attn_pattern, gpu, base=base)
@@ -181,7 +181,7 @@ def train(
             framework=framework,  # type: ignore[arg-type]
             system=system,
         )
-        from simcli.training.memory import estimate_memory
+        from costmodels.steps.memory import estimate_memory
 
         mem = estimate_memory(cfg, plan, system.gpu, framework=framework)  # type: ignore[arg-type]
         if not mem.fits and not ignore_memory:

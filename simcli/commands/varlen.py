@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from simcli.errors import fail, user_errors
 from simcli.output import Format, emit_object, emit_records
 from simcli.training.varlen import STRATEGIES, make_varlen_config, simulate_varlen

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodels.features import OP_CLASSES
+from costmodels.ops.features import OP_CLASSES
 from simcli.reports.bundle import config_document, write_output_dir
 from simcli.reports.charts import PALETTE, identity_line, measured_vs_predicted, new_figure
 from simcli.reports.page import Report

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodels.features import OP_CLASSES, op_class
+from costmodels.ops.features import OP_CLASSES, op_class
 from simcli.reports.bundle import config_document, write_output_dir
 from simcli.reports.charts import PALETTE, new_figure
 from simcli.reports.page import Report

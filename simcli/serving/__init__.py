@@ -4,7 +4,7 @@ capacity planning.
 
 Contract between the step model and the simulator (both sides rely on it):
 
-``simcli.serving.step.StepModel(model, gpu_id, *, tp=1, pp=1, engine="vllm", ...)``
+``costmodels.steps.serving.StepModel(model, gpu_id, *, tp=1, pp=1, engine="vllm", ...)``
 
 - ``step_s(prefill_new, prefill_past, decode_ctx) -> float``: seconds of one engine
   iteration (one forward pass of a mixed batch) on one replica: ``prefill_new[i]`` new

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from costmodels.common import Work
+from costmodels.ops.common import Work
 
 if TYPE_CHECKING:
     from simcli.serving.replica import Batch, Engine
@@ -89,7 +89,7 @@ QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
 class EnergyMeter:
     """Energy of the iterations, from the cost model's board-power model
-    (:class:`costmodels.energy.PowerModel`: P = min(cap, idle + compute_w x tensor-core
+    (:class:`costmodels.ops.energy.PowerModel`: P = min(cap, idle + compute_w x tensor-core
     utilisation + memory_w x HBM utilisation), fitted on NVML samples).
 
     The utilisations of an iteration are its model FLOPs and HBM bytes over its time on
@@ -133,7 +133,7 @@ class EnergyMeter:
 
     @classmethod
     def for_step_model(cls, step: Any) -> EnergyMeter | None:
-        """A meter for ``simcli.serving.step.StepModel`` when its cost model has a power
+        """A meter for ``costmodels.steps.serving.StepModel`` when its cost model has a power
         model (calibrated profiles do), else None."""
         cm = getattr(step, "cost_model", None)
         power = getattr(cm, "power", None)

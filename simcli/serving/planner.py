@@ -286,7 +286,7 @@ def planner_step_model(
     """``StepModel`` per (model, gpu, tp, activation workspace), built as ``simcli serve``
     builds it. The pricing grids are shared across workspaces (step.py caches them per
     (model, gpu, tp)), so only the first of each (model, gpu, tp) costs a build."""
-    from simcli.serving.step import StepModel
+    from costmodels.steps.serving import StepModel
 
     key = (model.model_dump_json(), gpu, tp, max_num_batched_tokens, max_num_seqs)
     sm = _STEP_CACHE.get(key)

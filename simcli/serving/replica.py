@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 
 class StepModelLike(Protocol):
-    """What the simulator uses of ``simcli.serving.step.StepModel``."""
+    """What the simulator uses of ``costmodels.steps.serving.StepModel``."""
 
     kv_bytes_per_token: float
 

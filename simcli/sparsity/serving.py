@@ -1,7 +1,7 @@
 """A serving step model whose attention follows a sparse pattern (``simcli serve
 --attn-pattern``).
 
-The dense :class:`~simcli.serving.step.StepModel` prices each iteration's attention from
+The dense :class:`~costmodels.steps.serving.StepModel` prices each iteration's attention from
 its grids; this subclass scales the prefill part by the pattern's forward time over
 dense causal attention at the chunk's length, and the decode part by the pattern's
 decode time over dense decode at the batch's mean context (a window or NSA reads fewer
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from simcli.serving.step import StepModel
+from costmodels.steps.serving import StepModel
 from simcli.sparsity.whatif import SparsityPricer
 from workloads.sparsity import Pattern, WindowPattern, parse_pattern
 

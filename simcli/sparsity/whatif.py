@@ -9,16 +9,16 @@ What is priced, and by which model:
 
 - **dense** is the model's own attention, exactly as ``simcli train`` and ``simcli step``
   price it: causal FlashAttention on the calibrated dense cost model
-  (:func:`costmodels.select.get_cost_model`, ops ``attn_fwd``/``attn_bwd``/``attn_decode``).
+  (:func:`costmodels.ops.select.get_cost_model`, ops ``attn_fwd``/``attn_bwd``/``attn_decode``).
   It is the baseline of every speedup, so its speedups are exactly 1. (The bidirectional
   ``dense`` of :mod:`workloads.sparsity` has no meaning for a decoder.)
 - **sparse patterns** run on a block-sparse kernel priced from their exact tile tables by
-  :mod:`costmodels.sparse_attention` (FlexAttention, fitted on measured H100/H200 rows):
+  :mod:`costmodels.ops.sparse_attention` (FlexAttention, fitted on measured H100/H200 rows):
   multi-branch patterns as ``sum(share x branch)``, estimation passes (SALE, AdaSpa)
   forward only. ``causal`` is the causal mask as a block mask on that kernel: the
   kernel-family reference that every sparse speedup contains (it shows what moving from
   FlashAttention to the block-sparse kernel costs or gains by itself).
-- **NSA** forward: :func:`costmodels.sparse_attention.nsa_attention_time` (compressed and
+- **NSA** forward: :func:`costmodels.ops.sparse_attention.nsa_attention_time` (compressed and
   window branches block-sparse, the selected branch on the faster of the NSA and FSA
   kernels: ``attn_kernel`` and ``kernel_reason`` say which and why). Backward: the three
   branches on the block-sparse model, the selected one scaled by the forward ratio of the
@@ -38,7 +38,7 @@ What is priced, and by which model:
   over dense at the same shape (so dense reproduces ``simcli step``/``simcli train``
   exactly and their calibration, launch floors and overlap stay as they are): a prefill
   of ``batch`` prompts of ``seq_len`` tokens and a decode step of ``batch`` sequences
-  through :class:`simcli.serving.step.StepModel` (vLLM engine), and one training iteration
+  through :class:`costmodels.steps.serving.StepModel` (vLLM engine), and one training iteration
   through :func:`simcli.training.simulator.simulate_iteration` with a :class:`StepCosts`
   whose attention forward, backward and recompute are those of the pattern
   (:func:`sparse_step_costs`).
@@ -60,12 +60,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodels import sparse_attention as sa
-from costmodels.select import get_cost_model
+from costmodels.ops import sparse_attention as sa
+from costmodels.ops.select import get_cost_model
+from costmodels.steps.serving import StepModel
+from costmodels.steps.training import Phase, StepCosts, _cp_comm, recompute_phase, step_costs
 from hardware_specs.registry import builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
-from simcli.serving.step import StepModel
-from simcli.training.costs import Phase, StepCosts, _cp_comm, recompute_phase, step_costs
 from simcli.training.simulator import simulate_iteration
 from workloads.layers import tp_shard
 from workloads.models import ModelConfig
@@ -502,7 +502,7 @@ def sparse_step_costs(
     base: StepCosts | None = None,
     pricer: SparsityPricer | None = None,
 ) -> StepCosts:
-    """:func:`simcli.training.costs.step_costs` of ``plan`` with the layers' attention
+    """:func:`costmodels.steps.training.step_costs` of ``plan`` with the layers' attention
     replaced by ``pattern``'s: the forward ``attn`` and backward ``attn_bwd`` entries (and
     the layer's ``compute_s``, the recompute phase and, under context parallelism, the
     exposed ring communication that attention hides) scaled by the pattern's time over

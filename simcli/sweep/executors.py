@@ -32,7 +32,7 @@ EXECUTORS = ("local", "ray")
 @lru_cache(maxsize=64)
 def _label(gpu: str, profile: str | None) -> str:
     try:
-        from costmodels.select import get_cost_model
+        from costmodels.ops.select import get_cost_model
 
         return str(get_cost_model(gpu, profile=profile).label)
     except Exception:

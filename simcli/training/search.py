@@ -10,7 +10,7 @@ stays inside a node, ``pp * vpp`` divides the layers (even stages), context para
 keeps at least 512 tokens per rank, interleaving needs the micro-batch count to be a
 multiple of ``pp``, ZeRO > 0 needs ``dp > 1``, ZeRO-2/3 are not combined with
 pipelining, and whatever does not fit in memory is dropped (priced first, for all plans
-at once, by :func:`~simcli.training.memory.memory_bytes_many`).
+at once, by :func:`~costmodels.steps.memory.memory_bytes_many`).
 
 Speed: a plan's per-micro-batch costs depend only on (tp, sp, micro-batch, cp, cp kind,
 ep, recompute), never on pp, dp or the schedule, so :func:`step_costs_many` prices every
@@ -43,10 +43,9 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
-from costmodels.select import get_cost_model
-from hardware_specs.registry import Catalog, System, builtin_catalog
-from hardware_specs.schema import DTYPE_BYTES, Dtype
-from simcli.training.costs import (
+from costmodels.ops.select import get_cost_model
+from costmodels.steps.memory import DRIVER_RESERVED_BYTES, estimate_memory, memory_bytes_many
+from costmodels.steps.training import (
     CostModel,
     Phase,
     StepCosts,
@@ -61,7 +60,8 @@ from simcli.training.costs import (
     plan_fields,
     recompute_phase,
 )
-from simcli.training.memory import DRIVER_RESERVED_BYTES, estimate_memory, memory_bytes_many
+from hardware_specs.registry import Catalog, System, builtin_catalog
+from hardware_specs.schema import DTYPE_BYTES, Dtype
 from simcli.training.simulator import _dependency, interference, schedule, simulate_iteration
 from workloads.layers import (
     optimizer_ops,
@@ -132,7 +132,7 @@ class _Pricer:
         return i
 
     def collective(self, kind: str, nbytes: float, ranks: int, nodes: int, dtype: str) -> int:
-        """Index of the op :func:`~simcli.training.costs._collective_s` would price, or -1
+        """Index of the op :func:`~costmodels.steps.training._collective_s` would price, or -1
         for the zero it returns without pricing."""
         if ranks <= 1 or nbytes <= 0:
             return -1
@@ -219,7 +219,7 @@ def step_costs_many(
     attn_backend: str = "",
     op_cache: dict | None = None,
 ) -> list[StepCosts]:
-    """:func:`~simcli.training.costs.step_costs` (framework ``megatron``) for many plans,
+    """:func:`~costmodels.steps.training.step_costs` (framework ``megatron``) for many plans,
     with every distinct op priced once in one ``predict_many`` call.
 
     It mirrors ``step_costs`` line by line (the tests check they agree); the per-call
@@ -934,7 +934,7 @@ def estimate_iteration_s(
 
 
 def _group_nodes_many(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndarray:
-    """Vectorised :func:`~simcli.training.costs.group_nodes`."""
+    """Vectorised :func:`~costmodels.steps.training.group_nodes`."""
     per_node = np.maximum(1, gpn // np.maximum(stride, 1))
     spread = np.maximum(1, -(-size // per_node))
     return np.where(size <= 1, 1, np.where(stride >= gpn, size, spread))
@@ -952,7 +952,7 @@ def _grad_dtype(grad_elt: int) -> str:
 
 
 def _memory_bytes(ctx: _Context, table: dict[str, np.ndarray]) -> np.ndarray:
-    """Peak bytes per GPU of every plan (:func:`~simcli.training.memory.memory_bytes_many`)."""
+    """Peak bytes per GPU of every plan (:func:`~costmodels.steps.memory.memory_bytes_many`)."""
     return np.asarray(
         memory_bytes_many(
             ctx.model,

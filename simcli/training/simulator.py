@@ -27,10 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodels.select import get_cost_model
-from hardware_specs.registry import Catalog, System, builtin_catalog
-from hardware_specs.schema import Dtype
-from simcli.training.costs import (
+from costmodels.ops.select import get_cost_model
+from costmodels.steps.training import (
     CostModel,
     Framework,
     StepCosts,
@@ -39,6 +37,8 @@ from simcli.training.costs import (
     group_nodes,
     step_costs,
 )
+from hardware_specs.registry import Catalog, System, builtin_catalog
+from hardware_specs.schema import Dtype
 from workloads.layers import optimizer_ops
 from workloads.models import ModelConfig
 from workloads.plan import PlanError, TrainPlan, check_plan

@@ -43,7 +43,7 @@ Costs (one vectorised ``predict_many`` call when the simulator is built):
   filling a 32k-token pack, divided by the batch (one launch for a pack, not one per
   document); a pack of one 32k document thus costs ~32x the attention of 32 x 1k.
 - context parallelism over ``c`` ranks (ring attention, Liu et al. 2023, with Megatron's
-  load-balanced causal chunking as in :mod:`simcli.training.costs`): each rank holds
+  load-balanced causal chunking as in :mod:`costmodels.steps.training`): each rank holds
   ``L / c`` tokens and ``1/c`` of the causal attention; per layer ``c - 1`` KV exchanges
   (KV and dKV backward), each hidden behind one ``1/c`` attention block, the rest exposed.
 - per step, the AdamW update of the rank's optimizer shard; gradient reduction is assumed
@@ -76,8 +76,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from costmodels.steps.training import CostModel, model_flops
 from hardware_specs.schema import Dtype
-from simcli.training.costs import CostModel, model_flops
 from workloads.layers import (
     layer_backward_ops,
     layer_forward_ops,
@@ -380,7 +380,7 @@ class VarlenCoster:
         """Exposed ring-attention communication of one micro-batch on a ``c``-rank ring,
         all layers: per layer ``c - 1`` steps, each moving the rank's KV (dKV too in the
         backward) while one ``1/c`` block of the rank's attention runs (as in
-        :func:`simcli.training.costs._cp_comm`)."""
+        :func:`costmodels.steps.training._cp_comm`)."""
         if c <= 1 or tokens_per_rank <= 0:
             return 0.0
         inter = bool(self.inter_node(tp, c))

@@ -11,8 +11,8 @@ import pytest
 from calibrate.dataset import DatasetError, held_out, load_dataset, split_groups, strata
 from calibrate.fit import fit_profile
 from costmodels import AnalyticalCostModel, arch_params
-from costmodels.profile import Profile
-from costmodels.select import get_cost_model
+from costmodels.ops.profile import Profile
+from costmodels.ops.select import get_cost_model
 from workloads.ops import CSV_COLUMNS, Op, ops_frame
 
 TRUE = {
@@ -135,7 +135,7 @@ def test_profile_predicts_without_scikit_learn(fitted, tmp_path):
     )
     code = (
         "import sys; sys.modules['sklearn'] = None\n"  # any sklearn import now fails
-        "from costmodels.select import get_cost_model\nfrom workloads.ops import Op\n"
+        "from costmodels.ops.select import get_cost_model\nfrom workloads.ops import Op\n"
         f"m = get_cost_model('h100-sxm', profile={str(path)!r}, use_shipped=False)\n"
         "print(repr(m.predict(Op(op='gemm', m=333, n=4096, k=1024))))\n"
     )

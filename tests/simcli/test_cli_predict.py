@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from workloads.ops import CSV_COLUMNS, normalise_frame
 
 HEADER = ",".join(CSV_COLUMNS)

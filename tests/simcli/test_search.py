@@ -11,12 +11,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
+from costmodels.steps.memory import estimate_memory
+from costmodels.steps.training import step_costs
 from hardware_specs.registry import builtin_catalog
 from simcli.commands import plan as plan_cmd
 from simcli.errors import set_debug
-from simcli.training.costs import step_costs
-from simcli.training.memory import estimate_memory
 from simcli.training.search import (
     SearchSpace,
     _Context,

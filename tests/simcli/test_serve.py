@@ -29,11 +29,11 @@ from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, SimulationError, Simulator, simulate
 from workloads.lengths import parse_dist
 
-HAVE_STEP = importlib.util.find_spec("simcli.serving.step") is not None
+HAVE_STEP = importlib.util.find_spec("costmodels.steps.serving") is not None
 
 
 class AffineStep:
-    """Test double of ``simcli.serving.step.StepModel`` (same methods): an iteration costs
+    """Test double of ``costmodels.steps.serving.StepModel`` (same methods): an iteration costs
     ``base + prefill x new tokens + attn x new x past + decode x sequences + ctx x context``."""
 
     kv_bytes_per_token = 131072.0
@@ -595,12 +595,12 @@ def test_cli_model_that_does_not_fit(cli, tmp_path):
 
 # --------------------------------------------------------------------------- real step model
 
-needs_step = pytest.mark.skipif(not HAVE_STEP, reason="simcli.serving.step not available")
+needs_step = pytest.mark.skipif(not HAVE_STEP, reason="costmodels.steps.serving not available")
 
 
 @pytest.fixture(scope="module")
 def llama8b():
-    from simcli.serving.step import StepModel
+    from costmodels.steps.serving import StepModel
 
     return StepModel("llama3-8b", "h100-sxm", tp=1)
 

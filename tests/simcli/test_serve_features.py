@@ -24,7 +24,7 @@ from simcli.serving.simulator import ServeConfig, SimulationError, Simulator, si
 from simcli.serving.spec import SpecConfig, SpecDecodeBatch, SpecStats
 from workloads.lengths import parse_dist
 
-HAVE_STEP = importlib.util.find_spec("simcli.serving.step") is not None
+HAVE_STEP = importlib.util.find_spec("costmodels.steps.serving") is not None
 E = np.zeros(0, np.int64)
 
 
@@ -568,7 +568,7 @@ def test_branches_with_trace_lengths_and_bad_config():
 
 @pytest.fixture(scope="module")
 def h100_cost_model():
-    from costmodels.select import get_cost_model
+    from costmodels.ops.select import get_cost_model
 
     return get_cost_model("h100-sxm", num_gpus=1)
 
@@ -787,7 +787,7 @@ def test_cli_draft_that_does_not_fit_beside_the_target(cli, monkeypatch):
 
 # --------------------------------------------------------------------------- real step models
 
-needs_step = pytest.mark.skipif(not HAVE_STEP, reason="simcli.serving.step not available")
+needs_step = pytest.mark.skipif(not HAVE_STEP, reason="costmodels.steps.serving not available")
 
 LLAMA_1B = {  # Llama-3.2-1B's config.json (the keys simcli reads)
     "_name_or_path": "llama3.2-1b",
@@ -806,7 +806,7 @@ LLAMA_1B = {  # Llama-3.2-1B's config.json (the keys simcli reads)
 
 @pytest.fixture(scope="module")
 def real_models(tmp_path_factory):
-    from simcli.serving.step import StepModel
+    from costmodels.steps.serving import StepModel
 
     path = tmp_path_factory.mktemp("draft") / "config.json"
     path.write_text(json.dumps(LLAMA_1B))

@@ -8,6 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from costmodels.steps.serving import StepModel
 from simcli.commands.serve_plan import _prices, serve_plan
 from simcli.errors import set_debug
 from simcli.serving.disagg import DisaggConfig
@@ -15,7 +16,6 @@ from simcli.serving.planner import SLO, PlanError, PlanSpace, Workload, plan_dep
 from simcli.serving.requests import Request, synthetic_requests
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, simulate
-from simcli.serving.step import StepModel
 from workloads.models import load_model
 
 # a small search: two GPU types, tp 1-2, vllm and one Sarathi chunk, 300 requests

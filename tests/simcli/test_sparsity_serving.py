@@ -7,8 +7,8 @@ import json
 import numpy as np
 from typer.testing import CliRunner
 
+from costmodels.steps.serving import StepModel
 from simcli.cli import app
-from simcli.serving.step import StepModel
 from simcli.sparsity.serving import PatternStepModel
 
 runner = CliRunner()

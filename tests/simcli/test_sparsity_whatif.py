@@ -11,9 +11,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from costmodels.steps.serving import StepModel
 from simcli.commands import sparsity as sparsity_cmd
 from simcli.errors import set_debug
-from simcli.serving.step import StepModel
 from simcli.sparsity import whatif as w
 from simcli.training.simulator import simulate_iteration
 from workloads.models import load_model

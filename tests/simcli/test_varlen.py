@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from simcli.commands import varlen as varlen_cmd
 from simcli.errors import set_debug
 from simcli.training import varlen as V

@@ -1,1 +1,1 @@
-"""One-off GPU probes behind constants of simcli/serving/step.py (see each docstring)."""
+"""One-off GPU probes behind constants of costmodels/steps/serving.py (see each docstring)."""

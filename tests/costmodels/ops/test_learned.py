@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from costmodels import AnalyticalCostModel
-from costmodels.features import FEATURE_NAMES, feature_matrix, op_class
-from costmodels.learned import FAMILIES, LearnedCostModel, NotFittedError, mape
+from costmodels.ops.features import FEATURE_NAMES, feature_matrix, op_class
+from costmodels.ops.learned import FAMILIES, LearnedCostModel, NotFittedError, mape
 from workloads.ops import Op, ops_frame
 
 
@@ -100,7 +100,7 @@ def test_feature_set_mismatch_is_refused(base, fitted):
 
 
 def test_features_and_classes_cover_every_op(base):
-    from costmodels.analytical import frame_columns
+    from costmodels.ops.analytical import frame_columns
     from tests.costmodels.test_contract import BASE_OPS
 
     frame = ops_frame(BASE_OPS)
@@ -114,7 +114,7 @@ def test_features_and_classes_cover_every_op(base):
 def test_feature_op_lists_match_the_op_schema():
     # the learned models' feature order is frozen in shipped profiles, so these stay lists;
     # they must still name exactly the schema's op kinds
-    from costmodels.features import COLLECTIVES, ELEMENTWISE
+    from costmodels.ops.features import COLLECTIVES, ELEMENTWISE
     from workloads.ops import COLLECTIVE_KINDS, ELEMENTWISE_KINDS
 
     assert set(ELEMENTWISE) == {k.value for k in ELEMENTWISE_KINDS}
@@ -141,8 +141,8 @@ def _two_kernel_family_frame(base, rows, seed, unaligned_effect):
 
 
 def test_kernel_family_labels():
-    from costmodels.analytical import frame_columns
-    from costmodels.features import kernel_family
+    from costmodels.ops.analytical import frame_columns
+    from costmodels.ops.features import kernel_family
 
     frame = ops_frame([
         Op(op="gemm", m=5, n=4096, k=4096),

@@ -33,11 +33,11 @@ class Profile(BaseModel):
     )
     params: dict[str, Any] = Field(default_factory=dict, description="efficiency overrides")
     learned: dict[str, Any] | None = Field(
-        default=None, description="learned per-op-class corrections (costmodels.learned)"
+        default=None, description="learned per-op-class corrections (costmodels.ops.learned)"
     )
     held_out_groups: list[str] = Field(default_factory=list)
     power: dict[str, float] | None = Field(
-        default=None, description="energy model (costmodels.energy.PowerModel) fields"
+        default=None, description="energy model (costmodels.ops.energy.PowerModel) fields"
     )
     datasets: list[dict[str, Any]] = Field(default_factory=list)
     created: str = ""

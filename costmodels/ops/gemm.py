@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype, cdiv, peak_flops
-from costmodels.params import GemmParams
+from costmodels.ops.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype, cdiv, peak_flops
+from costmodels.ops.params import GemmParams
 from hardware_specs.schema import GpuSpec
 
 SPLIT_FACTORS = (1, 2, 4, 8, 16)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.common import ELEMENT_BYTES, Work, by_dtype
-from costmodels.params import ElementwiseParams
+from costmodels.ops.common import ELEMENT_BYTES, Work, by_dtype
+from costmodels.ops.params import ElementwiseParams
 from hardware_specs.schema import GpuSpec
 
 # (elements read, elements written) per m x n element, in the op's dtype.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from costmodels.common import ELEMENT_BYTES, Work, by_dtype
-from costmodels.gemm import row_alignment
+from costmodels.ops.common import ELEMENT_BYTES, Work, by_dtype
+from costmodels.ops.gemm import row_alignment
 from hardware_specs.schema import Dtype
 
 DTYPES = [d.value for d in Dtype]
@@ -70,7 +70,7 @@ def kernel_family(cols: dict[str, np.ndarray]) -> np.ndarray:
     not 16-byte aligned: cuBLAS falls back from its TMA/wgmma kernels); "" for other ops.
 
     A learned correction may be fitted per family within an op class when grouped CV
-    says the split predicts better (see :class:`costmodels.learned.LearnedCostModel`).
+    says the split predicts better (see :class:`costmodels.ops.learned.LearnedCostModel`).
     """
     out = np.full(len(cols["op"]), "", dtype=object)
     gemm = np.flatnonzero(cols["op"] == "gemm")

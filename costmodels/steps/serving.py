@@ -11,7 +11,7 @@ and Sarathi-Serve batch them, Agrawal et al. 2024); attention runs per sequence:
 chunk of ``n`` new tokens over ``p`` cached ones attends causally (bottom-right aligned,
 ``seq_q = n``, ``seq_kv = p + n``), a decode over its ``ctx + 1`` keys. The LM head runs on
 one row per sequence. Every op is priced by the calibrated cost model
-(:func:`costmodels.select.get_cost_model`); this module only decides which ops run, how
+(:func:`costmodels.ops.select.get_cost_model`); this module only decides which ops run, how
 they are launched, and adds them up.
 
 **Engines.**
@@ -23,7 +23,7 @@ they are launched, and adds them up.
 - ``pytorch-eager``: the plain PyTorch model measured by ``calibrate/steps/serve_step.py``
   (Llama-style, one GPU): RMSNorm, RoPE and SiLU-mul as the eager kernels the script runs
   (each an HBM pass priced as a ``copy`` of its traffic, like
-  :func:`simcli.training.costs.eager_extra_ops` but forward-only with bf16 weights), cuDNN
+  :func:`costmodels.steps.training.eager_extra_ops` but forward-only with bf16 weights), cuDNN
   attention (what SDPA picked on the H100). Decode is replayed from a CUDA graph; prefill
   runs eagerly, so each of its ~1,260 torch calls costs the host
   :data:`EAGER_HOST_DISPATCH_S` and host and GPU are combined by a launch-queue recurrence
@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.layers import params_per_tp_rank, tp_shard
 from workloads.models import ModelConfig, load_model

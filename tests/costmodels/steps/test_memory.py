@@ -10,20 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hardware_specs.registry import get_gpu
-from hardware_specs.schema import GIB
-from simcli.training.memory import (
+from costmodels.steps.memory import (
     DRIVER_RESERVED_BYTES,
     estimate_memory,
     in_flight,
     layer_activation_bytes,
     memory_bytes_many,
 )
+from hardware_specs.registry import get_gpu
+from hardware_specs.schema import GIB
 from workloads.layers import params_per_tp_rank, valid_tp_degrees
 from workloads.models import get_model, model_from_dict
 from workloads.plan import PlanError, make_plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STEPS_CSV = ROOT / "calibrate" / "data" / "steps-h100" / "train_step.csv"
 H100 = get_gpu("h100-sxm")
 TORCH_VISIBLE_H100_GIB = 79.18  # "total capacity of 79.18 GiB" in the oom rows
@@ -455,7 +455,7 @@ def test_properties(f):
 
 def test_param_shards_match_workloads():
     """The vectorised per-rank parameter counts are those of workloads.layers."""
-    from simcli.training.memory import _shard
+    from costmodels.steps.memory import _shard
 
     for model in (get_model("llama3-8b"), get_model("mixtral-8x7b"), ODD, get_model("gpt3-175b")):
         for tp in valid_tp_degrees(model):

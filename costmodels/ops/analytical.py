@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from costmodels.attention import attention_work, decode_work
-from costmodels.collectives import collective_work
-from costmodels.common import Work
-from costmodels.elementwise import elementwise_work
-from costmodels.energy import PowerModel
-from costmodels.features import lookup
-from costmodels.gemm import gemm_work
-from costmodels.params import ArchParams, arch_params
+from costmodels.ops.attention import attention_work, decode_work
+from costmodels.ops.collectives import collective_work
+from costmodels.ops.common import Work
+from costmodels.ops.elementwise import elementwise_work
+from costmodels.ops.energy import PowerModel
+from costmodels.ops.features import lookup
+from costmodels.ops.gemm import gemm_work
+from costmodels.ops.params import ArchParams, arch_params
 from hardware_specs.registry import Catalog, System, load_catalog
 from workloads.ops import (
     COLLECTIVE_KINDS,
@@ -98,7 +98,7 @@ class AnalyticalCostModel:
         hardware_file: str | Path | None = None,
     ) -> AnalyticalCostModel:
         """The uncalibrated model for ``--gpu ID`` in its reference node (profiles, own or
-        shipped, come through :func:`costmodels.select.get_cost_model`)."""
+        shipped, come through :func:`costmodels.ops.select.get_cost_model`)."""
         cat = catalog if catalog is not None else load_catalog(hardware_file)
         return cls(cat.system(gpu_id, num_gpus))
 

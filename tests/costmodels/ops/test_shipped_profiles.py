@@ -8,11 +8,11 @@ import pytest
 from calibrate.dataset import load_dataset
 from calibrate.report import evaluate
 from costmodels import AnalyticalCostModel
-from costmodels.learned import LearnedCostModel
-from costmodels.select import get_cost_model, shipped_profiles
+from costmodels.ops.learned import LearnedCostModel
+from costmodels.ops.select import get_cost_model, shipped_profiles
 from workloads.ops import Op
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GEMM = Op(op="gemm", m=4096, n=4096, k=4096)
 ALL_REDUCE = Op(op="all_reduce", bytes=2**28, ranks=8)
 

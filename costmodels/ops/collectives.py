@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.common import Work
-from costmodels.params import CollectiveParams
+from costmodels.ops.common import Work
+from costmodels.ops.params import CollectiveParams
 from hardware_specs.registry import System
 
 BUS_FACTOR = {

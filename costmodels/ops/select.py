@@ -19,11 +19,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from costmodels.analytical import AnalyticalCostModel
-from costmodels.energy import PowerModel
-from costmodels.learned import LearnedCostModel
-from costmodels.params import arch_params, deep_merge
-from costmodels.profile import Profile, load_profile
+from costmodels.ops.analytical import AnalyticalCostModel
+from costmodels.ops.energy import PowerModel
+from costmodels.ops.learned import LearnedCostModel
+from costmodels.ops.params import arch_params, deep_merge
+from costmodels.ops.profile import Profile, load_profile
 from hardware_specs.registry import Catalog, System, load_catalog
 
 # Parameters that describe the software stack rather than the chip: they transfer

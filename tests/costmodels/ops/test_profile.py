@@ -3,7 +3,7 @@ import json
 import pytest
 
 from costmodels import ProfileError, load_profile
-from costmodels.select import get_cost_model
+from costmodels.ops.select import get_cost_model
 from workloads.ops import Op
 
 COPY = Op(op="copy", bytes=2**30)

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costmodels import sparse_gemm as S
-from costmodels.common import peak_flops
+from costmodels.ops import sparse_gemm as S
+from costmodels.ops.common import peak_flops
 from hardware_specs.registry import builtin_catalog
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "calibrate" / "data" / "h100-sxm" / "sparse_gemm.csv"
 
 # (m, n, k) of LLM layers (n, k) at decode to prefill token counts, plus squares
@@ -156,7 +156,7 @@ def test_cats_gains_at_batch_one_and_vanish_with_batch(h100) -> None:
 
 
 def test_held_out_mape_bound(h100, measured) -> None:
-    """``python3 -m costmodels.sparse_gemm eval calibrate/data/h100-sxm/sparse_gemm.csv``."""
+    """``python3 -m costmodels.ops.sparse_gemm eval calibrate/data/h100-sxm/sparse_gemm.csv``."""
     rep = S.report(measured, h100, S.sparse_params("hopper"))
     assert rep["2:4"]["held_out"]["rows"] >= 30
     assert rep["2:4"]["held_out"]["mape"] < 0.25
@@ -215,7 +215,7 @@ def test_every_architecture_has_parameters(gpus) -> None:
 
 
 def test_module_needs_neither_torch_nor_simcli() -> None:
-    tree = ast.parse((ROOT / "costmodels" / "sparse_gemm.py").read_text())
+    tree = ast.parse((ROOT / "costmodels" / "ops" / "sparse_gemm.py").read_text())
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -229,8 +229,8 @@ def test_module_needs_neither_torch_nor_simcli() -> None:
 def test_tile_time_mirrors_the_dense_gemm_model(gpus, gpu_id) -> None:
     """``_compute_only_s`` copies gemm_work's tile loop: launch + max(it, operand floor)
     must be gemm_work exactly."""
-    from costmodels.common import ELEMENT_BYTES, GEMM_OUT_BYTES
-    from costmodels.gemm import gemm_work
+    from costmodels.ops.common import ELEMENT_BYTES, GEMM_OUT_BYTES
+    from costmodels.ops.gemm import gemm_work
 
     gpu = gpus[gpu_id]
     dp = S.dense_gemm_params(gpu)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodels.common import Work, peak_flops
+from costmodels.ops.common import Work, peak_flops
 from hardware_specs.schema import GpuSpec
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.common import ELEMENT_BYTES, Work, by_dtype, cdiv, floor_sum, peak_flops
-from costmodels.params import AttentionBackendParams, AttentionParams
+from costmodels.ops.common import ELEMENT_BYTES, Work, by_dtype, cdiv, floor_sum, peak_flops
+from costmodels.ops.params import AttentionBackendParams, AttentionParams
 from hardware_specs.schema import GpuSpec
 
 DECODE_BLOCK_N = 128  # keys per split-KV block (FlashAttention-2 splitkv kernels)

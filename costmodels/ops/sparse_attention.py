@@ -379,10 +379,10 @@ def _derived_params(spec: GpuSpec, backend: str) -> TileKernelParams:
     """Not fitted on block-sparse data: the dense attention model's efficiencies and
     latencies for this backend (the GPU's calibrated profile when one ships, else the
     architecture's defaults) and ``_DERIVED_MASK_OVERHEAD`` for partial tiles."""
-    from costmodels.params import arch_params
+    from costmodels.ops.params import arch_params
 
     try:
-        from costmodels.select import get_cost_model
+        from costmodels.ops.select import get_cost_model
 
         model = get_cost_model(spec.id)
         ap = getattr(model, "base", model).params.attention

@@ -1,4 +1,4 @@
-"""The serving step model (simcli.serving.step) and `simcli step`.
+"""The serving step model (costmodels.steps.serving) and `simcli step`.
 
 Validation against the real H100 steps of calibrate/data/steps-h100 (the target: every
 prefill and CUDA-graph decode row within 10%), interpolation against exact pricing,
@@ -14,22 +14,22 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from simcli.commands import step as step_cmd
-from simcli.errors import set_debug
-from simcli.serving.step import (
+from costmodels.steps.serving import (
     EAGER_HOST_DISPATCH_S,
     StepError,
     StepModel,
     derive_host_dispatch_s,
     h100_validation_rows,
 )
+from simcli.commands import step as step_cmd
+from simcli.errors import set_debug
 
 NONE = np.zeros(0, np.int64)
 GB = 1e9
 # The one measured row the model misses by more than 10%, and why: it is host-bound (26 ms
 # of eager dispatch against ~20 ms of GPU work) and its session's host was slower (~24 us
 # per torch call) than any of the eager-decode rows the host constant was solved from
-# (16.7-21.8 us, median 20.9). See the validation notes in simcli/serving/step.py.
+# (16.7-21.8 us, median 20.9). See the validation notes in costmodels/steps/serving.py.
 HOST_BOUND_MISS = {("prefill", 1, 512)}
 
 

@@ -1,7 +1,7 @@
 """Learned corrections on top of the analytical model (scikit-learn fit/predict contract).
 
 Per op class, a regressor predicts the log-ratio log(measured / analytical) from
-:mod:`costmodels.features`, clipped to +-``bound``: predictions stay within a bounded
+:mod:`costmodels.ops.features`, clipped to +-``bound``: predictions stay within a bounded
 factor of the physics and are never negative or non-finite, so they extrapolate sanely
 outside the calibrated range. Fitted regressors are exported to plain arrays (tree
 nodes or linear coefficients) and evaluated with numpy, so a shipped profile loads
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodels.analytical import AnalyticalCostModel, frame_columns, op_columns
-from costmodels.common import Work
-from costmodels.features import FEATURE_NAMES, feature_matrix, kernel_family, op_class
+from costmodels.ops.analytical import AnalyticalCostModel, frame_columns, op_columns
+from costmodels.ops.common import Work
+from costmodels.ops.features import FEATURE_NAMES, feature_matrix, kernel_family, op_class
 from workloads.ops import Op, normalise_frame
 
 FAMILIES = ("none", "linear", "shallow", "trees")

@@ -38,7 +38,7 @@ independent products, with the weight W sparse. ``sparsity`` is one of:
 Parameters with provenance are in ``data/sparse_gemm.yaml``; :func:`fit` refits them
 on a ``calibrate.run --suite sparse_gemm`` CSV with families held out:
 
-    python3 -m costmodels.sparse_gemm fit calibrate/data/h100-sxm/sparse_gemm.csv
+    python3 -m costmodels.ops.sparse_gemm fit calibrate/data/h100-sxm/sparse_gemm.csv
 
 numpy only (and the project's pydantic/yaml parameter loading); no torch, no simcli.
 """
@@ -59,9 +59,9 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from costmodels.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype, cdiv, peak_flops
-from costmodels.gemm import SPLIT_FACTORS, gemm_work, row_alignment
-from costmodels.params import GemmParams, arch_params, deep_merge
+from costmodels.ops.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype, cdiv, peak_flops
+from costmodels.ops.gemm import SPLIT_FACTORS, gemm_work, row_alignment
+from costmodels.ops.params import GemmParams, arch_params, deep_merge
 from hardware_specs.schema import GpuSpec
 
 SPARSITY_KINDS = ("dense", "2:4", "unstructured", "cats")
@@ -156,7 +156,7 @@ def sparse_params(architecture: str, overrides: dict[str, Any] | None = None) ->
 def dense_gemm_params(gpu: GpuSpec) -> GemmParams:
     """The dense GEMM parameters the sparse models build on: the shipped calibration
     profile of this GPU (or of one of its architecture), else the architecture defaults."""
-    from costmodels.select import shipped_profiles
+    from costmodels.ops.select import shipped_profiles
 
     profiles = [p for p in shipped_profiles() if p.scope == "gpu"]
     own = [p for p in profiles if p.gpu == gpu.id]
@@ -203,7 +203,7 @@ def cats_rows_read(neurons: np.ndarray, active: float, tokens: np.ndarray, multi
 
 def _compute_only_s(m, n, k, batch, dtype, gpu: GpuSpec, dense: GemmParams) -> np.ndarray:
     """The dense kernel's tile/wave time (split-K partial sums included) without the launch
-    and the operands' HBM floor: the loop of :func:`costmodels.gemm.gemm_work`, which
+    and the operands' HBM floor: the loop of :func:`costmodels.ops.gemm.gemm_work`, which
     returns ``launch_s + max(this, operand bytes / HBM)`` (a test checks they agree)."""
     m, n, k, batch = (np.asarray(x, dtype=float) for x in (m, n, k, batch))
     in_b = by_dtype(dtype, ELEMENT_BYTES, "GEMM")
@@ -534,7 +534,7 @@ def speedup_table(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m costmodels.sparse_gemm")
+    ap = argparse.ArgumentParser(prog="python3 -m costmodels.ops.sparse_gemm")
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit", help="refit on a sparse_gemm CSV and print held-out error")
     f.add_argument("csv")

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from costmodels import AnalyticalCostModel, arch_params
-from costmodels.attention import causal_tiles_per_head
-from costmodels.common import floor_sum
-from costmodels.gemm import gemm_work
-from costmodels.select import get_cost_model
+from costmodels.ops.attention import causal_tiles_per_head
+from costmodels.ops.common import floor_sum
+from costmodels.ops.gemm import gemm_work
+from costmodels.ops.select import get_cost_model
 from hardware_specs.registry import builtin_catalog
 from workloads.ops import Op
 

@@ -1,4 +1,4 @@
-"""Tile-table block-sparse attention (costmodels/sparse_attention.py): invariants, the
+"""Tile-table block-sparse attention (costmodels/ops/sparse_attention.py): invariants, the
 NSA/FSA choice against the published direction, and held-out fidelity by pattern family."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodels import sparse_attention as sa
+from costmodels.ops import sparse_attention as sa
 from workloads.sparsity import parse_pattern
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HELD_OUT = ["nsa/l2n4", "nsa/l4n8", "s2/l2s8", "topk/k2", "topk/k32"]  # the profiles' split
 GPUS = ["h100-sxm", "h200-sxm"]
 
@@ -58,7 +58,7 @@ def test_density_one_equals_dense_within_the_model(seq, heads):
 
 
 def test_dense_and_causal_match_measurements_and_the_density_model():
-    from costmodels.select import get_cost_model
+    from costmodels.ops.select import get_cost_model
     from workloads.ops import Op
 
     model = get_cost_model("h100-sxm")
@@ -306,7 +306,7 @@ def test_held_out_families_mape(rows, gpu):
     assert shipped.fwd_efficiency[128] == pytest.approx(params.fwd_efficiency[128], rel=1e-3)
     assert shipped.bwd_cta_s == pytest.approx(params.bwd_cta_s, rel=1e-3)
     # the density-only model with the calibrated profile, same held-out rows
-    from costmodels.select import get_cost_model
+    from costmodels.ops.select import get_cost_model
     from workloads.ops import CSV_COLUMNS, normalise_frame
 
     ok = frame[frame["status"] == "ok"]

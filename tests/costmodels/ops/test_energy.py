@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodels.energy import PowerModel
-from costmodels.select import get_cost_model
+from costmodels.ops.energy import PowerModel
+from costmodels.ops.select import get_cost_model
 from workloads.ops import Op
 
 

@@ -28,8 +28,8 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from costmodels.analytical import AnalyticalCostModel
-from costmodels.learned import LearnedCostModel
+from costmodels.ops.analytical import AnalyticalCostModel
+from costmodels.ops.learned import LearnedCostModel
 from hardware_specs.registry import System
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.layers import (

@@ -20,15 +20,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import IO
 
 import pandas as pd
 import typer
-import yaml
 
+from hardware_specs.prices import gpu_prices, host_copy_bytes_per_s
 from hardware_specs.registry import load_catalog
 from simcli.commands.serve_plan import serve_plan
 from simcli.errors import fail, user_errors
@@ -72,24 +70,12 @@ from workloads.models import load_model
 
 app = typer.Typer(help="Simulate serving a model: latency, throughput, goodput, cost.")
 
-# Host<->GPU copy rate per GPU for KV swapping, per PCIe generation: x16 link, one direction,
-# ~80% of the raw rate (PCIe 4.0 x16 = 31.5 GB/s raw after 128b/130b; pinned-memory copies
-# reach ~25 GB/s; 5.0 and 6.0 double each step).
-SWAP_BYTES_PER_S = {3: 12.5e9, 4: 25e9, 5: 50e9, 6: 100e9}
-
 REQUEST_COLUMNS = tuple(REQUESTS_SCHEMA)
 
 # --output DIR: at most this many rows of timeline.csv (iteration samples, all replicas)
 TIMELINE_ROWS = 4000
 # --trace-output: requests drawn as async spans (the first ones to complete)
 TRACE_REQUESTS = 1000
-
-
-@lru_cache(maxsize=1)
-def _price_table() -> dict[str, float]:
-    """GPU id -> US$ per GPU-hour (``simcli/training/data/gpu_prices.yaml``, with sources)."""
-    text = resources.files("simcli.training").joinpath("data/gpu_prices.yaml").read_text()
-    return {r["gpu"]: float(r["usd_per_gpu_hour"]) for r in yaml.safe_load(text)["prices"]}
 
 
 def _check_choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -536,7 +522,9 @@ def serve(
                 branch_lengths = trace_lengths(trace)[1]
             else:
                 branch_cfg = branch_cfg.model_copy(update={"output_len": parse_dist(output_len)})
-        price = _price_table().get(gpu) if price_per_gpu_hour is None else price_per_gpu_hour
+        price = price_per_gpu_hour
+        if price is None and gpu in gpu_prices():
+            price = gpu_prices()[gpu].usd_per_gpu_hour
         sched = SchedulerConfig(
             kind=scheduler,  # type: ignore[arg-type]
             max_batch_size=max_batch_size,
@@ -570,7 +558,7 @@ def serve(
             block_size=block_size,
             gpu_memory_utilization=gpu_memory_utilization,
             prefix_caching=prefix_caching,
-            swap_bytes_per_s=SWAP_BYTES_PER_S.get(spec.pcie_gen, 25e9),
+            swap_bytes_per_s=host_copy_bytes_per_s(spec.pcie_gen),
             slo_ttft_s=slo_ttft_s,
             slo_tpot_s=slo_tpot_s,
             price_per_gpu_hour=price,

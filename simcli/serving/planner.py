@@ -99,14 +99,12 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hardware_specs.prices import gpu_price as hw_price
 from hardware_specs.registry import load_catalog
 from simcli.serving.disagg import DisaggConfig
 from simcli.serving.requests import Request, SyntheticSpec, synthetic_requests
@@ -243,25 +241,9 @@ class PlanSpace(BaseModel):
 # --------------------------------------------------------------------------- prices
 
 
-@lru_cache(maxsize=1)
-def price_table() -> dict[str, float]:
-    """GPU id -> US$ per GPU-hour from ``simcli/training/data/gpu_prices.yaml``."""
-    text = resources.files("simcli.training").joinpath("data/gpu_prices.yaml").read_text()
-    return {r["gpu"]: float(r["usd_per_gpu_hour"]) for r in yaml.safe_load(text)["prices"]}
-
-
 def gpu_price(gpu: str, overrides: dict[str, float]) -> float:
-    if gpu in overrides:
-        return overrides[gpu]
-    if "*" in overrides:
-        return overrides["*"]
-    table = price_table()
-    if gpu not in table:
-        raise PlanError(
-            f"no price for GPU {gpu!r}; known: {', '.join(sorted(table))}; "
-            f"allowed: --price-per-gpu-hour {gpu}=USD"
-        )
-    return table[gpu]
+    """US$ per GPU-hour of ``gpu``: an override (by id or ``*``) or the price table's."""
+    return hw_price(gpu, overrides).usd_per_gpu_hour
 
 
 def pd_weights(ratio: str) -> tuple[float, float]:
@@ -1070,5 +1052,4 @@ __all__ = [
     "gpu_price",
     "plan_deployments",
     "planner_step_model",
-    "price_table",
 ]

@@ -37,11 +37,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 
 from costmodels.ops.select import get_cost_model
 from costmodels.steps.memory import DRIVER_RESERVED_BYTES, estimate_memory, memory_bytes_many
@@ -60,6 +58,7 @@ from costmodels.steps.training import (
     plan_fields,
     recompute_phase,
 )
+from hardware_specs.prices import gpu_price, gpu_prices
 from hardware_specs.registry import Catalog, System, builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from simcli.training.simulator import _dependency, interference, schedule, simulate_iteration
@@ -89,27 +88,12 @@ _BUCKET_BYTES = TrainPlan.model_fields["grad_bucket_bytes"].default
 # --------------------------------------------------------------------------- prices
 
 
-@lru_cache(maxsize=1)
-def price_table() -> dict[str, tuple[float, str]]:
-    """GPU id -> (US$ per GPU-hour, source) from ``data/gpu_prices.yaml``."""
-    text = resources.files("simcli.training").joinpath("data/gpu_prices.yaml").read_text()
-    rows = yaml.safe_load(text)["prices"]
-    return {r["gpu"]: (float(r["usd_per_gpu_hour"]), str(r["source"])) for r in rows}
-
-
 def price_per_gpu_hour(gpu_id: str, override: float | None = None) -> tuple[float, str]:
     """The price used for ``gpu_id`` and where it comes from."""
-    if override is not None:
-        if not override > 0:
-            raise PlanError(f"--price-per-gpu-hour must be positive, got {override}")
-        return float(override), "--price-per-gpu-hour"
-    table = price_table()
-    if gpu_id not in table:
-        raise PlanError(
-            f"no price for GPU {gpu_id!r}; known: {', '.join(sorted(table))}; "
-            "allowed: pass --price-per-gpu-hour"
-        )
-    return table[gpu_id]
+    if override is not None and not override > 0:
+        raise PlanError(f"--price-per-gpu-hour must be positive, got {override}")
+    price = gpu_price(gpu_id, None if override is None else {"*": override})
+    return price.usd_per_gpu_hour, price.source
 
 
 # --------------------------------------------------------------------------- batched pricing
@@ -1223,7 +1207,7 @@ def search_plans(
         )
     price, source = (
         price_per_gpu_hour(gpu_id, price_usd_per_gpu_hour)
-        if objective == "cost" or price_usd_per_gpu_hour is not None or gpu_id in price_table()
+        if objective == "cost" or price_usd_per_gpu_hour is not None or gpu_id in gpu_prices()
         else (float("nan"), "no price known for this GPU")
     )
     if model.position == "learned" and seq_len > model.max_seq_len:

@@ -1,0 +1,146 @@
+"""CLI options generated from a pydantic config: one way to configure.
+
+A command declares the pydantic model its inputs are (``TrainConfig``, ``ServeConfig``,
+...); :func:`config_options` turns every field into a typer option (flag from the field
+name or its ``cli`` alias list, type, default, help text from the description with the
+allowed values of a ``Literal``), validates the values into the model, and hands the
+command one frozen config. Help, JSON schema and validation then come from the same
+fields and cannot drift. Options that are about output rather than the scenario
+(``--format``, ``--output``, ``--quiet``) stay ordinary parameters of the command.
+
+A field's ``json_schema_extra`` may carry ``cli``: the flag spellings (``["--gpu-types",
+"--gpus-types"]``; the first is the canonical one), ``cli_type``: the type the command
+line reads when it differs from the field's (a comma list parsed by a validator), and
+``cli_hidden``: kept out of ``--help``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import typer
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from simcli.errors import user_errors
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def literal_choices(annotation: Any) -> tuple[str, ...] | None:
+    """The allowed values of a ``Literal`` (or ``Literal | None``) annotation."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return tuple(str(a) for a in args)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for a in args:
+            found = literal_choices(a)
+            if found:
+                return found
+    return None
+
+
+def _cli_type(field: FieldInfo) -> Any:
+    """The Python type typer parses the option as."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if "cli_type" in extra:
+        return extra["cli_type"]
+    ann = field.annotation
+    optional = False
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(ann))
+        ann = args[0] if len(args) == 1 else str
+    if typing.get_origin(ann) is Literal:
+        values = typing.get_args(ann)
+        ann = type(values[0]) if all(type(v) is type(values[0]) for v in values) else str
+    if ann not in (int, float, str, bool, Path):
+        ann = str
+    return ann | None if optional else ann
+
+
+def flags(name: str, field: FieldInfo) -> list[str]:
+    """The option's spellings: the field's ``cli`` list, or ``--field-name``."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return list(extra.get("cli") or [f"--{name.replace('_', '-')}"])
+
+
+def help_text(field: FieldInfo) -> str:
+    """The description, with a Literal's allowed values appended when it does not list them."""
+    text = (field.description or "").strip()
+    choices = literal_choices(field.annotation)
+    if choices and " | ".join(choices) not in text:
+        text = f"{text} ({' | '.join(choices)})" if text else " | ".join(choices)
+    return text
+
+
+def option_parameters(model: type[BaseModel], exclude: tuple[str, ...] = ()) -> list[Any]:
+    """One keyword-only ``inspect.Parameter`` with a ``typer.Option`` per field."""
+    params = []
+    for name, field in model.model_fields.items():
+        if name in exclude:
+            continue
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        cli_type = _cli_type(field)
+        spellings = flags(name, field)
+        if cli_type in (bool, bool | None) and "/" not in spellings[0]:
+            spellings = [f"{spellings[0]}/--no-{spellings[0][2:]}", *spellings[1:]]
+        default = ... if field.is_required() else field.get_default(call_default_factory=True)
+        option = typer.Option(
+            default, *spellings, help=help_text(field), hidden=bool(extra.get("cli_hidden"))
+        )
+        kind = inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter(name, kind, default=option, annotation=cli_type))
+    return params
+
+
+class OptionError(ValueError):
+    """A command-line value its config rejects; one line naming the flag."""
+
+
+def validate(model: type[M], values: dict[str, Any]) -> M:
+    """``model.model_validate(values)`` with the first error as one line naming the flag
+    (``--tp 0: Input should be greater than or equal to 1``)."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err["loc"] else ""
+        field = model.model_fields.get(name)
+        flag = flags(name, field)[0].split("/")[0] if field is not None else name
+        got = values.get(name, err.get("input"))
+        msg = err["msg"].removeprefix("Value error, ")
+        raise OptionError(f"{flag} {got}: {msg}" if name in values else msg) from None
+
+
+def config_options(
+    model: type[M], *, exclude: tuple[str, ...] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate ``command(config: model, **other_options)``: the command's options become
+    the model's fields (minus ``exclude``) followed by its own other parameters."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != "config"]
+        fields = option_parameters(model, exclude)
+        names = {p.name for p in fields}
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            with user_errors():
+                config = validate(model, values)
+            return command(config, **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in (*fields, *own)]
+        )
+        del wrapper.__wrapped__
+        return wrapper
+
+    return decorate

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workloads.layers import layer_forward_ops
+from workloads.decompose import layer_forward_ops
 from workloads.models import ModelConfig
 from workloads.ops import CSV_COLUMNS
 

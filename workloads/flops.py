@@ -1,7 +1,7 @@
 """Model FLOPs of single ops: the matmul work an op asks for, not what a kernel spends.
 
 Conventions match :meth:`workloads.models.ModelConfig.flops_per_token`, so summing
-:func:`total_flops` over :func:`workloads.layers.layer_forward_ops` for every layer plus
+:func:`total_flops` over :func:`workloads.decompose.layer_forward_ops` for every layer plus
 the LM head gives ``flops_per_token(training=False) * tokens``:
 
 * GEMM: ``2 m n k`` per product (one multiply and one add per MAC), times ``batch``.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from workloads.ops import Op, OpKind
 
 if TYPE_CHECKING:
-    from workloads.layers import LayerOp
+    from workloads.decompose.templates import LayerOp
 
 ATTENTION_PASS_FACTOR: dict[OpKind, float] = {
     OpKind.attn_fwd: 1.0,

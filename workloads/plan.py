@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from workloads.layers import valid_tp_degrees
+from workloads.decompose.shard import valid_tp_degrees
 from workloads.models import ModelConfig
 
 

@@ -193,7 +193,7 @@ def _framework_key(framework: str) -> str:
 
 
 def _shard(model: ModelConfig, tp):
-    """Per-TP-rank sizes, vectorised over ``tp`` (mirrors workloads.layers.tp_shard and
+    """Per-TP-rank sizes, vectorised over ``tp`` (mirrors workloads.decompose.tp_shard and
     params_per_tp_rank: KV heads replicated when tp > num_kv_heads, vocab padded)."""
     h, d = model.hidden_size, model.head_dim
     heads = model.num_heads // tp

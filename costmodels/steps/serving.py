@@ -65,7 +65,7 @@ from __future__ import annotations
 import math
 import statistics
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -76,7 +76,8 @@ import pandas as pd
 
 from costmodels.ops.select import get_cost_model
 from hardware_specs.schema import DTYPE_BYTES, Dtype
-from workloads.layers import params_per_tp_rank, tp_shard
+from workloads.decompose import OpTemplate, params_per_tp_rank, serving_templates, tp_shard
+from workloads.decompose.serving import total_instances
 from workloads.models import ModelConfig, load_model
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
 
@@ -139,68 +140,6 @@ class StepError(ValueError):
     """A step-model input that cannot be priced; the message is one line for users."""
 
 
-# --------------------------------------------------------------------------- templates
-
-
-@dataclass(frozen=True)
-class _Tpl:
-    """One kernel (or torch call) of a step, as vectorised functions of the grid variable
-    (tokens ``T`` for token ops, sequences ``S`` for per-sequence ops)."""
-
-    name: str
-    label: str  # breakdown group
-    op: str  # OpKind value; "" for the attention placeholder of a layer
-    fields: Callable[[np.ndarray], dict[str, Any]]
-    launch: str = "ew"  # which fitted launch cost it carries: gemm | ew | coll
-    per_layer: bool = True
-    count: int = 1  # identical instances per layer (per step if not per_layer)
-    mult: Callable[[np.ndarray], np.ndarray] | None = None  # MoE: active experts
-    decode_only: bool = False  # eager argmax runs only when a sequence decodes
-
-
-def _gemm(name: str, label: str, k: int, n: int, dt: str, **kw: Any) -> _Tpl:
-    return _Tpl(name, label, "gemm", lambda x: {"m": x, "k": k, "n": n, "dtype": dt}, "gemm", **kw)
-
-
-def _traffic(name: str, label: str, bytes_per_unit: float, scale: float = 1.0, **kw: Any) -> _Tpl:
-    """A memory-bound kernel moving ``bytes_per_unit`` bytes (reads + writes) per token or
-    sequence, priced as a ``copy`` (a copy of b bytes moves 2b); ``scale`` inflates the
-    bytes of kernels that run below the copy bandwidth (see `_eager_templates`)."""
-
-    def fields(x: np.ndarray) -> dict[str, Any]:
-        return {"bytes": np.maximum(1, np.ceil(bytes_per_unit * scale * x / 2.0)).astype(np.int64)}
-
-    return _Tpl(name, label, "copy", fields, "ew", **kw)
-
-
-def _ew(name: str, label: str, kind: str, n: int, dt: str, rows: float = 1.0, **kw: Any) -> _Tpl:
-    def fields(x: np.ndarray) -> dict[str, Any]:
-        return {"m": np.maximum(1, np.ceil(rows * x)).astype(np.int64), "n": n, "dtype": dt}
-
-    return _Tpl(name, label, kind, fields, "ew", **kw)
-
-
-def _coll(
-    name: str,
-    label: str,
-    kind: str,
-    bytes_per_unit: float,
-    ranks: int,
-    nodes: int,
-    dt: str,
-    **kw: Any,
-) -> _Tpl:
-    def fields(x: np.ndarray) -> dict[str, Any]:
-        f: dict[str, Any] = {"bytes": np.ceil(bytes_per_unit * x).astype(np.int64)}
-        f.update(ranks=ranks, dtype=dt, nodes=nodes if nodes > 1 else None)
-        return f
-
-    return _Tpl(name, label, kind, fields, "coll", **kw)
-
-
-ATTN = _Tpl("attn", "attn", "", lambda x: {})
-
-
 @dataclass(frozen=True)
 class _Shape:
     model: ModelConfig
@@ -218,189 +157,6 @@ class _Shape:
     @property
     def elt(self) -> int:
         return DTYPE_BYTES[Dtype(self.dtype)]
-
-
-def _vllm_templates(s: _Shape) -> dict[str, list[_Tpl]]:
-    """vLLM's Llama/Mixtral/GPT forward on one TP rank, in execution order."""
-    m, dt, e = s.model, s.dtype, s.elt
-    h, d = m.hidden_size, m.head_dim
-    norm = "rmsnorm" if m.norm == "rmsnorm" else "layernorm"
-    tp_ar = s.tp > 1
-    head = [_ew("embedding", "embedding", "embedding", h, dt, per_layer=False)]
-    if m.position == "learned":
-        head.append(_ew("pos_embedding", "embedding", "embedding", h, dt, per_layer=False))
-    if tp_ar:  # VocabParallelEmbedding sums the partial embeddings
-        head.append(
-            _coll(
-                "tp_allreduce_embedding",
-                "tp_allreduce",
-                "all_reduce",
-                h * e,
-                s.tp,
-                s.tp_nodes,
-                dt,
-                per_layer=False,
-            )
-        )
-    # fused_add_rms_norm reads the input and the residual and writes both: twice the
-    # traffic of a plain norm in one kernel (vllm/model_executor/layers/layernorm.py)
-    layer = [_ew("input_norm", "norm", norm, h, dt, rows=2.0)]
-    layer.append(_gemm("qkv_proj", "qkv_proj", h, (s.hq + 2 * s.hkv) * d, dt))
-    if m.position == "rope":  # rotary_embedding rotates q and k in place
-        layer.append(_traffic("rope", "rope", 2.0 * (s.hq + s.hkv) * d * e))
-    # reshape_and_cache_flash: reads k and v, writes them into the paged cache
-    layer.append(_traffic("kv_cache_write", "kv_cache_write", 2.0 * 2 * s.hkv * d * e))
-    layer.append(ATTN)
-    layer.append(_gemm("o_proj", "o_proj", s.hq * d, h, dt))
-    if tp_ar:
-        layer.append(
-            _coll("tp_allreduce_attn", "tp_allreduce", "all_reduce", h * e, s.tp, s.tp_nodes, dt)
-        )
-    layer.append(_ew("post_attn_norm", "norm", norm, h, dt, rows=2.0))
-    gated = m.activation == "swiglu"
-    if not m.is_moe:
-        layer.append(_gemm("mlp_up", "mlp_up", h, (2 if gated else 1) * s.ffn, dt))
-        if gated:  # silu_and_mul reads gate and up, writes one: 3 f elements per token
-            layer.append(_traffic("act", "act", 3.0 * s.ffn * e))
-        else:
-            layer.append(_ew("act", "act", "gelu", s.ffn, dt))
-        layer.append(_gemm("mlp_down", "mlp_down", s.ffn, h, dt))
-    else:
-        k, ne, f = m.experts_per_token, m.num_experts, s.expert_ffn
-
-        def active(x: np.ndarray) -> np.ndarray:
-            return np.minimum(ne, x * k).astype(float)
-
-        def rows(x: np.ndarray) -> np.ndarray:  # tokens per active expert, balanced routing
-            return np.ceil(x * k / np.minimum(ne, x * k)).astype(np.int64)
-
-        def expert_gemm(name: str, kk: int, n: int) -> _Tpl:
-            return _Tpl(
-                name,
-                name,
-                "gemm",
-                lambda x: {"m": rows(x), "k": kk, "n": n, "dtype": dt},
-                "gemm",
-                mult=active,
-            )
-
-        layer.append(_gemm("router", "router", h, ne, dt))
-        layer.append(_ew("topk_softmax", "router", "softmax", ne, dt))
-        layer.append(_traffic("moe_permute", "moe_permute", 2.0 * k * h * e))
-        layer.append(expert_gemm("expert_up", h, (2 if gated else 1) * f))
-        layer.append(
-            _Tpl(
-                "expert_act",
-                "expert_act",
-                "copy",
-                lambda x: {"bytes": np.maximum(1, rows(x) * 3 * f * e // 2)},
-                mult=active,
-            )
-        )
-        layer.append(expert_gemm("expert_down", f, h))
-        layer.append(_traffic("moe_unpermute", "moe_permute", 2.0 * k * h * e))
-    if tp_ar:
-        layer.append(
-            _coll("tp_allreduce_mlp", "tp_allreduce", "all_reduce", h * e, s.tp, s.tp_nodes, dt)
-        )
-    tail = [_ew("final_norm", "final_norm", norm, h, dt, rows=2.0, per_layer=False)]
-    if s.pp > 1:  # IntermediateTensors: hidden states and residual go to the next stage
-        tail.append(
-            _coll(
-                "pp_send_recv",
-                "pp_send_recv",
-                "send_recv",
-                2.0 * h * e,
-                2,
-                s.pp_nodes,
-                dt,
-                per_layer=False,
-                count=s.pp - 1,
-            )
-        )
-    seq = [_gemm("lm_head", "lm_head", h, s.vocab, dt, per_layer=False)]
-    if s.tp > 1:  # logits gathered to the driver rank
-        seq.append(
-            _coll(
-                "tp_gather_logits",
-                "tp_gather_logits",
-                "all_gather",
-                s.vocab * s.tp * e,
-                s.tp,
-                s.tp_nodes,
-                dt,
-                per_layer=False,
-            )
-        )
-    seq.append(_ew("sampler", "sampler", "softmax", m.vocab_size, dt, per_layer=False))
-    return {"head": head, "layer": layer, "tail": tail, "seq": seq}
-
-
-def _rms_eager(tag: str, label: str, h: int, slow: float, per_layer: bool = True) -> list[_Tpl]:
-    """``(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).to(bf16) * w``: 8 kernels."""
-    kw = {"per_layer": per_layer}
-    return [
-        _traffic(f"{tag}_float", label, 6.0 * h, slow, **kw),  # bf16 -> fp32 cast
-        _traffic(f"{tag}_pow", label, 8.0 * h, **kw),
-        _traffic(f"{tag}_mean", label, 4.0 * h, **kw),
-        _traffic(f"{tag}_eps", label, 8.0, **kw),
-        _traffic(f"{tag}_rsqrt", label, 8.0, **kw),
-        _traffic(f"{tag}_mul", label, 8.0 * h, slow, **kw),  # broadcast of the [T, 1] scale
-        _traffic(f"{tag}_to", label, 6.0 * h, **kw),
-        _traffic(f"{tag}_weight", label, 4.0 * h, slow, **kw),  # broadcast of the weight
-    ]
-
-
-def _rope_eager(tag: str, width: int, slow: float) -> list[_Tpl]:
-    """``(x * cos + cat(-x2, x1) * sin).to(bf16)`` with fp32 cos/sin on a strided view of
-    the QKV output: 6 kernels, bytes per rotated element read + written."""
-    return [
-        _traffic(f"{tag}_cos", "rope", 6.0 * width, slow),  # bf16 x fp32 -> fp32
-        _traffic(f"{tag}_neg", "rope", 2.0 * width, slow),  # half the elements, bf16
-        _traffic(f"{tag}_cat", "rope", 4.0 * width, slow),
-        _traffic(f"{tag}_sin", "rope", 6.0 * width, slow),
-        _traffic(f"{tag}_add", "rope", 12.0 * width, slow),  # fp32 + fp32 -> fp32
-        _traffic(f"{tag}_to", "rope", 6.0 * width),  # fp32 -> bf16
-    ]
-
-
-def _eager_templates(s: _Shape, slow: float) -> dict[str, list[_Tpl]]:
-    """The torch calls of calibrate/steps/serve_step.py's forward, in order.
-
-    Each eager pointwise kernel is one HBM pass of the tensors it reads and writes. Those
-    whose operands are broadcast, strided views or of mixed dtypes take PyTorch's
-    non-vectorised TensorIterator path (``elementwise_kernel``/``unrolled``: 16 of the 34
-    per layer, by a profiler count) and run at the bandwidth the calibrated eager ``rope``
-    microbenchmark reached (``slow`` scales their bytes; see `_strided_scale`); the others run
-    at copy bandwidth. A profile of the same forward (H200, 8x1024 prefill) showed the
-    strided kernels at 20-47% of HBM peak and the vectorised ones at 72-91%.
-    """
-    m, dt, e = s.model, s.dtype, s.elt
-    h, d, f = m.hidden_size, m.head_dim, s.ffn
-    layer = _rms_eager("rms1", "rmsnorm", h, slow)
-    layer.append(_gemm("qkv_proj", "qkv_proj", h, (s.hq + 2 * s.hkv) * d, dt))
-    layer += _rope_eager("rope_q", s.hq * d, slow) + _rope_eager("rope_k", s.hkv * d, slow)
-    # cache[..., start:start+s].copy_(k) and (v): strided copies, 2 + 2 bytes per element
-    layer.append(_traffic("cache_k", "kv_cache_write", 2.0 * e * s.hkv * d, slow))
-    layer.append(_traffic("cache_v", "kv_cache_write", 2.0 * e * s.hkv * d, slow))
-    layer.append(ATTN)
-    layer.append(_gemm("o_proj", "o_proj", s.hq * d, h, dt))
-    layer.append(_traffic("residual_1", "residual_add", 3.0 * e * h))
-    layer += _rms_eager("rms2", "rmsnorm", h, slow)
-    layer.append(_gemm("mlp_up", "mlp_up", h, 2 * f, dt))
-    layer.append(_traffic("silu", "silu_mul", 2.0 * e * f, slow))  # strided gate half
-    layer.append(_traffic("silu_mul", "silu_mul", 3.0 * e * f, slow))  # strided up half
-    layer.append(_gemm("mlp_down", "mlp_down", f, h, dt))
-    layer.append(_traffic("residual_2", "residual_add", 3.0 * e * h))
-    head = [_traffic("embedding", "embedding", 2.0 * e * h, per_layer=False)]
-    # final norm and LM head on the last token of each sequence (x[:, -1]); decode adds a
-    # greedy argmax that reads the logits once
-    seq = _rms_eager("final", "final_norm", h, slow, per_layer=False)
-    seq.append(_gemm("lm_head", "lm_head", h, s.vocab, dt, per_layer=False))
-    seq.append(
-        _traffic("argmax", "argmax", float(e * m.vocab_size), per_layer=False, decode_only=True)
-    )
-    return {"head": head, "layer": layer, "tail": [], "seq": seq}
 
 
 # --------------------------------------------------------------------------- pricing
@@ -424,7 +180,9 @@ _NUMERIC = (
 )
 
 
-def _frame_of(tpls: Sequence[_Tpl], x: np.ndarray, dtype: str) -> pd.DataFrame:
+def _frame_of(
+    tpls: Sequence[OpTemplate], x: np.ndarray, dtype: str, strided_scale: float = 1.0
+) -> pd.DataFrame:
     """An ops frame with every template at every x (template-major rows)."""
     n, k = len(x), len(tpls)
     num = {c: np.full(k * n, np.nan) for c in _NUMERIC}
@@ -433,7 +191,7 @@ def _frame_of(tpls: Sequence[_Tpl], x: np.ndarray, dtype: str) -> pd.DataFrame:
     for idx, t in enumerate(tpls):
         sl = slice(idx * n, (idx + 1) * n)
         op[sl] = t.op
-        for c, v in t.fields(x).items():
+        for c, v in t.fields_at(x, strided_scale).items():
             if c == "dtype":
                 dt[sl] = v
             elif v is not None:
@@ -451,6 +209,7 @@ class _Pricer:
     cost_model: Any
     launch_s: dict[str, float]
     dtype: str
+    strided_scale: float = 1.0  # bytes multiplier of strided eager kernels
 
     def __post_init__(self) -> None:
         self.analytical = getattr(self.cost_model, "base", self.cost_model)
@@ -465,29 +224,21 @@ class _Pricer:
             ta = np.asarray(self.analytical.predict_many(frame, validated=True), dtype=float)
         return t * np.maximum(ta - launch, 0.0) / np.maximum(ta, 1e-30)
 
-    def templates(self, tpls: Sequence[_Tpl], x: np.ndarray) -> np.ndarray:
+    def templates(self, tpls: Sequence[OpTemplate], x: np.ndarray) -> np.ndarray:
         """[len(tpls), len(x)] seconds of work per template instance (MoE: x active)."""
         real = [t for t in tpls if t.op]
         out = np.zeros((len(tpls), len(x)))
         if not real:
             return out
-        frame = _frame_of(real, x, self.dtype)
+        frame = _frame_of(real, x, self.dtype, self.strided_scale)
         launch = np.repeat([self.launch_s[t.launch] for t in real], len(x))
         w = self.work(frame, launch).reshape(len(real), len(x))
         j = 0
         for i, t in enumerate(tpls):
             if not t.op:
                 continue
-            out[i] = w[j] * (t.mult(x) if t.mult is not None else 1.0)
+            out[i] = w[j] * t.instances_at(x)
             j += 1
-        return out
-
-    def instances(self, tpls: Sequence[_Tpl], x: np.ndarray) -> np.ndarray:
-        """Kernel instances per template at x (for the per-kernel floors)."""
-        out = np.zeros((len(tpls), len(x)))
-        for i, t in enumerate(tpls):
-            if t.op and t.launch != "coll":
-                out[i] = t.mult(x) if t.mult is not None else 1.0
         return out
 
 
@@ -678,18 +429,17 @@ class StepModel:
         )
         params = getattr(getattr(cost_model, "base", cost_model), "params", None)
         self._launch = _launch_costs(params, self.attn_backend)
-        self._slow = _strided_scale(params)
         self.label = getattr(cost_model, "label", type(cost_model).__name__)
         self._check_weights_fit()
-        tpls = (
-            _eager_templates(self.shape, self._slow)
-            if engine == "pytorch-eager"
-            else _vllm_templates(self.shape)
-        )
+        tpls = serving_templates(
+            m, shard, engine, dtype, pp=pp, tp_nodes=self.shape.tp_nodes,
+            pp_nodes=self.shape.pp_nodes,
+        )  # fmt: skip
         self._tpls = tpls
         self._layer_tpls = tpls["head"] + tpls["layer"] + tpls["tail"]
-        self._attn_pos = len(tpls["head"]) + tpls["layer"].index(ATTN)
-        self._pricer = _Pricer(cost_model, self._launch, dtype)
+        attn = next(i for i, t in enumerate(tpls["layer"]) if t.is_attention)
+        self._attn_pos = len(tpls["head"]) + attn
+        self._pricer = _Pricer(cost_model, self._launch, dtype, _strided_scale(params))
         self._grids = self._build_grids()
         dec_only = np.array([t.decode_only for t in tpls["seq"]], dtype=bool)
         self._seq_keep, self._seq_keep_dec = ~dec_only, np.ones(len(dec_only), dtype=bool)
@@ -697,7 +447,7 @@ class StepModel:
         self._per_seq = self._per_step(tpls["seq"])
 
     # --- construction ----------------------------------------------------------------
-    def _per_step(self, tpls: Sequence[_Tpl]) -> np.ndarray:
+    def _per_step(self, tpls: Sequence[OpTemplate]) -> np.ndarray:
         layers = self.model.num_layers
         return np.array([t.count * (layers if t.per_layer else 1) for t in tpls], dtype=float)
 
@@ -708,10 +458,10 @@ class StepModel:
             return {"graph": GRAPH_KERNEL_FLOOR_S, "stream": STREAM_KERNEL_FLOOR_S}
         return {"graph": GRAPH_KERNEL_FLOOR_S}
 
-    def _price(self, tpls: Sequence[_Tpl], x: np.ndarray) -> dict[str, np.ndarray]:
+    def _price(self, tpls: Sequence[OpTemplate], x: np.ndarray) -> dict[str, np.ndarray]:
         """Per-instance seconds of each template at x, for each launch context."""
         work = self._pricer.templates(tpls, x)
-        inst = self._pricer.instances(tpls, x)
+        inst = total_instances(tpls, x)
         return {ctx: work + floor * inst for ctx, floor in self._contexts().items()}
 
     def _build_grids(self) -> _Grids:

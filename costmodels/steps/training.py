@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,22 +32,15 @@ from costmodels.ops.analytical import AnalyticalCostModel
 from costmodels.ops.learned import LearnedCostModel
 from hardware_specs.registry import System
 from hardware_specs.schema import DTYPE_BYTES, Dtype
-from workloads.layers import (
-    LayerOp,
-    layer_backward_ops,
-    layer_forward_ops,
-    model_step_ops,
-    params_per_tp_rank,
-)
+from workloads.decompose import LayerOp, op_groups, params_per_tp_rank
+from workloads.decompose.training import ATTENTION, Framework
 from workloads.models import ModelConfig
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, Op, OpKind, normalise_frame
 from workloads.plan import TrainPlan
 
 CostModel = AnalyticalCostModel | LearnedCostModel
-Framework = Literal["megatron", "megatron-unfused", "pytorch"]
 
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
-ATTENTION = {"attn_fwd", "attn_bwd", "attn_fwdbwd"}
 # Fraction of a TP collective hidden behind the GEMMs it is chunked with (Megatron's
 # --tp-comm-overlap, Wang et al. 2022 "Overlap communication with dependent computation"):
 # pipelined chunks leave the first and last chunk exposed, about a quarter at 4 chunks.
@@ -133,49 +126,6 @@ def _sum_phase(
     return Phase(compute_s=compute, tp_comm_s=tp, by_op_s=by_op)
 
 
-def op_groups(
-    model: ModelConfig, plan: TrainPlan, attn_backend: str = "", framework: Framework = "megatron"
-) -> list[list[LayerOp]]:
-    """The ops of one micro-batch on one rank, unpriced, in six groups: layer forward,
-    layer backward, first-stage forward / backward, last-stage forward / backward.
-    Attention ops are those of the full sequence under context parallelism (the caller
-    scales them by 1/cp). Shared by :func:`step_costs` and the batched plan search."""
-    tp, cp, mb = plan.tp, plan.cp, plan.micro_batch
-    seq_local = plan.seq_len // cp
-    dtype = plan.compute_dtype
-    args = dict(tp=tp, sequence_parallel=plan.sp, dtype=dtype, attn_backend=attn_backend)
-    fwd = layer_forward_ops(model, mb, seq_local, **args)
-    bwd = layer_backward_ops(model, mb, seq_local, **args)
-    # Causal attention of the local queries against the whole sequence, balanced over cp
-    # ranks: 1/cp of the full causal attention (priced at full length, then scaled).
-    if cp > 1:
-        full_f = {o.name: o for o in layer_forward_ops(model, mb, plan.seq_len, **args)}
-        full_b = {o.name: o for o in layer_backward_ops(model, mb, plan.seq_len, **args)}
-        fwd = [full_f[o.name] if o.op.op.value in ATTENTION else o for o in fwd]
-        bwd = [full_b[o.name] if o.op.op.value in ATTENTION else o for o in bwd]
-    stage_args = dict(tp=tp, sequence_parallel=plan.sp, dtype=dtype)
-    first_f = model_step_ops(model, mb, seq_local, phase="forward", stage="first", **stage_args)
-    first_b = model_step_ops(model, mb, seq_local, phase="backward", stage="first", **stage_args)
-    last_f = model_step_ops(model, mb, seq_local, phase="forward", stage="last", **stage_args)
-    last_b = model_step_ops(model, mb, seq_local, phase="backward", stage="last", **stage_args)
-    if framework == "pytorch":
-        extra = eager_extra_ops(model, plan)
-        fwd, bwd = fwd + extra["layer_fwd"], bwd + extra["layer_bwd"]
-        first_f, first_b = first_f + extra["first_fwd"], first_b + extra["first_bwd"]
-        last_f, last_b = last_f + extra["last_fwd"], last_b + extra["last_bwd"]
-    elif framework == "megatron-unfused":
-        if cp > 1:
-            raise ValueError("framework megatron-unfused does not model context parallelism")
-        fwd, bwd = _unfused_attention(model, plan, fwd, bwd)
-    elif framework != "megatron":
-        raise ValueError(
-            f"unknown framework {framework!r}; allowed: megatron, megatron-unfused, pytorch"
-        )
-    if plan.compute_dtype == "fp8":
-        fwd, bwd = fwd + _fp8_casts(model, plan, "fwd"), bwd + _fp8_casts(model, plan, "bwd")
-    return [fwd, bwd, first_f, first_b, last_f, last_b]
-
-
 def step_costs(
     model: ModelConfig,
     plan: TrainPlan,
@@ -186,11 +136,9 @@ def step_costs(
 ) -> StepCosts:
     """Price one micro-batch of ``plan`` on one rank (see the module docstring).
 
-    ``framework``: ``megatron`` prices fused kernels (the layer ops as they are);
-    ``megatron-unfused`` replaces the flash kernel by Megatron-LM's pre-FlashAttention
-    core attention (see :func:`_unfused_attention`); ``pytorch`` adds the extra memory
-    traffic of a plain eager PyTorch model under
-    autocast (see :func:`eager_extra_ops`)."""
+    ``framework``: the engine whose ops :func:`workloads.decompose.op_groups` lists
+    (``megatron`` fused kernels, ``megatron-unfused`` pre-FlashAttention core attention,
+    ``pytorch`` eager PyTorch under autocast)."""
     gpn = system.node.gpus_per_node
     tp, cp, mb = plan.tp, plan.cp, plan.micro_batch
     seq_local = plan.seq_len // cp
@@ -394,136 +342,3 @@ def _ep_comm(
         return 0.0, 0.0
     one = _collective_s(cost_model, c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
     return 2.0 * one, 2.0 * one
-
-
-def _traffic(name: str, traffic_bytes: float, kernels: int = 1) -> LayerOp:
-    """Memory-bound eager kernels as ``copy`` ops: a copy of b bytes moves 2b."""
-    per = max(1, int(traffic_bytes / (2 * kernels)))
-    return LayerOp(name, Op(op=OpKind.copy, dtype=Dtype.bf16, bytes=per), count=kernels)
-
-
-# Backward traffic of the eager pointwise ops relative to their forward: each autograd
-# node reads the incoming gradient and its saved inputs and writes the input gradient(s).
-EAGER_BACKWARD_RATIO = 2.0
-
-
-def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[LayerOp]]:
-    """Extra HBM traffic of a plain eager PyTorch Llama under ``torch.autocast(bf16)``
-    with fp32 parameters (calibrate/steps/train_step.py), beyond the fused kernels the
-    layer ops price. Derived from the tensors each eager kernel reads and writes:
-
-    - the residual stream stays fp32 (fp32 embedding, RMSNorm computes in fp32), X = 4Th;
-    - RMSNorm as pow, mean, two muls (7X instead of a fused X);
-    - autocast casts every Linear's input to bf16 (q, k, v, gate, up: 1.5X each) and
-      every weight fp32 -> bf16 once per forward (6 bytes per parameter), and the bf16
-      weight gradients back to fp32 (6 bytes per parameter) in backward;
-    - RoPE as mul, neg, cat, mul, add, cast with fp32 cos/sin (18 bytes per bf16 element
-      instead of 2 fused); the attention output transpose is a copy; SiLU and the gate
-      multiply are two kernels (5 instead of 3 tensors); fp32 + bf16 residual adds;
-    - cross-entropy upcasts the bf16 logits to fp32, log-softmax, NLL and their
-      backward (18 logits-sized bf16 traffic units instead of 6 fused);
-    - the fp32 embedding's backward zero-fills and scatters a vocab x hidden gradient.
-    """
-    tp = plan.tp
-    t = plan.micro_batch * plan.seq_len // plan.cp
-    h = model.hidden_size
-    x = 4.0 * t * h
-    q = 2.0 * t * model.num_heads * model.head_dim / tp
-    k = 2.0 * t * max(1, model.num_kv_heads // tp) * model.head_dim
-    f = 2.0 * t * model.ffn_hidden_size / tp
-    casts = 3 + (2 if model.activation == "swiglu" else 1)
-    layer_params = params_per_tp_rank(model, tp)["layer"]
-    shard = plan.data_parallel * plan.cp if plan.zero == 3 else 1
-    fwd = [
-        _traffic("eager_rmsnorm", 2 * 6.0 * x, 8),
-        _traffic("eager_input_casts", casts * 1.5 * x, casts),
-        _traffic("eager_rope", 16.0 * (q + k), 10),
-        _traffic("eager_attn_out_copy", 2.0 * q),
-        _traffic("eager_residual_fp32", 2.0 * x, 2),
-        _traffic("eager_silu_mul", 2.0 * f, 1),
-        # FSDP with bf16 MixedPrecision casts only its shard before the all-gather
-        _traffic("eager_weight_cast", 6.0 * layer_params / shard, 7),
-    ]
-    bwd = [
-        _traffic(o.name + "_bwd", 2 * o.op.bytes * o.count * EAGER_BACKWARD_RATIO, o.count)
-        for o in fwd
-        if o.name != "eager_weight_cast"
-    ]
-    bwd.append(_traffic("eager_wgrad_cast", 6.0 * layer_params, 7))
-    vocab = -(-model.vocab_size // tp)
-    logits = 2.0 * t * vocab
-    head = params_per_tp_rank(model, tp)["lm_head"]
-    return {
-        "layer_fwd": fwd,
-        "layer_bwd": bwd,
-        "first_fwd": [],
-        "first_bwd": [_traffic("eager_embedding_grad", 2.0 * 4.0 * vocab * h, 2)],
-        "last_fwd": [
-            _traffic("eager_final_norm", 6.0 * x + 1.5 * x, 6),
-            _traffic("eager_lm_head_weight_cast", 6.0 * head / shard),
-            _traffic("eager_cross_entropy", 7.0 * logits - 3.0 * logits, 2),
-        ],
-        "last_bwd": [
-            _traffic("eager_final_norm_bwd", (6.0 * x + 1.5 * x) * EAGER_BACKWARD_RATIO, 6),
-            _traffic("eager_lm_head_wgrad_cast", 6.0 * head),
-            _traffic("eager_cross_entropy_bwd", 11.0 * logits - 3.0 * logits, 3),
-        ],
-    }
-
-
-# Attention dropout probability of the Megatron-LM GPT runs (Korthikanti et al. 2022 sec. 4).
-ATTENTION_DROPOUT = 0.1
-
-
-def _unfused_attention(
-    model: ModelConfig, plan: TrainPlan, fwd: list[LayerOp], bwd: list[LayerOp]
-) -> tuple[list[LayerOp], list[LayerOp]]:
-    """Megatron-LM's core attention before FlashAttention (Korthikanti et al. 2022, fig. 4
-    and eq. 1's 5as^2b term): batched Q K^T over the whole s x s square (no causal
-    skipping), the fused scale-mask-softmax, dropout with a byte mask, and the batched
-    scores x V; the backward runs two GEMMs per forward GEMM, the softmax backward and
-    the dropout backward. The s x s tensors are the cost the flash kernel removes."""
-    b, s = plan.micro_batch, plan.seq_len
-    heads = model.num_heads // plan.tp
-    d = model.head_dim
-    dt = Dtype(plan.activation_dtype)
-    bh = b * heads
-    elems = bh * s * s
-
-    def gemm(name: str, m: int, n: int, k: int) -> LayerOp:
-        return LayerOp(name, Op(op=OpKind.gemm, dtype=dt, m=m, n=n, k=k, batch=bh))
-
-    softmax = Op(op=OpKind.softmax, dtype=dt, m=bh * s, n=s)
-    softmax_bwd = Op(op=OpKind.softmax, dtype=dt, m=bh * s * 3 // 2, n=s)
-    # dropout forward: read scores, write output and a 1-byte mask (5 bytes per element
-    # in fp16); backward: read the gradient and the mask, write the gradient (5 bytes).
-    drop = _traffic("attn_dropout", 5.0 * elems) if ATTENTION_DROPOUT else None
-    drop_b = _traffic("attn_dropout_bwd", 5.0 * elems) if ATTENTION_DROPOUT else None
-    core_f = [gemm("attn_scores", s, s, d), LayerOp("attn_softmax", softmax)]
-    core_f += [drop] if drop else []
-    core_f += [gemm("attn_context", s, d, s)]
-    core_b = [gemm("attn_context_dgrad", s, s, d), gemm("attn_context_vgrad", s, d, s)]
-    core_b += [drop_b] if drop_b else []
-    core_b += [LayerOp("attn_softmax_bwd", softmax_bwd)]
-    core_b += [gemm("attn_scores_qgrad", s, d, s), gemm("attn_scores_kgrad", s, d, s)]
-    out_f = [x for o in fwd for x in (core_f if o.op.op.value in ATTENTION else [o])]
-    out_b = [x for o in bwd for x in (core_b if o.op.op.value in ATTENTION else [o])]
-    return out_f, out_b
-
-
-def _fp8_casts(model: ModelConfig, plan: TrainPlan, phase: str) -> list[LayerOp]:
-    """FP8 GEMMs need their operands quantised (Micikevicius et al. 2022, "FP8 formats for
-    deep learning"; Transformer Engine): each GEMM input is read in bf16 and written in
-    fp8 plus, on Hopper, a transposed fp8 copy for the other GEMMs of the backward (4
-    bytes of traffic per element). Forward: the inputs of QKV, output, up and down
-    projections; backward: the gradients of their outputs. Weights are cast once per
-    iteration (negligible next to activations at training batch sizes)."""
-    tp = plan.tp
-    t = plan.micro_batch * plan.seq_len // plan.cp
-    h = model.hidden_size
-    q = model.num_heads * model.head_dim / tp
-    kv = max(1, model.num_kv_heads // tp) * model.head_dim
-    f = model.ffn_hidden_size / tp * (2 if model.activation == "swiglu" else 1)
-    fwd_widths = [h, q, h, model.ffn_hidden_size / tp]
-    widths = fwd_widths if phase == "fwd" else [q + 2 * kv, h, f, h]
-    return [_traffic(f"fp8_cast_{phase}", 4.0 * t * sum(widths), len(widths))]

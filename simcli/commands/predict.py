@@ -383,7 +383,7 @@ def layer(
 ) -> None:
     """Every op of one transformer layer on one TP rank, priced; the sum times the layers."""
     with user_errors():
-        from workloads.layers import layer_backward_ops, layer_forward_ops
+        from workloads.decompose import layer_backward_ops, layer_forward_ops
         from workloads.models import load_model
 
         if phase not in ("fwd", "bwd", "fwdbwd"):

@@ -67,7 +67,7 @@ from costmodels.steps.training import Phase, StepCosts, _cp_comm, recompute_phas
 from hardware_specs.registry import builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from simcli.training.simulator import simulate_iteration
-from workloads.layers import tp_shard
+from workloads.decompose import tp_shard
 from workloads.models import ModelConfig
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, Op, OpKind, normalise_frame
 from workloads.plan import TrainPlan, make_plan

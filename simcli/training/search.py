@@ -62,7 +62,7 @@ from hardware_specs.prices import gpu_price, gpu_prices
 from hardware_specs.registry import Catalog, System, builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from simcli.training.simulator import _dependency, interference, schedule, simulate_iteration
-from workloads.layers import (
+from workloads.decompose import (
     optimizer_ops,
     valid_tp_degrees,
 )

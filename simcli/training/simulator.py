@@ -39,7 +39,7 @@ from costmodels.steps.training import (
 )
 from hardware_specs.registry import Catalog, System, builtin_catalog
 from hardware_specs.schema import Dtype
-from workloads.layers import optimizer_ops
+from workloads.decompose import optimizer_ops
 from workloads.models import ModelConfig
 from workloads.plan import PlanError, TrainPlan, check_plan
 

@@ -78,7 +78,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from costmodels.steps.training import CostModel, model_flops
 from hardware_specs.schema import Dtype
-from workloads.layers import (
+from workloads.decompose import (
     layer_backward_ops,
     layer_forward_ops,
     model_step_ops,

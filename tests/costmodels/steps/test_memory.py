@@ -19,7 +19,7 @@ from costmodels.steps.memory import (
 )
 from hardware_specs.registry import get_gpu
 from hardware_specs.schema import GIB
-from workloads.layers import params_per_tp_rank, valid_tp_degrees
+from workloads.decompose import params_per_tp_rank, valid_tp_degrees
 from workloads.models import get_model, model_from_dict
 from workloads.plan import PlanError, make_plan
 
@@ -454,7 +454,7 @@ def test_properties(f):
 
 
 def test_param_shards_match_workloads():
-    """The vectorised per-rank parameter counts are those of workloads.layers."""
+    """The vectorised per-rank parameter counts are those of workloads.decompose."""
     from costmodels.steps.memory import _shard
 
     for model in (get_model("llama3-8b"), get_model("mixtral-8x7b"), ODD, get_model("gpt3-175b")):

@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardware_specs.schema import DTYPE_BYTES
-from workloads.flops import op_flops, total_flops
-from workloads.layers import (
+from workloads.decompose import (
     LayerOp,
     decode_step_ops,
     layer_backward_ops,
@@ -21,6 +20,7 @@ from workloads.layers import (
     tp_shard,
     valid_tp_degrees,
 )
+from workloads.flops import op_flops, total_flops
 from workloads.models import ModelError, get_model, list_models
 from workloads.ops import COLLECTIVE_KINDS, Op, OpKind, ops_frame
 

@@ -1,0 +1,263 @@
+"""One transformer layer as op templates, per engine kernel style, and the expansion of its
+tensor-parallel regions into collectives.
+
+Tensor parallelism follows Megatron-LM (Shoeybi et al. 2019, sec. 3; sequence parallelism
+from Korthikanti et al. 2022): Q/K/V and the MLP up (fused gate+up for SwiGLU) projections
+are column-parallel, the attention output and MLP down projections row-parallel, heads
+split across ranks. Each block is wrapped in Megatron's conjugate operators: *enter*
+(``f``: identity forward, all-reduce of the input gradient backward) and *exit* (``g``:
+all-reduce forward, identity backward). With sequence parallelism they become all-gather /
+reduce-scatter pairs (enter: all-gather forward, reduce-scatter backward; exit:
+reduce-scatter forward, all-gather backward) and norms and residual adds run on
+``tokens / tp`` tokens. Serving engines run plain TP: the exits are vLLM's all-reduces.
+
+Collective ``bytes`` is the size of the full (unsharded) tensor, ``tokens * hidden *
+dtype_bytes``, for all-reduce, all-gather (output size) and reduce-scatter (input size),
+the nccl-tests convention; ``ranks = tp``; none when ``tp == 1``.
+
+Simplifications: biases are fused into their GEMMs; dropout is not modelled (Llama-style
+pre-training runs without it); MoE routing is perfectly balanced (the ``tokens * top_k``
+assignments spread evenly over ``min(num_experts, tokens * top_k)`` experts, rows rounded
+up); sliding-window attention is a sparsity pattern, priced elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hardware_specs.schema import DTYPE_BYTES, Dtype
+from workloads.decompose.engines import LayerKernels
+from workloads.decompose.shard import TPShard
+from workloads.decompose.templates import (
+    OpTemplate,
+    attention,
+    collective,
+    elementwise,
+    gemm,
+    region,
+    rows_gemm,
+    sharded_elementwise,
+    traffic,
+)
+from workloads.models import ModelConfig
+from workloads.ops import OpKind
+
+
+def norm_kind(model: ModelConfig) -> str:
+    return "rmsnorm" if model.norm == "rmsnorm" else "layernorm"
+
+
+def moe_active(model: ModelConfig):
+    """Active experts as a function of tokens, under balanced routing."""
+    k, ne = model.experts_per_token, model.num_experts
+    return lambda x: np.minimum(ne, x * k).astype(float)
+
+
+def moe_rows(model: ModelConfig):
+    """Tokens per active expert as a function of tokens (rounded up)."""
+    k, ne = model.experts_per_token, model.num_experts
+    return lambda x: np.ceil(x * k / np.minimum(ne, x * k)).astype(np.int64)
+
+
+def rms_eager(tag: str, label: str, h: int, per_layer: bool = True) -> list[OpTemplate]:
+    """``(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).to(bf16) * w``: 8 kernels
+    (bytes per token read + written; the strided ones broadcast a [T, 1] scale or the
+    weight, or cast)."""
+    kw = {"per_layer": per_layer, "label": label}
+    return [
+        traffic(f"{tag}_float", 6.0 * h, strided=True, **kw),  # bf16 -> fp32 cast
+        traffic(f"{tag}_pow", 8.0 * h, **kw),
+        traffic(f"{tag}_mean", 4.0 * h, **kw),
+        traffic(f"{tag}_eps", 8.0, **kw),
+        traffic(f"{tag}_rsqrt", 8.0, **kw),
+        traffic(f"{tag}_mul", 8.0 * h, strided=True, **kw),
+        traffic(f"{tag}_to", 6.0 * h, **kw),
+        traffic(f"{tag}_weight", 4.0 * h, strided=True, **kw),
+    ]
+
+
+def _rope_eager(tag: str, width: int) -> list[OpTemplate]:
+    """``(x * cos + cat(-x2, x1) * sin).to(bf16)`` with fp32 cos/sin on a strided view of
+    the QKV output: 6 kernels, bytes per rotated element read + written."""
+    return [
+        traffic(f"{tag}_cos", 6.0 * width, "rope", strided=True),  # bf16 x fp32 -> fp32
+        traffic(f"{tag}_neg", 2.0 * width, "rope", strided=True),  # half the elements
+        traffic(f"{tag}_cat", 4.0 * width, "rope", strided=True),
+        traffic(f"{tag}_sin", 6.0 * width, "rope", strided=True),
+        traffic(f"{tag}_add", 12.0 * width, "rope", strided=True),  # fp32 + fp32 -> fp32
+        traffic(f"{tag}_to", 6.0 * width, "rope"),  # fp32 -> bf16
+    ]
+
+
+def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> list[OpTemplate]:
+    """The MLP (dense or MoE) between its region markers."""
+    h, e = model.hidden_size, DTYPE_BYTES[Dtype(dtype)]
+    gated = model.activation == "swiglu"
+    up = 2 if gated else 1  # gate and up fused into one column-parallel GEMM
+    act_kind = OpKind.swiglu.value if gated else OpKind.gelu.value
+    fused = kernels == "fused"
+    if not model.is_moe:
+        out = [gemm("mlp_up", h, up * sh.ffn, dtype, regather=fused)]
+        if kernels == "eager":  # F.silu on the strided gate half, then * the up half
+            out += [
+                traffic("silu", 2.0 * e * sh.ffn, "silu_mul", strided=True),
+                traffic("silu_mul", 3.0 * e * sh.ffn, "silu_mul", strided=True),
+            ]
+        elif kernels == "vllm" and gated:  # silu_and_mul reads gate and up, writes one
+            out.append(traffic("act", 3.0 * sh.ffn * e))
+        else:
+            name = "act" if kernels == "vllm" else model.activation
+            out.append(elementwise(name, act_kind, sh.ffn, dtype))
+        return out + [gemm("mlp_down", sh.ffn, h, dtype)]
+    k, ne, f = model.experts_per_token, model.num_experts, sh.expert_ffn
+    active, rows = moe_active(model), moe_rows(model)
+    if kernels == "vllm":  # fused_moe's activation: 3 f elements per routed token
+        act = OpTemplate(
+            "expert_act",
+            "expert_act",
+            "copy",
+            lambda x: {"bytes": np.maximum(1, rows(x) * 3 * f * e // 2)},
+            mult=active,
+        )
+    else:
+        act = rows_ew(f"expert_{model.activation}", act_kind, rows, f, dtype, active)
+    softmax = "topk_softmax" if kernels == "vllm" else "router_softmax"
+    return [
+        gemm("router", h, ne, dtype, regather=fused),
+        elementwise(softmax, OpKind.softmax.value, ne, dtype, label="router"),
+        traffic("moe_permute", 2.0 * k * h * e),
+        rows_gemm("expert_up", rows, h, up * f, dtype, mult=active),
+        act,
+        rows_gemm("expert_down", rows, f, h, dtype, mult=active),
+        traffic("moe_unpermute", 2.0 * k * h * e, "moe_permute"),
+    ]
+
+
+def rows_ew(name: str, kind: str, rows, n: int, dtype: str, mult) -> OpTemplate:
+    """An elementwise op over ``rows(x)`` rows, ``mult(x)`` instances (MoE experts)."""
+    return OpTemplate(
+        name, name, kind, lambda x: {"m": rows(x), "n": n, "dtype": dtype}, "ew", mult=mult
+    )
+
+
+def layer_templates(
+    model: ModelConfig,
+    sh: TPShard,
+    dtype: str,
+    kernels: LayerKernels,
+    sequence_parallel: bool = False,
+    serving: bool = False,
+) -> list[OpTemplate]:
+    """Forward templates of one layer on one TP rank, in execution order, ``x`` = tokens.
+
+    ``kernels``: ``fused`` (Megatron/TE: norm, residual add, RoPE, activation as one
+    kernel each), ``vllm`` (fused residual-add + norm reading and writing both tensors,
+    in-place rotary, ``silu_and_mul``) or ``eager`` (PyTorch's kernels one by one).
+    ``serving`` adds the KV-cache write. Region markers stand where Megatron's f/g
+    operators are (:func:`expand_regions`)."""
+    h, d, e = model.hidden_size, model.head_dim, DTYPE_BYTES[Dtype(dtype)]
+    nk = norm_kind(model)
+    qkv = (sh.heads + 2 * sh.kv_heads) * d
+    sp = sequence_parallel and sh.tp > 1
+
+    def norm(name: str) -> OpTemplate:
+        if sp:
+            return sharded_elementwise(name, nk, h, dtype, sh.tp)
+        return elementwise(name, nk, h, dtype)
+
+    def residual(name: str) -> list[OpTemplate]:
+        if kernels == "vllm":
+            return []  # fused into the next norm (fused_add_rms_norm)
+        if kernels == "eager":
+            return [traffic(name, 3.0 * e * h, "residual_add")]
+        if sp:
+            return [sharded_elementwise(name, OpKind.residual_add.value, h, dtype, sh.tp)]
+        return [elementwise(name, OpKind.residual_add.value, h, dtype)]
+
+    if kernels == "vllm":  # reads input and residual, writes both: twice a norm's traffic
+        pre_attn = [elementwise("input_norm", nk, h, dtype, rows=2.0, label="norm")]
+        pre_mlp = [elementwise("post_attn_norm", nk, h, dtype, rows=2.0, label="norm")]
+    elif kernels == "eager":
+        pre_attn, pre_mlp = rms_eager("rms1", "rmsnorm", h), rms_eager("rms2", "rmsnorm", h)
+    else:
+        pre_attn, pre_mlp = [norm(f"{model.norm}_1")], [norm(f"{model.norm}_2")]
+
+    out = [*pre_attn, region("attn", "enter")]
+    out.append(gemm("qkv_proj", h, qkv, dtype, regather=kernels == "fused"))
+    if model.position == "rope":
+        if kernels == "eager":
+            out += _rope_eager("rope_q", sh.heads * d) + _rope_eager("rope_k", sh.kv_heads * d)
+        elif kernels == "vllm":  # rotary_embedding rotates q and k in place
+            out.append(traffic("rope", 2.0 * (sh.heads + sh.kv_heads) * d * e))
+        else:
+            out.append(elementwise("rope", OpKind.rope.value, (sh.heads + sh.kv_heads) * d, dtype))
+    if serving:
+        if kernels == "eager":  # cache[..., start:start+s].copy_(k) and (v): strided
+            kv = 2.0 * e * sh.kv_heads * d
+            out += [
+                traffic("cache_k", kv, "kv_cache_write", strided=True),
+                traffic("cache_v", kv, "kv_cache_write", strided=True),
+            ]
+        else:  # reshape_and_cache_flash: reads k and v, writes them into the paged cache
+            out.append(traffic("kv_cache_write", 2.0 * 2 * sh.kv_heads * d * e))
+    out += [attention(), gemm("o_proj", sh.heads * d, h, dtype), region("attn", "exit")]
+    out += residual("residual_1")
+    out += [*pre_mlp, region("mlp", "enter")]
+    out += _mlp(model, sh, dtype, kernels)
+    out.append(region("mlp", "exit"))
+    out += residual("residual_2")
+    return out
+
+
+def region_collective(
+    step: OpTemplate,
+    tp: int,
+    sequence_parallel: bool,
+    backward: bool,
+    bytes_per_token: float,
+    dtype: str,
+    nodes: int = 1,
+    per_layer: bool = True,
+) -> list[OpTemplate]:
+    """The collective of a region boundary (Megatron's f/g operators), or nothing."""
+    if tp == 1:
+        return []
+    suffix = "_bwd" if backward else ""
+    enter = step.region == "enter"
+    if sequence_parallel:
+        # enter: all-gather fwd / reduce-scatter bwd; exit: reduce-scatter fwd / all-gather bwd
+        gather = enter != backward
+        kind = OpKind.all_gather if gather else OpKind.reduce_scatter
+        label = "allgather" if gather else "reducescatter"
+    else:
+        # enter: nothing fwd / all-reduce bwd; exit: all-reduce fwd / nothing bwd
+        if enter != backward:
+            return []
+        kind, label = OpKind.all_reduce, "allreduce"
+    name = f"tp_{label}_{step.name}{suffix}"
+    return [
+        collective(
+            name, kind.value, bytes_per_token, tp, dtype, nodes, f"tp_{label}", per_layer=per_layer
+        )
+    ]
+
+
+def expand_forward(
+    steps: list[OpTemplate],
+    tp: int,
+    sequence_parallel: bool,
+    bytes_per_token: float,
+    dtype: str,
+    nodes: int = 1,
+    per_layer: bool = True,
+) -> list[OpTemplate]:
+    """Forward templates with the region markers replaced by their collectives."""
+    out: list[OpTemplate] = []
+    for step in steps:
+        if step.region:
+            out += region_collective(
+                step, tp, sequence_parallel, False, bytes_per_token, dtype, nodes, per_layer
+            )
+        else:
+            out.append(step)
+    return out

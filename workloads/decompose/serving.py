@@ -1,0 +1,189 @@
+"""A serving-engine iteration on one TP rank as op templates: the embedding (``head``), the
+layer, what follows the layers (``tail``: final norm, pipeline sends) as functions of the
+step's tokens, and the per-sequence ops (``seq``: LM head on each sequence's last token,
+logits gather, sampler) as functions of its sequences.
+
+The layer is :func:`workloads.decompose.layer.layer_templates` with the engine's kernels
+(``vllm`` or ``pytorch-eager``) and the KV-cache write; its TP regions become vLLM's
+all-reduces (plain TP, no sequence parallelism). The step model prices these templates on
+grids (:mod:`costmodels.steps.serving`); :func:`prefill_ops` and :func:`decode_step_ops`
+evaluate them at one size for inspection and tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hardware_specs.schema import DTYPE_BYTES, Dtype
+from workloads.decompose.engines import get_engine
+from workloads.decompose.layer import expand_forward, layer_templates, norm_kind, rms_eager
+from workloads.decompose.shard import TPShard, positive_int, tp_shard
+from workloads.decompose.templates import (
+    LayerOp,
+    OpTemplate,
+    collective,
+    elementwise,
+    gemm,
+    region,
+    traffic,
+)
+from workloads.decompose.training import check_backend
+from workloads.models import ModelConfig, ModelError
+from workloads.ops import Op, OpKind
+
+Templates = dict[str, list[OpTemplate]]
+
+
+def serving_templates(
+    model: ModelConfig,
+    shard: TPShard,
+    engine: str = "vllm",
+    dtype: str = "bf16",
+    *,
+    pp: int = 1,
+    tp_nodes: int = 1,
+    pp_nodes: int = 1,
+) -> Templates:
+    """``head``, ``layer``, ``tail`` (x = tokens) and ``seq`` (x = sequences) templates of
+    one iteration of ``engine`` on one TP rank, in execution order."""
+    kernels = get_engine(engine, "serve").kernels["serve"]
+    tp, h = shard.tp, model.hidden_size
+    e = DTYPE_BYTES[Dtype(dtype)]
+    layer = expand_forward(
+        layer_templates(model, shard, dtype, kernels, serving=True), tp, False, h * e, dtype,
+        tp_nodes,
+    )  # fmt: skip
+    lm_head = gemm("lm_head", h, shard.vocab, dtype, per_layer=False)
+    if kernels == "eager":
+        # final norm and LM head on the last token of each sequence (x[:, -1]); decode adds
+        # a greedy argmax that reads the logits once
+        argmax = traffic(
+            "argmax", float(e * model.vocab_size), per_layer=False, decode_only=True
+        )
+        return {
+            "head": [traffic("embedding", 2.0 * e * h, per_layer=False)],
+            "layer": layer,
+            "tail": [],
+            "seq": [*rms_eager("final", "final_norm", h, per_layer=False), lm_head, argmax],
+        }
+    head = [elementwise("embedding", OpKind.embedding.value, h, dtype, per_layer=False)]
+    if model.position == "learned":
+        head.append(
+            elementwise(
+                "pos_embedding", OpKind.embedding.value, h, dtype, label="embedding",
+                per_layer=False,
+            )  # fmt: skip
+        )
+    head.append(region("embedding", "exit"))  # VocabParallelEmbedding sums the partials
+    tail = [elementwise("final_norm", norm_kind(model), h, dtype, rows=2.0, per_layer=False)]
+    if pp > 1:  # IntermediateTensors: hidden states and residual go to the next stage
+        tail.append(
+            collective(
+                "pp_send_recv", "send_recv", 2.0 * h * e, 2, dtype, pp_nodes, per_layer=False,
+                count=pp - 1,
+            )  # fmt: skip
+        )
+    seq = [lm_head]
+    if tp > 1:  # logits gathered to the driver rank
+        seq.append(
+            collective(
+                "tp_gather_logits", "all_gather", shard.vocab * tp * e, tp, dtype, tp_nodes,
+                per_layer=False,
+            )  # fmt: skip
+        )
+    seq.append(
+        elementwise("sampler", OpKind.softmax.value, model.vocab_size, dtype, per_layer=False)
+    )
+    head = expand_forward(head, tp, False, h * e, dtype, tp_nodes, per_layer=False)
+    return {"head": head, "layer": layer, "tail": tail, "seq": seq}
+
+
+def _concrete(
+    model: ModelConfig,
+    tpls: Templates,
+    tokens: int,
+    seqs: int,
+    attn: Op,
+    dtype: str,
+) -> list[LayerOp]:
+    """Every template at one size; per-layer ops carry ``count * num_layers``."""
+    out: list[LayerOp] = []
+    for part in ("head", "layer", "tail", "seq"):
+        x = seqs if part == "seq" else tokens
+        for t in tpls[part]:
+            repeat = model.num_layers if t.per_layer else 1
+            if t.is_attention:
+                out.append(LayerOp(t.name, attn, repeat))
+            else:
+                out.append(t.layer_op(x, dtype, repeat))
+    return out
+
+
+def _serving_args(
+    model: ModelConfig, batch: int, length: int, tp: int, dtype: str, name: str
+) -> tuple[TPShard, str]:
+    positive_int(batch, "batch")
+    positive_int(length, name)
+    shard = tp_shard(model, tp)
+    try:
+        dt = Dtype(dtype).value
+    except ValueError:
+        allowed = ", ".join(d.value for d in Dtype)
+        raise ModelError(f"unknown dtype {dtype!r}; allowed: {allowed}") from None
+    return shard, dt
+
+
+def prefill_ops(
+    model: ModelConfig,
+    batch: int,
+    prompt_len: int,
+    tp: int = 1,
+    dtype: Dtype | str = "bf16",
+    attn_backend: str = "",
+    engine: str = "vllm",
+) -> list[LayerOp]:
+    """A prefill step of ``engine``: the whole model's forward over ``batch`` prompts of
+    ``prompt_len`` tokens (layer ops carry ``count = num_layers``); the LM head runs on the
+    last token of each prompt only."""
+    shard, dt = _serving_args(model, batch, prompt_len, tp, str(dtype), "prompt_len")
+    check_backend(attn_backend, OpKind.attn_fwd)
+    attn = Op(
+        op=OpKind.attn_fwd, dtype=dt, batch=batch, seq_q=prompt_len, seq_kv=prompt_len,
+        heads_q=shard.heads, heads_kv=shard.kv_heads, head_dim=model.head_dim, causal=True,
+        backend=attn_backend or None,
+    )  # fmt: skip
+    tpls = serving_templates(model, shard, engine, dt)
+    return _concrete(model, tpls, batch * prompt_len, batch, attn, dt)
+
+
+def decode_step_ops(
+    model: ModelConfig,
+    batch: int,
+    context_len: int,
+    tp: int = 1,
+    dtype: Dtype | str = "bf16",
+    attn_backend: str = "",
+    engine: str = "vllm",
+) -> list[LayerOp]:
+    """One decode step of ``engine``: ``batch`` sequences each add one token attending over
+    a KV cache of ``context_len`` tokens (the new one included). GEMMs have ``m = batch``;
+    layer ops carry ``count = num_layers``."""
+    shard, dt = _serving_args(model, batch, context_len, tp, str(dtype), "context_len")
+    check_backend(attn_backend, OpKind.attn_decode)
+    attn = Op(
+        op=OpKind.attn_decode, dtype=dt, batch=batch, seq_q=1, seq_kv=context_len,
+        heads_q=shard.heads, heads_kv=shard.kv_heads, head_dim=model.head_dim,
+        backend=attn_backend or None,
+    )  # fmt: skip
+    tpls = serving_templates(model, shard, engine, dt)
+    return _concrete(model, tpls, batch, batch, attn, dt)
+
+
+def total_instances(tpls: list[OpTemplate], x: np.ndarray) -> np.ndarray:
+    """Kernel instances per template at ``x`` (attention placeholders and collectives: 0),
+    for per-kernel launch floors."""
+    out = np.zeros((len(tpls), len(x)))
+    for i, t in enumerate(tpls):
+        if t.op and t.launch != "coll":
+            out[i] = t.instances_at(x)
+    return out

@@ -1,0 +1,99 @@
+"""What one tensor-parallel rank holds of a model: heads, KV heads, FFN and vocabulary
+shards, and the parameters of each part (Megatron-LM's splits, Shoeybi et al. 2019, sec. 3;
+the vocabulary padded to a multiple of tp as Megatron pads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workloads.models import ModelConfig, ModelError
+
+
+def positive_int(value: object, what: str) -> int:
+    """``value`` if it is a positive integer, else a one-line ModelError naming ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TPShard:
+    """What one tensor-parallel rank holds of each split dimension."""
+
+    tp: int
+    heads: int
+    kv_heads: int  # 1 when tp > num_kv_heads (each KV head then lives on kv_replicas ranks)
+    kv_replicas: int  # ranks holding a copy of each KV head: tp / num_kv_heads, at least 1
+    ffn: int
+    expert_ffn: int
+    vocab: int  # ceil(vocab / tp): the vocabulary is padded to a multiple of tp
+
+
+def _tp_problem(model: ModelConfig, tp: int) -> str | None:
+    """Why ``tp`` cannot split ``model``, or None if it can."""
+    if model.num_heads % tp:
+        return f"tp={tp} does not divide num_heads={model.num_heads}"
+    kv = model.num_kv_heads
+    if kv % tp and tp % kv:
+        return (
+            f"tp={tp} neither divides num_kv_heads={kv} nor is a multiple of it "
+            "(KV heads are split, or replicated when tp > num_kv_heads)"
+        )
+    if model.ffn_hidden_size % tp:
+        return f"tp={tp} does not divide ffn_hidden_size={model.ffn_hidden_size}"
+    if model.expert_ffn_hidden_size % tp:
+        return f"tp={tp} does not divide moe_ffn_hidden_size={model.expert_ffn_hidden_size}"
+    return None
+
+
+def valid_tp_degrees(model: ModelConfig) -> list[int]:
+    """Every tensor-parallel degree that can split ``model`` (divisors of num_heads)."""
+    return [t for t in range(1, model.num_heads + 1) if _tp_problem(model, t) is None]
+
+
+def tp_shard(model: ModelConfig, tp: int) -> TPShard:
+    """Per-rank sizes for ``tp``; a bad ``tp`` raises naming the dimension and the valid tps."""
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ModelError(f"tp must be a positive integer, got {tp!r}")
+    problem = _tp_problem(model, tp)
+    if problem:
+        valid = ", ".join(str(t) for t in valid_tp_degrees(model))
+        raise ModelError(f"{problem} of {model.id}; valid tp: {valid}")
+    return TPShard(
+        tp=tp,
+        heads=model.num_heads // tp,
+        kv_heads=max(1, model.num_kv_heads // tp),
+        kv_replicas=max(1, tp // model.num_kv_heads),
+        ffn=model.ffn_hidden_size // tp,
+        expert_ffn=model.expert_ffn_hidden_size // tp,
+        vocab=-(-model.vocab_size // tp),
+    )
+
+
+def params_per_tp_rank(model: ModelConfig, tp: int) -> dict[str, int]:
+    """Parameters one tensor-parallel rank holds: ``layer`` (one layer), ``embedding``,
+    ``final_norm`` and ``lm_head`` (0 when tied).
+
+    Column-parallel weights and biases are split, row-parallel weights split and their
+    biases replicated, norms and the MoE router replicated, replicated KV heads counted on
+    every rank that holds them, the vocabulary padded to ``tp * ceil(vocab / tp)``.
+    """
+    sh = tp_shard(model, tp)
+    h, d = model.hidden_size, model.head_dim
+    qkv_out = (sh.heads + 2 * sh.kv_heads) * d
+    attn = h * qkv_out + sh.heads * d * h
+    attn += qkv_out if model.qkv_bias else 0
+    attn += h if model.out_proj_bias else 0
+    gated = model.activation == "swiglu"
+    f = sh.expert_ffn
+    expert = (3 if gated else 2) * h * f
+    if model.mlp_bias:
+        expert += (2 * f if gated else f) + h
+    mlp = model.num_experts * expert + model.router_params
+    pos = model.max_seq_len * h if model.position == "learned" else 0
+    return {
+        "layer": attn + mlp + 2 * model.norm_params,
+        "embedding": sh.vocab * h + pos,
+        "final_norm": model.norm_params,
+        "lm_head": 0 if model.tie_embeddings else sh.vocab * h,
+    }

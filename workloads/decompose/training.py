@@ -1,0 +1,506 @@
+"""A training micro-batch on one rank as ops: every layer op forward and backward, the
+first stage's embedding, the last stage's final norm, LM head and loss, the optimizer, and
+the engine variants (plain eager PyTorch's extra traffic, Megatron's pre-FlashAttention
+core attention, FP8 operand casts).
+
+Pure shape arithmetic: no costs. Every function returns ``list[LayerOp]``: a stable
+``name`` (for time breakdowns), an ``op`` and a ``count`` of identical instances, so a
+phase's time is ``sum(count * predict(op))``. The layer comes from
+:func:`workloads.decompose.layer.layer_templates`, the same templates serving prices.
+
+Backward (Megatron-LM's autograd): each GEMM becomes a dgrad and a wgrad GEMM (together
+twice its FLOPs), attention an ``attn_bwd``, elementwise ops the same kind scaled by
+:data:`BACKWARD_TRAFFIC_RATIO`, the TP collectives their conjugates; under sequence
+parallelism the sequence-sharded input of a column-parallel GEMM is all-gathered again for
+its weight gradient (``LinearWithGradAccumulationAndAsyncCommunication``). The vocabulary
+is padded to ``ceil(vocab / tp)`` columns per rank; MoE experts are tensor-parallel like
+the dense MLP (expert parallelism is priced by the step model's all-to-alls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from hardware_specs.schema import DTYPE_BYTES, Dtype
+from workloads.decompose.engines import get_engine
+from workloads.decompose.layer import (
+    expand_forward,
+    layer_templates,
+    norm_kind,
+    region_collective,
+)
+from workloads.decompose.shard import TPShard, params_per_tp_rank, positive_int, tp_shard
+from workloads.decompose.templates import (
+    LayerOp,
+    OpTemplate,
+    elementwise,
+    gemm,
+    region,
+    sharded_elementwise,
+)
+from workloads.models import ModelConfig, ModelError
+from workloads.ops import BACKENDS, ELEMENTWISE_KINDS, Op, OpKind
+
+if TYPE_CHECKING:  # plans import the shard rules of this package
+    from workloads.plan import TrainPlan
+
+# Backward of an elementwise op: the op kinds have no backward variants, so the backward
+# is the same kind over ``ceil(m * ratio)`` rows, where ``ratio`` is the backward's HBM
+# traffic over the forward's (a bandwidth-bound approximation):
+#   norms / GELU / softmax: forward reads x, writes y (2 tensors); backward reads x and dy,
+#     writes dx (3) -> 3/2.
+#   SwiGLU: forward reads gate, up, writes out (3); backward reads gate, up, dout, writes
+#     dgate, dup (5) -> 5/3.
+#   RoPE (rotate by -theta), residual add (gradient accumulation), cross-entropy (reads the
+#     saved softmax, writes dlogits), embedding (scatter-add of the gradient rows), copy:
+#     the same traffic as forward -> 1.
+BACKWARD_TRAFFIC_RATIO: dict[OpKind, tuple[int, int]] = {
+    OpKind.rmsnorm: (3, 2),
+    OpKind.layernorm: (3, 2),
+    OpKind.gelu: (3, 2),
+    OpKind.softmax: (3, 2),
+    OpKind.swiglu: (5, 3),
+    OpKind.rope: (1, 1),
+    OpKind.residual_add: (1, 1),
+    OpKind.cross_entropy: (1, 1),
+    OpKind.embedding: (1, 1),
+    OpKind.copy: (1, 1),
+}
+
+Phase = Literal["forward", "backward"]
+Stage = Literal["all", "first", "last"]
+Framework = Literal["megatron", "megatron-unfused", "pytorch"]
+ATTENTION = {"attn_fwd", "attn_bwd", "attn_fwdbwd"}
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    model: ModelConfig
+    batch: int
+    seq_len: int
+    shard: TPShard
+    sequence_parallel: bool
+    dtype: Dtype
+
+    @property
+    def tp(self) -> int:
+        return self.shard.tp
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def sp(self) -> bool:
+        return self.sequence_parallel and self.tp > 1
+
+    @property
+    def bytes_per_token(self) -> int:
+        """One token's hidden vector: what a TP collective moves per token."""
+        return self.model.hidden_size * DTYPE_BYTES[self.dtype]
+
+    def collective(self, kind: OpKind, nbytes: int) -> Op:
+        return Op(op=kind, dtype=self.dtype, bytes=nbytes, ranks=self.tp)
+
+
+def _make_ctx(
+    model: ModelConfig,
+    batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    dtype: Dtype | str,
+    attn_backend: str = "",
+    attn_kind: OpKind = OpKind.attn_fwd,
+    seq_name: str = "seq_len",
+) -> _Ctx:
+    positive_int(batch, "batch")
+    positive_int(seq_len, seq_name)
+    shard = tp_shard(model, tp)
+    try:
+        dt = Dtype(dtype)
+    except ValueError:
+        allowed = ", ".join(d.value for d in Dtype)
+        raise ModelError(f"unknown dtype {dtype!r}; allowed: {allowed}") from None
+    check_backend(attn_backend, attn_kind)
+    if sequence_parallel and tp > 1 and seq_len % tp:
+        raise ModelError(
+            f"sequence parallelism needs seq_len divisible by tp; got seq_len={seq_len}, tp={tp}"
+        )
+    return _Ctx(model, batch, seq_len, shard, sequence_parallel, dt)
+
+
+def check_backend(attn_backend: str, attn_kind: OpKind) -> None:
+    """A one-line ModelError for an attention backend the op kind does not have."""
+    if attn_backend and attn_backend not in BACKENDS[attn_kind]:
+        raise ModelError(
+            f"unknown attention backend {attn_backend!r} for {attn_kind.value}; "
+            f"allowed: {', '.join(BACKENDS[attn_kind])}"
+        )
+
+
+def _forward(ctx: _Ctx, steps: list[OpTemplate], attn: Op | None = None) -> list[LayerOp]:
+    out: list[LayerOp] = []
+    for t in expand_forward(steps, ctx.tp, ctx.sp, ctx.bytes_per_token, ctx.dtype.value):
+        if t.is_attention:
+            assert attn is not None
+            out.append(LayerOp(t.name, attn))
+        else:
+            out.append(t.layer_op(ctx.tokens, ctx.dtype.value))
+    return out
+
+
+def _backward_op(op: Op) -> Op:
+    """The forward op's backward counterpart for elementwise/copy kinds (see the ratios)."""
+    num, den = BACKWARD_TRAFFIC_RATIO[op.op]
+    if op.op == OpKind.copy:
+        assert op.bytes is not None
+        return op.model_copy(update={"bytes": -(-op.bytes * num // den)})
+    assert op.m is not None
+    return op.model_copy(update={"m": -(-op.m * num // den)})
+
+
+def _backward(ctx: _Ctx, steps: list[OpTemplate], attn: Op | None = None) -> list[LayerOp]:
+    out: list[LayerOp] = []
+    nbytes = ctx.tokens * ctx.bytes_per_token
+    for step in reversed(steps):
+        if step.region:
+            for t in _region(ctx, step, backward=True):
+                out.append(t.layer_op(ctx.tokens, ctx.dtype.value))
+            continue
+        if step.is_attention:
+            assert attn is not None
+            out.append(LayerOp("attn_bwd", attn.model_copy(update={"op": OpKind.attn_bwd})))
+            continue
+        lo = step.layer_op(ctx.tokens, ctx.dtype.value)
+        op = lo.op
+        if op.op == OpKind.gemm:
+            m, k, n = op.m, op.k, op.n
+            assert m is not None and k is not None and n is not None
+            # dgrad: dX[m,k] = dY[m,n] . W^T[n,k]; wgrad: dW[k,n] = X^T[k,m] . dY[m,n]
+            out.append(LayerOp(f"{lo.name}_dgrad", _gemm(ctx, m, n, k), lo.count))
+            if step.regather and ctx.sp:
+                gather = ctx.collective(OpKind.all_gather, nbytes)
+                out.append(LayerOp(f"tp_allgather_{lo.name}_input", gather))
+            out.append(LayerOp(f"{lo.name}_wgrad", _gemm(ctx, k, m, n), lo.count))
+        elif op.op in ELEMENTWISE_KINDS:
+            out.append(LayerOp(f"{lo.name}_bwd", _backward_op(op), lo.count))
+        else:  # pragma: no cover - every forward step kind is handled above
+            raise AssertionError(f"no backward for {op.op}")
+    return out
+
+
+def _gemm(ctx: _Ctx, m: int, k: int, n: int) -> Op:
+    return Op(op=OpKind.gemm, dtype=ctx.dtype, m=m, k=k, n=n)
+
+
+def _region(ctx: _Ctx, step: OpTemplate, backward: bool) -> list[OpTemplate]:
+    return region_collective(
+        step, ctx.tp, ctx.sp, backward, ctx.bytes_per_token, ctx.dtype.value
+    )
+
+
+def _attn_fwd(ctx: _Ctx, causal: bool, attn_backend: str) -> Op:
+    m, sh = ctx.model, ctx.shard
+    return Op(
+        op=OpKind.attn_fwd,
+        dtype=ctx.dtype,
+        batch=ctx.batch,
+        seq_q=ctx.seq_len,
+        seq_kv=ctx.seq_len,
+        heads_q=sh.heads,
+        heads_kv=sh.kv_heads,
+        head_dim=m.head_dim,
+        causal=causal,
+        backend=attn_backend or None,
+    )
+
+
+def _layer(ctx: _Ctx) -> list[OpTemplate]:
+    return layer_templates(ctx.model, ctx.shard, ctx.dtype.value, "fused", ctx.sequence_parallel)
+
+
+# --- public API ----------------------------------------------------------------------------
+
+
+def layer_forward_ops(
+    model: ModelConfig,
+    batch: int,
+    seq_len: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dtype: Dtype | str = "bf16",
+    attn_backend: str = "",
+    causal: bool = True,
+) -> list[LayerOp]:
+    """Forward ops of one transformer layer on one TP rank, for ``batch`` sequences of
+    ``seq_len`` tokens (GEMM rows ``m = batch * seq_len``)."""
+    ctx = _make_ctx(model, batch, seq_len, tp, sequence_parallel, dtype, attn_backend)
+    return _forward(ctx, _layer(ctx), _attn_fwd(ctx, causal, attn_backend))
+
+
+def layer_backward_ops(
+    model: ModelConfig,
+    batch: int,
+    seq_len: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dtype: Dtype | str = "bf16",
+    attn_backend: str = "",
+    causal: bool = True,
+) -> list[LayerOp]:
+    """Backward ops of one layer, in execution order (the forward reversed; see the module
+    docstring). Recomputation is the step model's business: prepend
+    ``layer_forward_ops`` where it applies."""
+    ctx = _make_ctx(model, batch, seq_len, tp, sequence_parallel, dtype, attn_backend)
+    return _backward(ctx, _layer(ctx), _attn_fwd(ctx, causal, attn_backend))
+
+
+def _stage_steps(ctx: _Ctx, stage: Stage) -> tuple[list[OpTemplate], list[OpTemplate]]:
+    """Non-layer forward steps: (before the layers, after the layers)."""
+    m, sh, dt = ctx.model, ctx.shard, ctx.dtype.value
+    h = m.hidden_size
+    first: list[OpTemplate] = []
+    last: list[OpTemplate] = []
+    if stage in ("all", "first"):
+        # Megatron's VocabParallelEmbedding: each rank gathers the rows of its vocab shard
+        # (zeros elsewhere), then the exit collective sums the partial embeddings.
+        first.append(elementwise("embedding", OpKind.embedding.value, h, dt))
+        if m.position == "learned":
+            first.append(elementwise("pos_embedding", OpKind.embedding.value, h, dt))
+        first.append(region("embedding", "exit"))
+    if stage in ("all", "last"):
+        norm = f"final_{m.norm}"
+        if ctx.sp:
+            last.append(sharded_elementwise(norm, norm_kind(m), h, dt, ctx.tp))
+        else:
+            last.append(elementwise(norm, norm_kind(m), h, dt))
+        last += [region("lm_head", "enter"), gemm("lm_head", h, sh.vocab, dt, regather=True)]
+    return first, last
+
+
+def model_step_ops(
+    model: ModelConfig,
+    batch: int,
+    seq_len: int,
+    tp: int = 1,
+    phase: Phase = "forward",
+    sequence_parallel: bool = False,
+    dtype: Dtype | str = "bf16",
+    stage: Stage = "all",
+) -> list[LayerOp]:
+    """The non-layer ops of a training step: embedding (first pipeline stage), final norm,
+    LM head GEMM over ``ceil(vocab / tp)`` columns and vocab-parallel cross-entropy (last
+    stage). ``stage`` picks 'first', 'last' or 'all' (no pipeline).
+
+    The cross-entropy's three all-reduces of one fp32 per token (max logit, target logit,
+    sum of exponentials; Megatron's ``_VocabParallelCrossEntropy``) appear as one
+    ``tp_allreduce_cross_entropy`` op with ``count=3``.
+    """
+    if phase not in ("forward", "backward"):
+        raise ModelError(f"unknown phase {phase!r}; allowed: forward, backward")
+    if stage not in ("all", "first", "last"):
+        raise ModelError(f"unknown stage {stage!r}; allowed: all, first, last")
+    ctx = _make_ctx(model, batch, seq_len, tp, sequence_parallel, dtype)
+    first, last = _stage_steps(ctx, stage)
+    if last:
+        ce = OpKind.cross_entropy.value
+        last.append(elementwise("cross_entropy", ce, ctx.shard.vocab, ctx.dtype.value))
+    if phase == "forward":
+        out = _forward(ctx, first) + _forward(ctx, last)
+        if last and ctx.tp > 1:
+            ce = Op(op=OpKind.all_reduce, dtype=Dtype.fp32, bytes=ctx.tokens * 4, ranks=ctx.tp)
+            out.append(LayerOp("tp_allreduce_cross_entropy", ce, count=3))
+        return out
+    return _backward(ctx, last) + _backward(ctx, first)
+
+
+def optimizer_ops(
+    model: ModelConfig, num_params_per_rank: int, dtype: Dtype | str = "fp32"
+) -> list[LayerOp]:
+    """One AdamW step over the parameters this rank updates (``dtype``: the master
+    weights' dtype, fp32 under mixed precision)."""
+    positive_int(num_params_per_rank, "num_params_per_rank")
+    return [
+        LayerOp("optimizer_adamw", Op(op=OpKind.adamw, dtype=Dtype(dtype), n=num_params_per_rank))
+    ]
+
+
+def op_groups(
+    model: ModelConfig, plan: TrainPlan, attn_backend: str = "", framework: Framework = "megatron"
+) -> list[list[LayerOp]]:
+    """The ops of one micro-batch on one rank, unpriced, in six groups: layer forward,
+    layer backward, first-stage forward / backward, last-stage forward / backward.
+    Attention ops are those of the full sequence under context parallelism (the caller
+    scales them by 1/cp). ``framework`` picks the engine: ``megatron`` (the fused layer
+    as it is), ``megatron-unfused`` (:func:`_unfused_attention`) or ``pytorch`` (eager
+    PyTorch under autocast: :func:`eager_extra_ops` on top)."""
+    if framework not in ("megatron", "megatron-unfused", "pytorch"):
+        raise ValueError(
+            f"unknown framework {framework!r}; allowed: megatron, megatron-unfused, pytorch"
+        )
+    engine = get_engine(framework, "train")
+    tp, cp, mb = plan.tp, plan.cp, plan.micro_batch
+    seq_local = plan.seq_len // cp
+    dtype = plan.compute_dtype
+    args = dict(tp=tp, sequence_parallel=plan.sp, dtype=dtype, attn_backend=attn_backend)
+    fwd = layer_forward_ops(model, mb, seq_local, **args)
+    bwd = layer_backward_ops(model, mb, seq_local, **args)
+    # Causal attention of the local queries against the whole sequence, balanced over cp
+    # ranks: 1/cp of the full causal attention (priced at full length, then scaled).
+    if cp > 1:
+        full_f = {o.name: o for o in layer_forward_ops(model, mb, plan.seq_len, **args)}
+        full_b = {o.name: o for o in layer_backward_ops(model, mb, plan.seq_len, **args)}
+        fwd = [full_f[o.name] if o.op.op.value in ATTENTION else o for o in fwd]
+        bwd = [full_b[o.name] if o.op.op.value in ATTENTION else o for o in bwd]
+    stage_args = dict(tp=tp, sequence_parallel=plan.sp, dtype=dtype)
+    first_f = model_step_ops(model, mb, seq_local, phase="forward", stage="first", **stage_args)
+    first_b = model_step_ops(model, mb, seq_local, phase="backward", stage="first", **stage_args)
+    last_f = model_step_ops(model, mb, seq_local, phase="forward", stage="last", **stage_args)
+    last_b = model_step_ops(model, mb, seq_local, phase="backward", stage="last", **stage_args)
+    if engine.eager_training_traffic:
+        extra = eager_extra_ops(model, plan)
+        fwd, bwd = fwd + extra["layer_fwd"], bwd + extra["layer_bwd"]
+        first_f, first_b = first_f + extra["first_fwd"], first_b + extra["first_bwd"]
+        last_f, last_b = last_f + extra["last_fwd"], last_b + extra["last_bwd"]
+    elif engine.unfused_attention:
+        if cp > 1:
+            raise ValueError("framework megatron-unfused does not model context parallelism")
+        fwd, bwd = _unfused_attention(model, plan, fwd, bwd)
+    if plan.compute_dtype == "fp8":
+        fwd, bwd = fwd + _fp8_casts(model, plan, "fwd"), bwd + _fp8_casts(model, plan, "bwd")
+    return [fwd, bwd, first_f, first_b, last_f, last_b]
+
+
+def _traffic(name: str, traffic_bytes: float, kernels: int = 1) -> LayerOp:
+    """Memory-bound eager kernels as ``copy`` ops: a copy of b bytes moves 2b."""
+    per = max(1, int(traffic_bytes / (2 * kernels)))
+    return LayerOp(name, Op(op=OpKind.copy, dtype=Dtype.bf16, bytes=per), count=kernels)
+
+
+# Backward traffic of the eager pointwise ops relative to their forward: each autograd
+# node reads the incoming gradient and its saved inputs and writes the input gradient(s).
+EAGER_BACKWARD_RATIO = 2.0
+
+
+def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[LayerOp]]:
+    """Extra HBM traffic of a plain eager PyTorch Llama under ``torch.autocast(bf16)``
+    with fp32 parameters (calibrate/steps/train_step.py), beyond the fused kernels the
+    layer ops price. Derived from the tensors each eager kernel reads and writes:
+
+    - the residual stream stays fp32 (fp32 embedding, RMSNorm computes in fp32), X = 4Th;
+    - RMSNorm as pow, mean, two muls (7X instead of a fused X);
+    - autocast casts every Linear's input to bf16 (q, k, v, gate, up: 1.5X each) and
+      every weight fp32 -> bf16 once per forward (6 bytes per parameter), and the bf16
+      weight gradients back to fp32 (6 bytes per parameter) in backward;
+    - RoPE as mul, neg, cat, mul, add, cast with fp32 cos/sin (18 bytes per bf16 element
+      instead of 2 fused); the attention output transpose is a copy; SiLU and the gate
+      multiply are two kernels (5 instead of 3 tensors); fp32 + bf16 residual adds;
+    - cross-entropy upcasts the bf16 logits to fp32, log-softmax, NLL and their
+      backward (18 logits-sized bf16 traffic units instead of 6 fused);
+    - the fp32 embedding's backward zero-fills and scatters a vocab x hidden gradient.
+    """
+    tp = plan.tp
+    t = plan.micro_batch * plan.seq_len // plan.cp
+    h = model.hidden_size
+    x = 4.0 * t * h
+    q = 2.0 * t * model.num_heads * model.head_dim / tp
+    k = 2.0 * t * max(1, model.num_kv_heads // tp) * model.head_dim
+    f = 2.0 * t * model.ffn_hidden_size / tp
+    casts = 3 + (2 if model.activation == "swiglu" else 1)
+    layer_params = params_per_tp_rank(model, tp)["layer"]
+    shard = plan.data_parallel * plan.cp if plan.zero == 3 else 1
+    fwd = [
+        _traffic("eager_rmsnorm", 2 * 6.0 * x, 8),
+        _traffic("eager_input_casts", casts * 1.5 * x, casts),
+        _traffic("eager_rope", 16.0 * (q + k), 10),
+        _traffic("eager_attn_out_copy", 2.0 * q),
+        _traffic("eager_residual_fp32", 2.0 * x, 2),
+        _traffic("eager_silu_mul", 2.0 * f, 1),
+        # FSDP with bf16 MixedPrecision casts only its shard before the all-gather
+        _traffic("eager_weight_cast", 6.0 * layer_params / shard, 7),
+    ]
+    bwd = [
+        _traffic(o.name + "_bwd", 2 * o.op.bytes * o.count * EAGER_BACKWARD_RATIO, o.count)
+        for o in fwd
+        if o.name != "eager_weight_cast"
+    ]
+    bwd.append(_traffic("eager_wgrad_cast", 6.0 * layer_params, 7))
+    vocab = -(-model.vocab_size // tp)
+    logits = 2.0 * t * vocab
+    head = params_per_tp_rank(model, tp)["lm_head"]
+    return {
+        "layer_fwd": fwd,
+        "layer_bwd": bwd,
+        "first_fwd": [],
+        "first_bwd": [_traffic("eager_embedding_grad", 2.0 * 4.0 * vocab * h, 2)],
+        "last_fwd": [
+            _traffic("eager_final_norm", 6.0 * x + 1.5 * x, 6),
+            _traffic("eager_lm_head_weight_cast", 6.0 * head / shard),
+            _traffic("eager_cross_entropy", 7.0 * logits - 3.0 * logits, 2),
+        ],
+        "last_bwd": [
+            _traffic("eager_final_norm_bwd", (6.0 * x + 1.5 * x) * EAGER_BACKWARD_RATIO, 6),
+            _traffic("eager_lm_head_wgrad_cast", 6.0 * head),
+            _traffic("eager_cross_entropy_bwd", 11.0 * logits - 3.0 * logits, 3),
+        ],
+    }
+
+
+# Attention dropout probability of the Megatron-LM GPT runs (Korthikanti et al. 2022 sec. 4).
+ATTENTION_DROPOUT = 0.1
+
+
+def _unfused_attention(
+    model: ModelConfig, plan: TrainPlan, fwd: list[LayerOp], bwd: list[LayerOp]
+) -> tuple[list[LayerOp], list[LayerOp]]:
+    """Megatron-LM's core attention before FlashAttention (Korthikanti et al. 2022, fig. 4
+    and eq. 1's 5as^2b term): batched Q K^T over the whole s x s square (no causal
+    skipping), the fused scale-mask-softmax, dropout with a byte mask, and the batched
+    scores x V; the backward runs two GEMMs per forward GEMM, the softmax backward and
+    the dropout backward. The s x s tensors are the cost the flash kernel removes."""
+    b, s = plan.micro_batch, plan.seq_len
+    heads = model.num_heads // plan.tp
+    d = model.head_dim
+    dt = Dtype(plan.activation_dtype)
+    bh = b * heads
+    elems = bh * s * s
+
+    def gemm(name: str, m: int, n: int, k: int) -> LayerOp:
+        return LayerOp(name, Op(op=OpKind.gemm, dtype=dt, m=m, n=n, k=k, batch=bh))
+
+    softmax = Op(op=OpKind.softmax, dtype=dt, m=bh * s, n=s)
+    softmax_bwd = Op(op=OpKind.softmax, dtype=dt, m=bh * s * 3 // 2, n=s)
+    # dropout forward: read scores, write output and a 1-byte mask (5 bytes per element
+    # in fp16); backward: read the gradient and the mask, write the gradient (5 bytes).
+    drop = _traffic("attn_dropout", 5.0 * elems) if ATTENTION_DROPOUT else None
+    drop_b = _traffic("attn_dropout_bwd", 5.0 * elems) if ATTENTION_DROPOUT else None
+    core_f = [gemm("attn_scores", s, s, d), LayerOp("attn_softmax", softmax)]
+    core_f += [drop] if drop else []
+    core_f += [gemm("attn_context", s, d, s)]
+    core_b = [gemm("attn_context_dgrad", s, s, d), gemm("attn_context_vgrad", s, d, s)]
+    core_b += [drop_b] if drop_b else []
+    core_b += [LayerOp("attn_softmax_bwd", softmax_bwd)]
+    core_b += [gemm("attn_scores_qgrad", s, d, s), gemm("attn_scores_kgrad", s, d, s)]
+    out_f = [x for o in fwd for x in (core_f if o.op.op.value in ATTENTION else [o])]
+    out_b = [x for o in bwd for x in (core_b if o.op.op.value in ATTENTION else [o])]
+    return out_f, out_b
+
+
+def _fp8_casts(model: ModelConfig, plan: TrainPlan, phase: str) -> list[LayerOp]:
+    """FP8 GEMMs need their operands quantised (Micikevicius et al. 2022, "FP8 formats for
+    deep learning"; Transformer Engine): each GEMM input is read in bf16 and written in
+    fp8 plus, on Hopper, a transposed fp8 copy for the other GEMMs of the backward (4
+    bytes of traffic per element). Forward: the inputs of QKV, output, up and down
+    projections; backward: the gradients of their outputs. Weights are cast once per
+    iteration (negligible next to activations at training batch sizes)."""
+    tp = plan.tp
+    t = plan.micro_batch * plan.seq_len // plan.cp
+    h = model.hidden_size
+    q = model.num_heads * model.head_dim / tp
+    kv = max(1, model.num_kv_heads // tp) * model.head_dim
+    f = model.ffn_hidden_size / tp * (2 if model.activation == "swiglu" else 1)
+    fwd_widths = [h, q, h, model.ffn_hidden_size / tp]
+    widths = fwd_widths if phase == "fwd" else [q + 2 * kv, h, f, h]
+    return [_traffic(f"fp8_cast_{phase}", 4.0 * t * sum(widths), len(widths))]

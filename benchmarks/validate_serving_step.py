@@ -16,12 +16,8 @@ import time
 
 import numpy as np
 
-from costmodels.steps.serving import (
-    EAGER_HOST_DISPATCH_S,
-    StepModel,
-    derive_host_dispatch_s,
-    h100_validation_rows,
-)
+from calibrate.validate_serving import derive_host_dispatch_s, h100_validation_rows
+from costmodels.steps.serving import EAGER_HOST_DISPATCH_S, StepModel
 
 
 def _table(rows: list[dict]) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from costmodels.steps.serving import ENGINES, GIB, StepError, StepModel
+from costmodels.steps.serving import ENGINES, StepError, StepModel
+from costmodels.steps.serving_memory import GIB
 from simcli.errors import user_errors
 from simcli.output import Format, emit_object
 

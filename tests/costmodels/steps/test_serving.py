@@ -14,13 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from costmodels.steps.serving import (
-    EAGER_HOST_DISPATCH_S,
-    StepError,
-    StepModel,
-    derive_host_dispatch_s,
-    h100_validation_rows,
-)
+from calibrate.validate_serving import derive_host_dispatch_s, h100_validation_rows
+from costmodels.steps.serving import EAGER_HOST_DISPATCH_S, StepError, StepModel
 from simcli.commands import step as step_cmd
 from simcli.errors import set_debug
 

@@ -1,0 +1,147 @@
+"""Memory of a vLLM-style serving replica: weights per pipeline stage, the activation
+workspace of the profile run, the runtime's own memory, CUDA graph pools, and the KV-cache
+capacity that is left (vLLM's ``determine_available_memory``).
+
+:class:`VllmMemory` is mixed into :class:`costmodels.steps.serving.StepModel`, which
+holds the attributes it reads (``model``, ``tp``, ``pp``, ``dtype``, ``kv_cache_dtype``,
+``shape``, ``gpu``, ``max_num_batched_tokens``, ``max_num_seqs``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from costmodels.steps.serving_grid import StepError
+from hardware_specs.schema import DTYPE_BYTES, Dtype
+from workloads.decompose import params_per_tp_rank
+
+GIB = 1024**3
+
+# vLLM's profile of Llama-3-8B on one H100 at gpu_memory_utilization 0.9 (vllm-project/vllm
+# PR #10511, 2024-12): total 79.22 GiB, weights 14.96 GiB, non-torch memory (CUDA context,
+# cuBLAS workspaces) 1.79 GiB at tp=1 and 3.58 GiB at tp=2 (NCCL and custom all-reduce
+# buffers), activation peak 1.26 GiB, KV cache 53.29 GiB.
+NON_TORCH_BYTES = 1.79 * GIB
+NON_TORCH_MULTI_GPU_BYTES = 3.58 * GIB
+# CUDA graph pools: Llama-3.2-1B (16 layers) "Graph capturing finished in 14 secs, took
+# 0.21 GiB" (vllm-project/vllm PR #11349 log); scaled by layers on the GPU.
+GRAPH_POOL_BYTES_PER_LAYER = 0.21 * GIB / 16
+DEFAULT_MAX_BATCHED_TOKENS = 8192  # vLLM's profile run size for an 8k context
+DEFAULT_MAX_SEQS = 256  # vLLM's default max_num_seqs
+
+
+class VllmMemory:
+    """Where a serving GPU's memory goes (see the module docstring)."""
+
+    model: Any
+    tp: int
+    pp: int
+    dtype: str
+    kv_cache_dtype: str
+    shape: Any
+    gpu: Any
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+    def _check_weights_fit(self) -> None:
+        cap = self.gpu.memory_bytes
+        for stage in range(self.pp):
+            need = self.weight_bytes_per_gpu(stage) + self._non_torch_bytes()
+            if need > cap:
+                raise StepError(
+                    f"{self.model.id} does not fit on {self.gpu.id} at tp={self.tp}, "
+                    f"pp={self.pp}: weights {self.weight_bytes_per_gpu(stage) / GIB:.1f} GiB "
+                    f"+ runtime {self._non_torch_bytes() / GIB:.2f} GiB per GPU > "
+                    f"{cap / GIB:.1f} GiB; allowed: a larger --tp or --pp, or a bigger GPU"
+                )
+
+    def stage_layers(self) -> list[int]:
+        """Layers per pipeline stage, as vLLM splits them (``get_pp_indices``: the
+        remainder goes to the stages before the last, which also holds the LM head)."""
+        base = [self.model.num_layers // self.pp] * self.pp
+        for i in range(2, self.model.num_layers % self.pp + 2):
+            base[-i] += 1
+        return base
+
+    def weight_bytes_per_gpu(self, stage: int = 0) -> float:
+        p = params_per_tp_rank(self.model, self.tp)
+        n = p["layer"] * self.stage_layers()[stage]
+        if stage == 0:
+            n += p["embedding"]
+        if stage == self.pp - 1:
+            head = p["lm_head"] or (p["embedding"] if self.pp > 1 else 0)  # tied: own copy
+            n += head + p["final_norm"]
+        return float(n * DTYPE_BYTES[Dtype(self.dtype)])
+
+    def _non_torch_bytes(self) -> float:
+        return NON_TORCH_BYTES if self.tp * self.pp == 1 else NON_TORCH_MULTI_GPU_BYTES
+
+    def activation_bytes(self) -> float:
+        """Peak activation workspace of a ``max_num_batched_tokens`` profile run: the
+        largest live set of one layer (QKV out, gate-up out, its activation, two hidden
+        buffers; bf16) plus fp32 logits, probabilities and log-probabilities of
+        ``max_num_seqs`` sequences over the full vocabulary. For Llama-3-8B at 8192
+        tokens: 1.24 GiB (vLLM profiled 1.26 GiB, PR #10511)."""
+        s, m = self.shape, self.model
+        up = (2 if m.activation == "swiglu" else 1) * s.ffn
+        per_token = s.elt * ((s.hq + 2 * s.hkv) * m.head_dim + up + s.ffn + 2 * m.hidden_size)
+        logits = self.max_num_seqs * m.vocab_size * 4.0 * 3
+        return float(self.max_num_batched_tokens * per_token + logits)
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token on one replica: all layers, every TP rank's heads (a KV
+        head replicated over ranks when tp > num_kv_heads counts on each)."""
+        kv_elt = DTYPE_BYTES[Dtype(self.kv_cache_dtype)]
+        heads = self.shape.hkv * self.tp
+        return float(2 * self.model.num_layers * heads * self.model.head_dim * kv_elt)
+
+    def kv_bytes_per_token_per_gpu(self, stage: int = 0) -> float:
+        kv_elt = DTYPE_BYTES[Dtype(self.kv_cache_dtype)]
+        layers = self.stage_layers()[stage]
+        return float(2 * layers * self.shape.hkv * self.model.head_dim * kv_elt)
+
+    def memory_bytes_per_gpu(
+        self, gpu_memory_utilization: float = 0.9, stage: int = 0
+    ) -> dict[str, float]:
+        """Where one GPU's memory goes (vLLM's ``determine_available_memory``)."""
+        budget = self.gpu.memory_bytes * gpu_memory_utilization
+        graphs = GRAPH_POOL_BYTES_PER_LAYER * self.stage_layers()[stage]
+        parts = {
+            "budget": budget,
+            "weights": self.weight_bytes_per_gpu(stage),
+            "activations": self.activation_bytes(),
+            "non_torch": self._non_torch_bytes(),
+            "cuda_graphs": graphs,
+        }
+        parts["kv_cache"] = budget - sum(v for k, v in parts.items() if k != "budget")
+        return parts
+
+    def kv_capacity_tokens(self, block_size: int = 16, gpu_memory_utilization: float = 0.9) -> int:
+        """Tokens of KV cache one replica holds: (memory x utilisation - weights -
+        activation workspace - non-torch memory - CUDA graph pools) / KV bytes per token on
+        the fullest GPU, rounded down to whole blocks."""
+        if not isinstance(block_size, int | np.integer) or block_size < 1:
+            raise StepError(f"block_size must be a positive integer, got {block_size!r}")
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise StepError(
+                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}"
+            )
+        tokens = math.inf
+        for stage in range(self.pp):
+            mem = self.memory_bytes_per_gpu(gpu_memory_utilization, stage)
+            per_tok = self.kv_bytes_per_token_per_gpu(stage)
+            if mem["kv_cache"] < per_tok * block_size:
+                used = mem["budget"] - mem["kv_cache"]
+                raise StepError(
+                    f"{self.model.id} leaves no room for a KV block on {self.gpu.id} at "
+                    f"tp={self.tp}, pp={self.pp}: weights, activations and runtime take "
+                    f"{used / GIB:.1f} GiB of {mem['budget'] / GIB:.1f} GiB "
+                    f"({gpu_memory_utilization:g} x {self.gpu.memory_gib} GiB); allowed: a "
+                    "larger --tp or --pp, a bigger GPU or a higher gpu_memory_utilization"
+                )
+            tokens = min(tokens, mem["kv_cache"] / per_tok)
+        return int(tokens // block_size) * int(block_size)

@@ -1,6 +1,16 @@
-"""Imports flow one way: hardware_specs -> workloads -> costmodels -> calibrate -> simcli."""
+"""Imports flow one way: hardware_specs -> workloads -> costmodels -> calibrate -> simcli,
+and one way inside simcli and costmodels too (:data:`INNER_LAYERS`); no import cycles between
+modules; no module over 800 lines, no function of ``simcli/commands/`` over 100 lines.
+
+Violations that exist today and are being removed are listed in :data:`KNOWN_VIOLATIONS`;
+a test fails on any other violation and on a listed one that no longer exists, so the list
+can only shrink and always tells the truth.
+"""
 
 import ast
+from collections import deque
+from functools import cache
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -47,3 +57,268 @@ def test_device_runner_needs_no_project_packages_or_pydantic():
         if path.exists():
             bad = _imports(path) & forbidden
             assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+# --------------------------------------------------------------------------- known violations
+
+# (file, kind): kind is "layer" (an import against INNER_LAYERS), "cycle" (the module is on
+# an import cycle), "lines" (module over MAX_MODULE_LINES) or "function:NAME" (a function of
+# simcli/commands/ over MAX_COMMAND_FUNCTION_LINES). Remove an entry when its fix lands.
+KNOWN_VIOLATIONS: set[tuple[str, str]] = {
+    ("simcli/sweep/target.py", "layer"),  # root_command imports simcli.cli: sweeps drive argv
+    # serving: replica <-> schedulers / metrics / branches
+    ("simcli/serving/replica.py", "cycle"),  # imports schedulers, metrics, branches
+    ("simcli/serving/schedulers.py", "cycle"),  # imports Batch, Engine from replica
+    ("simcli/serving/metrics.py", "cycle"),  # imports replica under TYPE_CHECKING
+    ("simcli/serving/branches.py", "cycle"),  # imports replica under TYPE_CHECKING
+    # cli -> commands/sweep -> sweep/{runner,spec,store,executors} -> sweep/target -> cli
+    ("simcli/cli.py", "cycle"),  # imports commands/sweep
+    ("simcli/commands/sweep.py", "cycle"),  # imports sweep runner, spec, store
+    ("simcli/sweep/executors.py", "cycle"),  # imports sweep/target
+    ("simcli/sweep/runner.py", "cycle"),  # imports sweep/target and executors
+    ("simcli/sweep/spec.py", "cycle"),  # imports sweep/target
+    ("simcli/sweep/store.py", "cycle"),  # imports sweep/target
+    ("simcli/sweep/target.py", "cycle"),  # imports simcli.cli
+    ("costmodels/ops/sparse_attention.py", "lines"),  # 1,369 lines
+    ("simcli/serving/planner.py", "lines"),  # 1,055 lines
+    ("simcli/training/search.py", "lines"),  # 1,480 lines
+    ("simcli/commands/serve.py", "lines"),  # 916 lines, most of them the serve command
+    ("simcli/commands/serve.py", "function:serve"),  # 497 lines, 60 parameters
+    ("simcli/commands/serve_plan.py", "function:serve_plan"),  # 142 lines
+    ("simcli/commands/sparsity.py", "function:compare"),  # 128 lines
+    ("simcli/commands/train.py", "function:train"),  # 173 lines
+}
+
+MAX_MODULE_LINES = 800
+MAX_COMMAND_FUNCTION_LINES = 100
+
+
+def _check_known(found: dict[tuple[str, str], str], kind: str) -> None:
+    """Fail on a violation of ``kind`` not in KNOWN_VIOLATIONS, and on a listed one that is
+    gone. ``found`` maps (file, kind) to a message; ``kind`` ending in ':' is a prefix."""
+
+    def of_kind(k: str) -> bool:
+        return k.startswith(kind) if kind.endswith(":") else k == kind
+
+    new = sorted(v for v in found if v not in KNOWN_VIOLATIONS)
+    assert not new, "new violations:\n" + "\n".join(found[v] for v in new)
+    stale = sorted(v for v in KNOWN_VIOLATIONS if of_kind(v[1]) and v not in found)
+    assert not stale, (
+        "listed in KNOWN_VIOLATIONS but no longer found (fixed?), remove them: "
+        + ", ".join(map(str, stale))
+    )
+
+
+# --------------------------------------------------------------------------- module graph
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    """Every module of the project packages, by dotted name (a package by its __init__)."""
+    return {
+        _module_name(path): path for package in LAYERS for path in (ROOT / package).rglob("*.py")
+    }
+
+
+def _owner(name: str) -> str | None:
+    """The project module an import of ``name`` loads last: ``name`` or its longest prefix
+    that is a module (``a.b.Thing`` -> ``a.b``); None outside the project."""
+    modules = _modules()
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported(module: str, path: Path) -> dict[str, int]:
+    """Project modules ``module`` imports -> the line of the first such import; module-level,
+    function-level and TYPE_CHECKING imports alike, relative ones resolved."""
+    modules = _modules()
+    out: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                package = parts if path.name == "__init__.py" else parts[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, node.module] if node.module else package)
+            # ``from a.b import c`` loads module a.b.c when there is one, else a.b
+            names = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                for alias in node.names
+            ]
+        else:
+            continue
+        for name in names:
+            target = _owner(name)
+            if target is not None and target != module:
+                out.setdefault(target, node.lineno)
+    return out
+
+
+@cache
+def _graph() -> dict[str, dict[str, int]]:
+    return {module: _imported(module, path) for module, path in _modules().items()}
+
+
+def _file(module: str) -> str:
+    return _modules()[module].relative_to(ROOT).as_posix()
+
+
+def test_module_graph_sees_imports():
+    # the resolver itself: absolute, ``from package import module``, relative, in functions
+    graph = _graph()
+    assert "simcli.training.varlen" in graph["simcli.commands.varlen"]
+    assert "workloads.sparsity" in graph["simcli.sparsity.whatif"]
+    assert "calibrate.bench.common" in graph["calibrate.bench.gemm"]
+    assert "simcli.cli" in graph["simcli.sweep.target"]  # imported inside a function
+    assert "numpy" not in graph["workloads.sparsity.grid"]
+
+
+# --------------------------------------------------------------------------- inner layers
+
+# Inside a package: tiers, lowest first; each tier maps a group to the names directly under
+# the package that form it ("" is the package's __init__). A module may import its own group
+# and the groups of lower tiers, never a group of its own tier or a higher one.
+INNER_LAYERS: dict[str, list[dict[str, set[str]]]] = {
+    "simcli": [
+        {"base": {"", "errors", "output", "progress", "options"}},
+        {"training": {"training"}, "serving": {"serving"}},
+        {"sparsity": {"sparsity"}},  # what-ifs over training and serving
+        {"scenario": {"scenario"}},
+        {"reports": {"reports"}},
+        {"sweep": {"sweep"}},
+        {"commands": {"commands"}},
+        {"cli": {"cli"}},
+    ],
+    "costmodels": [
+        {"ops": {"ops"}},
+        {"steps": {"steps"}},
+        {"package": {""}},  # the predict/predict_many facade over the op models
+    ],
+}
+
+
+def _inner_place(module: str) -> tuple[int, str] | None:
+    """(tier, group) of a module of a package in INNER_LAYERS, else None."""
+    package, _, rest = module.partition(".")
+    if package not in INNER_LAYERS:
+        return None
+    head = rest.partition(".")[0]
+    for tier, groups in enumerate(INNER_LAYERS[package]):
+        for group, names in groups.items():
+            if head in names:
+                return tier, group
+    raise AssertionError(f"{_file(module)}: place {package}.{head} in INNER_LAYERS")
+
+
+@pytest.mark.parametrize("package", sorted(INNER_LAYERS))
+def test_every_module_has_an_inner_layer(package):
+    for module in _modules():
+        if module.partition(".")[0] == package:
+            assert _inner_place(module) is not None
+
+
+def test_imports_flow_one_way_inside_packages():
+    found: dict[tuple[str, str], str] = {}
+    for module, imported in _graph().items():
+        place = _inner_place(module)
+        if place is None:
+            continue
+        for target, line in imported.items():
+            if target.partition(".")[0] != module.partition(".")[0]:
+                continue
+            other = _inner_place(target)
+            assert other is not None
+            if other[1] != place[1] and other[0] >= place[0]:
+                message = (
+                    f"{_file(module)}:{line} ({place[1]}) imports {target} ({other[1]}), "
+                    "which is not below it in INNER_LAYERS"
+                )
+                key = (_file(module), "layer")
+                found[key] = f"{found[key]}\n{message}" if key in found else message
+    _check_known(found, "layer")
+
+
+def test_costmodel_ops_do_not_import_steps():
+    # spelled out: the op models price ops; steps compose them, never the other way
+    for module, imported in _graph().items():
+        if module.startswith("costmodels.ops"):
+            bad = [t for t in imported if t.startswith("costmodels.steps")]
+            assert not bad, f"{_file(module)} imports {bad}"
+
+
+# --------------------------------------------------------------------------- cycles
+
+
+def _shortest_cycle(graph: dict[str, dict[str, int]], start: str) -> list[str] | None:
+    """The shortest import path from ``start`` back to itself (breadth-first), or None."""
+    parent: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for nxt in graph[node]:
+            if nxt == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if nxt not in parent:
+                parent[nxt] = node
+                queue.append(nxt)
+    return None
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    found: dict[tuple[str, str], str] = {}
+    for module in graph:
+        cycle = _shortest_cycle(graph, module)
+        if cycle is not None:
+            steps = [f"{a} (line {graph[a][b]})" for a, b in pairwise(cycle)]
+            found[(_file(module), "cycle")] = (
+                f"{_file(module)} is on an import cycle: " + " -> ".join([*steps, cycle[-1]])
+            )
+    _check_known(found, "cycle")
+
+
+def test_cycle_finder_reports_the_shortest_cycle():
+    graph = {"a": {"b": 1}, "b": {"c": 2, "a": 3}, "c": {"a": 4}, "d": {"a": 5}}
+    assert _shortest_cycle(graph, "a") == ["a", "b", "a"]
+    assert _shortest_cycle(graph, "c") == ["c", "a", "b", "c"]
+    assert _shortest_cycle(graph, "d") is None
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def test_no_module_over_800_lines():
+    found: dict[tuple[str, str], str] = {}
+    for path in _modules().values():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES:
+            name = path.relative_to(ROOT).as_posix()
+            found[(name, "lines")] = f"{name}: {lines} lines (at most {MAX_MODULE_LINES})"
+    _check_known(found, "lines")
+
+
+def test_no_command_function_over_100_lines():
+    found: dict[tuple[str, str], str] = {}
+    for path in sorted((ROOT / "simcli" / "commands").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_COMMAND_FUNCTION_LINES:
+                    found[(name, f"function:{node.name}")] = (
+                        f"{name}:{node.lineno} {node.name}: {lines} lines "
+                        f"(at most {MAX_COMMAND_FUNCTION_LINES})"
+                    )
+    _check_known(found, "function:")

@@ -122,7 +122,7 @@ def test_ffd_places_every_item_once_within_capacity(sizes, cap):
 )
 def test_eft_assigns_once_and_is_within_lpt_bound(costs, lanes):
     arr = np.array(costs)
-    out, makespan = V._eft([arr], [lanes])
+    out, makespan = V.eft([arr], [lanes])
     flat = sorted(d for lane in out[0] for d in lane)
     assert flat == list(range(len(costs)))
     loads = [arr[lane].sum() for lane in out[0]]
@@ -285,7 +285,7 @@ def test_flexsp_milp_solution_is_feasible():
     best_single = float(np.min(np.vstack(list(cost.values())), axis=0).max())
     # a bound some plan meets: every document on the smallest group size that holds all
     k_all = next(k for k in sizes if np.all(fits[k]))
-    _, greedy = V._eft([cost[k_all]], [units // k_all])
+    _, greedy = V.eft([cost[k_all]], [units // k_all])
     bound = greedy * 1.0001
     sol = V.solve_flexsp_milp(cost, fits, buckets, units, bound)
     assert sol is not None

@@ -44,6 +44,7 @@ from typing import Literal
 import numpy as np
 
 from hardware_specs.schema import GIB, MIB, GpuSpec
+from workloads.decompose.shard import shard_sizes
 from workloads.models import ModelConfig
 from workloads.plan import PP_SCHEDULES, PRECISIONS, RECOMPUTE, PlanError, TrainPlan, check_plan
 
@@ -193,31 +194,20 @@ def _framework_key(framework: str) -> str:
 
 
 def _shard(model: ModelConfig, tp):
-    """Per-TP-rank sizes, vectorised over ``tp`` (mirrors workloads.decompose.tp_shard and
-    params_per_tp_rank: KV heads replicated when tp > num_kv_heads, vocab padded)."""
-    h, d = model.hidden_size, model.head_dim
-    heads = model.num_heads // tp
-    kv_heads = np.maximum(1, model.num_kv_heads // tp)
-    q_w, kv_w = heads * d, kv_heads * d
-    ffn_e = model.expert_ffn_hidden_size // tp
-    vocab = -(-model.vocab_size // tp)
-    attn = h * (q_w + 2 * kv_w) + q_w * h
-    attn = attn + (q_w + 2 * kv_w if model.qkv_bias else 0) + (h if model.out_proj_bias else 0)
-    gated = model.activation == "swiglu"
-    expert = (3 if gated else 2) * h * ffn_e
-    if model.mlp_bias:
-        expert = expert + (2 * ffn_e if gated else ffn_e) + h
+    """Per-TP-rank sizes as floats, vectorised over ``tp`` (:func:`shard_sizes`)."""
+    sz = shard_sizes(model, tp)
+    d = model.head_dim
     return {
-        "heads": heads * 1.0,
-        "q_w": q_w * 1.0,
-        "kv_w": kv_w * 1.0,
-        "ffn": (model.ffn_hidden_size // tp) * 1.0,
-        "ffn_e": ffn_e * 1.0,
-        "vocab": vocab * 1.0,
-        "attn": attn * 1.0,
-        "expert": expert * 1.0,
-        "embedding": vocab * h + (model.max_seq_len * h if model.position == "learned" else 0.0),
-        "head": vocab * h * 1.0,
+        "heads": sz["heads"] * 1.0,
+        "q_w": sz["heads"] * d * 1.0,
+        "kv_w": sz["kv_heads"] * d * 1.0,
+        "ffn": sz["ffn"] * 1.0,
+        "ffn_e": sz["ffn_e"] * 1.0,
+        "vocab": sz["vocab"] * 1.0,
+        "attn": sz["attn"] * 1.0,
+        "expert": sz["expert"] * 1.0,
+        "embedding": sz["embedding"] * 1.0,
+        "head": sz["vocab_h"] * 1.0,
     }
 
 

@@ -5,6 +5,9 @@ the vocabulary padded to a multiple of tp as Megatron pads it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from workloads.models import ModelConfig, ModelError
 
@@ -70,6 +73,41 @@ def tp_shard(model: ModelConfig, tp: int) -> TPShard:
     )
 
 
+def shard_sizes(model: ModelConfig, tp: Any) -> dict[str, Any]:
+    """Per-rank sizes and parameter counts for ``tp`` (an int, or an array of degrees for
+    vectorised plan search; no validation - see :func:`tp_shard`): heads, KV heads
+    (replicated when tp > num_kv_heads), FFN and expert-FFN shards, the padded vocabulary
+    shard, and the parameters of one layer's attention (``attn``), one expert's MLP
+    (``expert``), one layer (``layer``), the embedding (with learned positions) and an
+    untied LM head (``vocab_h``)."""
+    h, d = model.hidden_size, model.head_dim
+    heads = model.num_heads // tp
+    kv_heads = np.maximum(1, model.num_kv_heads // tp)
+    ffn_e = model.expert_ffn_hidden_size // tp
+    vocab = -(-model.vocab_size // tp)
+    qkv_out = (heads + 2 * kv_heads) * d
+    attn = h * qkv_out + heads * d * h
+    attn = attn + (qkv_out if model.qkv_bias else 0) + (h if model.out_proj_bias else 0)
+    gated = model.activation == "swiglu"
+    expert = (3 if gated else 2) * h * ffn_e
+    if model.mlp_bias:
+        expert = expert + (2 * ffn_e if gated else ffn_e) + h
+    mlp = model.num_experts * expert + model.router_params
+    pos = model.max_seq_len * h if model.position == "learned" else 0
+    return {
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "ffn": model.ffn_hidden_size // tp,
+        "ffn_e": ffn_e,
+        "vocab": vocab,
+        "attn": attn,
+        "expert": expert,
+        "layer": attn + mlp + 2 * model.norm_params,
+        "embedding": vocab * h + pos,
+        "vocab_h": vocab * h,
+    }
+
+
 def params_per_tp_rank(model: ModelConfig, tp: int) -> dict[str, int]:
     """Parameters one tensor-parallel rank holds: ``layer`` (one layer), ``embedding``,
     ``final_norm`` and ``lm_head`` (0 when tied).
@@ -78,22 +116,11 @@ def params_per_tp_rank(model: ModelConfig, tp: int) -> dict[str, int]:
     biases replicated, norms and the MoE router replicated, replicated KV heads counted on
     every rank that holds them, the vocabulary padded to ``tp * ceil(vocab / tp)``.
     """
-    sh = tp_shard(model, tp)
-    h, d = model.hidden_size, model.head_dim
-    qkv_out = (sh.heads + 2 * sh.kv_heads) * d
-    attn = h * qkv_out + sh.heads * d * h
-    attn += qkv_out if model.qkv_bias else 0
-    attn += h if model.out_proj_bias else 0
-    gated = model.activation == "swiglu"
-    f = sh.expert_ffn
-    expert = (3 if gated else 2) * h * f
-    if model.mlp_bias:
-        expert += (2 * f if gated else f) + h
-    mlp = model.num_experts * expert + model.router_params
-    pos = model.max_seq_len * h if model.position == "learned" else 0
+    tp_shard(model, tp)  # one-line error for a tp that cannot split the model
+    sz = shard_sizes(model, tp)
     return {
-        "layer": attn + mlp + 2 * model.norm_params,
-        "embedding": sh.vocab * h + pos,
+        "layer": int(sz["layer"]),
+        "embedding": int(sz["embedding"]),
         "final_norm": model.norm_params,
-        "lm_head": 0 if model.tie_embeddings else sh.vocab * h,
+        "lm_head": 0 if model.tie_embeddings else int(sz["vocab_h"]),
     }

@@ -37,7 +37,8 @@ def _pin(argv: list[str]) -> None:
 
 def _child(args: argparse.Namespace, top: int) -> None:
     t0 = time.perf_counter()
-    from simcli.serving.planner import SLO, PlanSpace, Workload, plan_deployments
+    from simcli.scenario.serving import plan_deployments
+    from simcli.serving.plan_inputs import SLO, PlanSpace, Workload
 
     t_import = time.perf_counter() - t0
     result = plan_deployments(

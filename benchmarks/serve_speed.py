@@ -47,68 +47,50 @@ LLAMA_1B = {  # Llama-3.2-1B's config.json (the keys simcli reads): the draft of
 }
 
 
-def _child(args: argparse.Namespace) -> None:
-    from costmodels.steps.serving import StepModel
-    from simcli.serving.branches import BranchConfig
-    from simcli.serving.disagg import DisaggConfig
-    from simcli.serving.metrics import EnergyMeter
-    from simcli.serving.requests import SyntheticSpec, synthetic_requests
-    from simcli.serving.schedulers import SchedulerConfig
-    from simcli.serving.simulator import ServeConfig, Simulator
-    from simcli.serving.spec import SpecConfig
-    from workloads.lengths import parse_dist
-    from workloads.models import load_model
+def _options(args: argparse.Namespace, draft: str | None = None):
+    """The ``simcli serve`` options of one run (the deployment is built as the CLI builds
+    it: :func:`simcli.scenario.serving.resolve_serve`)."""
+    from simcli.scenario.serving import ServeOptions
 
-    cfg = load_model(args.model)
-    max_tokens = max(cfg.max_seq_len, 2048)
-    chunk = 512
-    step = StepModel(
-        cfg,
-        args.gpu,
-        tp=args.tp,
-        max_num_batched_tokens=chunk if args.schedulers == "sarathi" else max_tokens,
-    )
-    spec = SyntheticSpec(
-        qps=args.qps,
-        num_requests=args.requests,
-        prompt_len=parse_dist(args.prompt_len),
-        output_len=parse_dist(args.output_len),
-        seed=args.seed,
-    )
-    feature = args.feature
-    extra: dict = {}
     kw: dict = {}
+    feature = args.feature
     if feature == "spec":
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "config.json"
-            path.write_text(json.dumps(LLAMA_1B))
-            extra["draft_step_model"] = StepModel(str(path), args.gpu, tp=args.tp)
-        kw["speculative"] = SpecConfig(k=4, acceptance=(0.7,))
-    elif feature == "sart":
-        kw["branching"] = BranchConfig(
-            branches=4, stop_after=2, prune="sart", output_len=parse_dist(args.output_len)
-        )
-        spec = spec.model_copy(update={"qps": args.qps / 4})
+        kw = {"draft_model": draft, "spec_k": 4, "spec_acceptance": 0.7}
+    elif feature == "sart":  # four times the sequences per request: a quarter of the qps
+        kw = {"branches": 4, "branches_stop": 2, "prune": "sart", "qps": args.qps / 4}
     elif feature == "disagg":
         half = max(1, args.replicas // 2)
-        kw["disaggregation"] = DisaggConfig(
-            prefill_replicas=half, decode_replicas=max(1, args.replicas - half)
-        )
-        kw["replicas"] = half + max(1, args.replicas - half)
-    config = ServeConfig(
-        **{
-            "replicas": args.replicas,
-            "gpus_per_replica": args.tp,
-            "scheduler": SchedulerConfig(
-                kind=args.schedulers, max_tokens=max_tokens, chunk_size=chunk
-            ),
-            **kw,
-        }
-    )
+        rest = max(1, args.replicas - half)
+        kw = {"disaggregate": True, "prefill_replicas": half, "decode_replicas": rest}
+        kw["replicas"] = half + rest
+    base = {
+        "model": args.model,
+        "gpu": args.gpu,
+        "tp": args.tp,
+        "replicas": args.replicas,
+        "scheduler": args.schedulers,
+        "chunk_size": 512,
+        "qps": args.qps,
+        "num_requests": args.requests,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "seed": args.seed,
+    }
+    return ServeOptions(**{**base, **kw})
+
+
+def _child(args: argparse.Namespace) -> None:
+    from simcli.scenario.serving import resolve_serve
+
+    feature = args.feature
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps(LLAMA_1B))
+        scenario = resolve_serve(_options(args, str(path)))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    sim = Simulator(step, config, energy=EnergyMeter.for_step_model(step), **extra)  # as the CLI
+    sim = scenario.simulator(energy=True)  # as the CLI
     t0 = time.perf_counter()
-    res = sim.run(synthetic_requests(spec))
+    res = sim.run(scenario.arrivals.requests())
     wall = time.perf_counter() - t0
     s = res.summary
     print(

@@ -1,6 +1,7 @@
-"""Serving: step-latency model (step.py), discrete-event serving simulator, schedulers,
-KV block manager, routing, disaggregation, speculative decoding, multi-branch reasoning,
-capacity planning.
+"""Serving: the discrete-event serving simulator, schedulers, KV block manager, routing,
+disaggregation, speculative decoding, multi-branch reasoning, capacity planning. Step
+latencies come from :mod:`costmodels.steps.serving`; deployments are resolved by
+:mod:`simcli.scenario.serving`.
 
 Contract between the step model and the simulator (both sides rely on it):
 
@@ -23,9 +24,12 @@ Contract between the step model and the simulator (both sides rely on it):
   ``step_s`` (:mod:`simcli.serving.spec`).
 
 Modules: ``requests`` (requests, sequences, arrival streams), ``kv`` (paged blocks, prefix
-cache), ``replica`` (engines and their iteration loop), ``schedulers``, ``router``,
+cache), ``batch`` (the lockstep decode batch, one iteration's batch, the step-model
+protocol), ``engine`` (an engine's queues and iteration loop), ``replica`` (``pp`` engines
+sharing a KV cache), ``schedulers``, ``router``,
 ``metrics``, ``timeline`` (bounded per-iteration samples and Chrome traces for reports),
-``simulator`` (the event loop, ``ServeConfig``, ``simulate``), and the optional
+``simulator`` (the event loop, ``ServeConfig``, ``simulate``), ``plan_inputs``,
+``plan_result`` and ``planner`` (the capacity-planning search), and the optional
 features, each a ``ServeConfig`` field: ``disagg`` (prefill/decode pools joined by KV
 transfers), ``spec`` (speculative decoding: draft model, SpecTr drafts, TriForce hierarchy),
 ``branches`` (N branches per request, early stopping at M, SART pruning).

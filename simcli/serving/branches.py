@@ -58,7 +58,7 @@ from simcli.serving.requests import (
 from workloads.lengths import LengthDist
 
 if TYPE_CHECKING:
-    from simcli.serving.replica import Engine
+    from simcli.serving.engine import Engine
 
 
 class BranchConfig(BaseModel):
@@ -151,6 +151,24 @@ class BranchState:
         lengths = np.concatenate([[req.output_tokens], extra]).astype(np.int64)
         return cls(config, lengths, scores)
 
+    # The engine calls the branch policy through the request's state (it imports nothing
+    # of this module, which would be a cycle: the functions below drive the engine).
+    def extra_blocks(self, req: Request, block_size: int) -> int:
+        """See :func:`fork_extra_blocks`."""
+        return fork_extra_blocks(req, block_size)
+
+    def fork(self, engine: Engine, root: Sequence, now_s: float) -> None:
+        """See :func:`fork`."""
+        fork(engine, root, now_s)
+
+    def finished(self, engine: Engine, seq: Sequence, request_done: bool) -> None:
+        """See :func:`branch_finished`."""
+        branch_finished(engine, seq, request_done)
+
+    def prune(self, engine: Engine, req: Request) -> bool:
+        """See :func:`prune`."""
+        return prune(engine, req)
+
 
 def fork_extra_blocks(req: Request, block_size: int) -> int:
     """Blocks a branch root takes beyond its prompt: one copy of the partial last block
@@ -214,7 +232,7 @@ def fork(engine: Engine, root: Sequence, now_s: float) -> None:
         if s.state == CANCELLED:  # cut when an earlier one completed the request
             continue
         if req.finish_s is None:
-            engine._finish(s, now_s)
+            engine.finish_sequence(s, now_s)
         else:
             cancel(engine, s, pruned=False)
     if cfg.prune == "sart" and req.finish_s is None:
@@ -225,7 +243,7 @@ def cancel(engine: Engine, seq: Sequence, pruned: bool) -> None:
     """Drop a live branch wherever it is; its KV is freed."""
     state = seq.state
     if state == DECODING and seq.slot >= 0:
-        engine._leave_decode(seq)
+        engine.leave_decode(seq)
     elif state == WAITING:
         engine.waiting.remove(seq)
         engine.queued_blocks -= -(-seq.prefill_target // engine.block_size)

@@ -53,8 +53,9 @@ from simcli.serving.requests import Sequence
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
 
 if TYPE_CHECKING:
+    from simcli.serving.engine import Engine
     from simcli.serving.metrics import Metrics
-    from simcli.serving.replica import Engine, Replica
+    from simcli.serving.replica import Replica
 
 
 class DisaggConfig(BaseModel):

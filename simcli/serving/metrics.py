@@ -26,7 +26,8 @@ import numpy as np
 from costmodels.ops.common import Work
 
 if TYPE_CHECKING:
-    from simcli.serving.replica import Batch, Engine
+    from simcli.serving.batch import Batch
+    from simcli.serving.engine import Engine
     from simcli.serving.requests import Request
 
 

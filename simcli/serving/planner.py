@@ -24,7 +24,10 @@ because routing and batching change, hence "monotone-ish"), so:
 
 1. *Fit.* The step model is built for (model, gpu, tp); a model that does not fit (its
    one-line ``StepError``: weights, or no room for a KV block) skips the config with a
-   note. A request longer than a replica's KV cache skips it the same way.
+   note. A request longer than a replica's KV cache skips it the same way. Step models
+   and the simulator's ``ServeConfig`` of every probe come from a
+   :class:`DeploymentBuilder`: :mod:`simcli.scenario.serving` builds them through the
+   same code as ``simcli serve`` (hardware, prices, KV swap rate, step model).
 2. *Idle bound.* Every request is priced alone on an idle replica (prefill, or its
    Sarathi chunks, then decode steps at its mean context): queueing and batching only
    make requests slower (and a KV transfer between pools adds time), so the fraction
@@ -99,463 +102,32 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hardware_specs.prices import gpu_price as hw_price
-from hardware_specs.registry import load_catalog
-from simcli.serving.disagg import DisaggConfig
-from simcli.serving.requests import Request, SyntheticSpec, synthetic_requests
+from simcli.serving.batch import StepModelLike
+from simcli.serving.plan_inputs import (
+    DEFAULT_GPUS,
+    SLO,
+    Candidate,
+    PlanError,
+    PlanSpace,
+    Workload,
+)
+from simcli.serving.plan_result import (
+    EVALUATED_STATUS,
+    PROBE_METRICS,
+    Deployment,
+    PlanResult,
+    Probe,
+)
+from simcli.serving.requests import Request, synthetic_requests
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, Simulator
-from workloads.lengths import parse_dist
-from workloads.models import ModelConfig, load_model
+from workloads.models import ModelConfig
 
-DEFAULT_GPUS = ("h100-sxm", "h200-sxm", "a100-sxm-80gb")
 IDLE_SLACK = 1.02  # idle-bound thresholds relaxed by 2% (mean-context step interpolation)
-
-
-class PlanError(ValueError):
-    """A planning input or outcome for users; the message is one line."""
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-class SLO(BaseModel):
-    """Per-request latency thresholds and the fraction of requests that must meet all."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    ttft_s: float | None = Field(default=None, gt=0, description="time to first token")
-    tpot_s: float | None = Field(default=None, gt=0, description="time per output token")
-    e2e_s: float | None = Field(default=None, gt=0, description="end-to-end latency")
-    attainment: float = Field(default=0.9, gt=0, le=1, description="fraction meeting all")
-
-    @model_validator(mode="after")
-    def _some_threshold(self) -> SLO:
-        if self.ttft_s is None and self.tpot_s is None and self.e2e_s is None:
-            raise ValueError(
-                "no SLO given; allowed: at least one of --slo-ttft-s, --slo-tpot-s, --slo-e2e-s"
-            )
-        return self
-
-    def limits(self, slack: float = 1.0) -> tuple[float, float, float]:
-        inf = math.inf
-        return (
-            self.ttft_s * slack if self.ttft_s is not None else inf,
-            self.tpot_s * slack if self.tpot_s is not None else inf,
-            self.e2e_s * slack if self.e2e_s is not None else inf,
-        )
-
-    def max_misses(self, n: int) -> int:
-        """Requests that may miss the SLO out of ``n`` while the attainment still holds."""
-        return n - math.ceil(self.attainment * n - 1e-9)
-
-
-class Workload(BaseModel):
-    """Synthetic Poisson/gamma arrivals at the target rate (``simcli serve``'s generator)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    qps: float = Field(gt=0, description="target arrival rate, requests per second")
-    prompt_len: str = Field(default="lognormal:512:1:4096", description="prompt length DIST")
-    output_len: str = Field(default="lognormal:128:1:2048", description="output length DIST")
-    num_requests: int = Field(default=1000, gt=0, description="requests simulated per probe")
-    burstiness: float = Field(default=1.0, gt=0, description="CV of inter-arrival gaps")
-    seed: int = 0
-
-    @field_validator("prompt_len", "output_len")
-    @classmethod
-    def _dist(cls, v: str) -> str:
-        parse_dist(v)  # one-line LengthError for a bad DIST
-        return v
-
-    def spec(self) -> SyntheticSpec:
-        return SyntheticSpec(
-            qps=self.qps,
-            num_requests=self.num_requests,
-            burstiness=self.burstiness,
-            prompt_len=parse_dist(self.prompt_len),
-            output_len=parse_dist(self.output_len),
-            seed=self.seed,
-        )
-
-
-class PlanSpace(BaseModel):
-    """The deployments searched. ``chunk_sizes`` apply to ``sarathi`` only (its token
-    budget per iteration); ``vllm`` and ``orca`` are one config each per (gpu, tp)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gpus: tuple[str, ...] = DEFAULT_GPUS
-    tp: tuple[int, ...] = (1, 2, 4)
-    schedulers: tuple[Literal["vllm", "orca", "sarathi"], ...] = ("vllm", "sarathi")
-    chunk_sizes: tuple[int, ...] = (512, 2048)
-    pd_ratios: tuple[str | None, ...] = Field(
-        default=(None, "1:1", "1:2"),
-        description="None: prefill and decode on every replica; 'P:D': disaggregated pools "
-        "splitting the replicas P:D (as `simcli serve --disaggregate --pd-ratio`)",
-    )
-    max_replicas: int = Field(default=64, gt=0)
-    max_batch_size: int = Field(default=256, gt=0, description="running sequences per replica")
-    block_size: int = Field(default=16, gt=0)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    prices: dict[str, float] = Field(
-        default_factory=dict, description="US$ per GPU-hour overrides by GPU id; '*' for all"
-    )
-
-    @field_validator("gpus", "tp", "schedulers", "chunk_sizes", "pd_ratios")
-    @classmethod
-    def _non_empty_unique(cls, v: tuple) -> tuple:
-        if not v:
-            raise ValueError("empty list; allowed: at least one value")
-        return tuple(dict.fromkeys(v))
-
-    @field_validator("tp", "chunk_sizes")
-    @classmethod
-    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if any(x < 1 for x in v):
-            raise ValueError(f"values must be positive integers, got {list(v)}")
-        return v
-
-    @field_validator("pd_ratios")
-    @classmethod
-    def _ratios(cls, v: tuple[str | None, ...]) -> tuple[str | None, ...]:
-        for r in v:
-            if r is not None:
-                pd_weights(r)
-        return v
-
-    @field_validator("prices")
-    @classmethod
-    def _prices(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, p in v.items():
-            if not (p > 0 and math.isfinite(p)):
-                raise ValueError(f"price for {k} must be a positive number, got {p}")
-        return v
-
-
-# --------------------------------------------------------------------------- prices
-
-
-def gpu_price(gpu: str, overrides: dict[str, float]) -> float:
-    """US$ per GPU-hour of ``gpu``: an override (by id or ``*``) or the price table's."""
-    return hw_price(gpu, overrides).usd_per_gpu_hour
-
-
-def pd_weights(ratio: str) -> tuple[float, float]:
-    """``"P:D"`` -> (P, D), two positive numbers."""
-    try:
-        pw, dw = (float(x) for x in ratio.split(":"))
-    except ValueError:
-        pw = dw = math.nan
-    if not (pw > 0 and dw > 0 and math.isfinite(pw) and math.isfinite(dw)):
-        raise PlanError(f"pd ratio {ratio!r} is invalid; allowed: P:D, two positive numbers")
-    return pw, dw
-
-
-# --------------------------------------------------------------------------- step models
-
-_STEP_CACHE: dict[tuple, Any] = {}
-
-
-def planner_step_model(
-    model: ModelConfig, gpu: str, tp: int, max_num_batched_tokens: int, max_num_seqs: int
-) -> Any:
-    """``StepModel`` per (model, gpu, tp, activation workspace), built as ``simcli serve``
-    builds it. The pricing grids are shared across workspaces (step.py caches them per
-    (model, gpu, tp)), so only the first of each (model, gpu, tp) costs a build."""
-    from costmodels.steps.serving import StepModel
-
-    key = (model.model_dump_json(), gpu, tp, max_num_batched_tokens, max_num_seqs)
-    sm = _STEP_CACHE.get(key)
-    if sm is None:
-        if len(_STEP_CACHE) >= 64:
-            _STEP_CACHE.clear()
-        sm = _STEP_CACHE[key] = StepModel(
-            model,
-            gpu,
-            tp=tp,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-        )
-    return sm
-
-
-# --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class Config:
-    gpu: str
-    tp: int
-    scheduler: str
-    chunk_size: int | None  # sarathi only
-    pd_ratio: str | None = None  # disaggregated prefill:decode pools
-
-    @property
-    def label(self) -> str:
-        chunk = f" chunk={self.chunk_size}" if self.chunk_size else ""
-        pd = f" pd={self.pd_ratio}" if self.pd_ratio else ""
-        return f"{self.gpu} tp={self.tp} {self.scheduler}{chunk}{pd}"
-
-    @property
-    def min_replicas(self) -> int:
-        return 2 if self.pd_ratio else 1
-
-    def shape(self, replicas: int) -> tuple:
-        """What is simulated: equal for two ratios that split ``replicas`` alike."""
-        return (
-            self.gpu,
-            self.tp,
-            self.scheduler,
-            self.chunk_size,
-            self.pools(replicas) or replicas,
-        )
-
-    def pools(self, replicas: int) -> tuple[int, int] | None:
-        """(prefill, decode) replicas of a disaggregated config, as ``simcli serve
-        --pd-ratio`` splits ``--replicas``: prefill = round(R x P / (P + D)) within
-        [1, R - 1]."""
-        if not self.pd_ratio:
-            return None
-        pw, dw = pd_weights(self.pd_ratio)
-        pre = min(max(round(replicas * pw / (pw + dw)), 1), replicas - 1)
-        return pre, replicas - pre
-
-
-@dataclass
-class Probe:
-    replicas: int
-    passed: bool
-    attainment: float  # over all requests; an upper bound when stopped early
-    stopped_early: bool
-    summary: dict[str, Any] | None  # the simulator's summary of a complete run
-
-
-@dataclass
-class Deployment:
-    config: Config
-    replicas: int
-    usd_per_gpu_hour: float
-    probe: Probe
-    fewer: Probe | None  # replicas - 1, simulated and missing the SLO (None: replicas == 1)
-
-    @property
-    def gpus(self) -> int:
-        return self.replicas * self.config.tp
-
-    @property
-    def usd_per_hour(self) -> float:
-        return self.gpus * self.usd_per_gpu_hour
-
-    @property
-    def usd_per_million_output_tokens(self) -> float:
-        s = self.probe.summary or {}
-        tokens = s.get("output_tokens") or 0
-        return (
-            self.usd_per_hour * s.get("duration_s", 0.0) / 3600.0 / tokens * 1e6
-            if tokens
-            else math.inf
-        )
-
-    def sort_key(self) -> tuple:
-        s = self.probe.summary or {}
-        c = self.config
-        return (
-            round(self.usd_per_hour, 9),
-            round(self.usd_per_million_output_tokens, 9),
-            s.get("e2e_s_p99", math.inf),
-            c.gpu,
-            c.tp,
-            c.scheduler,
-            c.chunk_size or 0,
-            c.pd_ratio or "",
-        )
-
-    def record(self) -> dict[str, Any]:
-        s = self.probe.summary or {}
-        c = self.config
-        pools = c.pools(self.replicas)
-        return {
-            "gpu": c.gpu,
-            "tp": c.tp,
-            "replicas": self.replicas,
-            "scheduler": c.scheduler,
-            "chunk_size": c.chunk_size,
-            "pd_ratio": c.pd_ratio,
-            "prefill_replicas": pools[0] if pools else None,
-            "decode_replicas": pools[1] if pools else None,
-            "gpus": self.gpus,
-            "usd_per_gpu_hour": self.usd_per_gpu_hour,
-            "usd_per_hour": self.usd_per_hour,
-            "usd_per_million_output_tokens": self.usd_per_million_output_tokens,
-            "slo_attainment": self.probe.attainment,
-            **{
-                k: s.get(k)
-                for k in (
-                    "ttft_s_p50",
-                    "ttft_s_p99",
-                    "tpot_s_p50",
-                    "tpot_s_p99",
-                    "e2e_s_p50",
-                    "e2e_s_p99",
-                    "throughput_tokens_per_s",
-                    "preemptions",
-                    "kv_capacity_tokens_per_replica",
-                )
-            },
-            # attainment with one replica fewer (an upper bound when that run stopped early)
-            "attainment_one_fewer": self.fewer.attainment if self.fewer else None,
-        }
-
-
-# Simulator metrics of a probe that ``PlanResult.evaluated`` reports (None when stopped early).
-PROBE_METRICS = (
-    "ttft_s_p50",
-    "ttft_s_p99",
-    "tpot_s_p50",
-    "tpot_s_p99",
-    "e2e_s_p50",
-    "e2e_s_p99",
-    "throughput_tokens_per_s",
-    "goodput_requests_per_s",
-    "preemptions",
-    "kv_capacity_tokens_per_replica",
-)
-
-# ``status`` of a row of ``PlanResult.evaluated``: a simulated deployment is ``ranked`` (one
-# of the returned ones), ``meets_slo``, ``misses_slo`` or ``stopped_early`` (missed: the run
-# stopped once too many requests had missed); a config never simulated is ``skipped``
-# (model or request does not fit), ``infeasible`` (idle or work bound) or ``pruned`` (its
-# cost bound above the top deployments).
-EVALUATED_STATUS = (
-    "ranked",
-    "meets_slo",
-    "misses_slo",
-    "stopped_early",
-    "skipped",
-    "infeasible",
-    "pruned",
-)
-
-
-@dataclass
-class PlanResult:
-    model: str
-    slo: SLO
-    workload: Workload
-    deployments: list[Deployment]
-    configs_evaluated: int = 0
-    # configs_evaluated = feasible + pruned + skipped + infeasible; simulated overlaps them
-    configs_feasible: int = 0  # a replica count met the SLO (the top ones are reported)
-    configs_pruned: int = 0  # cost bound above the top-k, or search cut at the cost cap
-    configs_skipped: int = 0  # model or request does not fit
-    configs_infeasible: int = 0  # SLO not met at any replica count up to --max-replicas
-    configs_simulated: int = 0  # at least one simulation run
-    simulations_run: int = 0
-    simulations_stopped_early: int = 0
-    search_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    best_infeasible: tuple[float, str, bool] | None = None  # attainment, where, upper bound
-    fewest_over_cap: tuple[int, str] | None = None  # smallest R_lb above --max-replicas
-    # every config searched: (config, outcome, note, its probes by replicas); see evaluated()
-    searched: list[tuple[Config, str, str, dict[int, Probe]]] = field(default_factory=list)
-    prices: dict[str, float] = field(default_factory=dict)  # gpu -> US$ per GPU-hour
-    cost_model_labels: dict[str, str] = field(default_factory=dict)  # gpu -> StepModel.label
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "qps": self.workload.qps,
-            "prompt_len": self.workload.prompt_len,
-            "output_len": self.workload.output_len,
-            "num_requests": self.workload.num_requests,
-            "seed": self.workload.seed,
-            "slo": self.slo.model_dump(),
-            "configs_evaluated": self.configs_evaluated,
-            "configs_feasible": self.configs_feasible,
-            "configs_pruned": self.configs_pruned,
-            "configs_skipped": self.configs_skipped,
-            "configs_infeasible": self.configs_infeasible,
-            "configs_simulated": self.configs_simulated,
-            "simulations_run": self.simulations_run,
-            "simulations_stopped_early": self.simulations_stopped_early,
-            "search_seconds": self.search_seconds,
-            "notes": list(self.notes),
-        }
-
-    def records(self) -> list[dict[str, Any]]:
-        return [{"rank": i + 1, **d.record()} for i, d in enumerate(self.deployments)]
-
-    def evaluated(self) -> list[dict[str, Any]]:
-        """Every deployment the search looked at: one row per (config, replica count)
-        simulated, and one row (``replicas`` None) per config left without a simulation.
-        ``status`` is one of :data:`EVALUATED_STATUS`; ``rank`` is set for the returned
-        deployments."""
-        ranks = {(d.config, d.replicas): i + 1 for i, d in enumerate(self.deployments)}
-        prices = {d.config.gpu: d.usd_per_gpu_hour for d in self.deployments}
-        rows: list[dict[str, Any]] = []
-        for c, outcome, note, probes in self.searched:
-            price = prices.get(c.gpu, self.prices.get(c.gpu, math.nan))
-            base = {
-                "config": c.label,
-                "gpu": c.gpu,
-                "tp": c.tp,
-                "scheduler": c.scheduler,
-                "chunk_size": c.chunk_size,
-                "pd_ratio": c.pd_ratio,
-                "usd_per_gpu_hour": price,
-            }
-            if not probes:
-                rows.append({"rank": None, **base, "replicas": None, "status": outcome,
-                             "note": note})  # fmt: skip
-                continue
-            for r in sorted(probes):
-                pr = probes[r]
-                pools = c.pools(r)
-                s = pr.summary or {}
-                gpus = r * c.tp
-                tokens = s.get("output_tokens") or 0
-                usd_h = gpus * price
-                rank = ranks.get((c, r))
-                if rank is not None:
-                    status = "ranked"
-                elif pr.passed:
-                    status = "meets_slo"
-                else:
-                    status = "stopped_early" if pr.stopped_early else "misses_slo"
-                rows.append(
-                    {
-                        "rank": rank,
-                        **base,
-                        "replicas": r,
-                        "prefill_replicas": pools[0] if pools else None,
-                        "decode_replicas": pools[1] if pools else None,
-                        "gpus": gpus,
-                        "usd_per_hour": usd_h,
-                        "usd_per_million_output_tokens": usd_h
-                        * s["duration_s"]
-                        / 3600.0
-                        / tokens
-                        * 1e6
-                        if tokens
-                        else None,
-                        "meets_slo": pr.passed,
-                        "slo_attainment": pr.attainment,
-                        "stopped_early": pr.stopped_early,
-                        "status": status,
-                        **{k: s.get(k) for k in PROBE_METRICS},
-                        "note": "",
-                    }
-                )
-        return rows
-
-
-# --------------------------------------------------------------------------- the search
 
 
 class _Missed(Exception):
@@ -587,9 +159,22 @@ class _Judge:
                 raise _Missed
 
 
+class DeploymentBuilder(Protocol):
+    """What the search needs priced for a candidate (implemented by
+    :class:`simcli.scenario.serving.CandidateDeployments`, through ``simcli serve``'s
+    code): its GPU's price, its step model (a one-line ``ValueError`` when the model does
+    not fit) and the simulator's config at a replica count."""
+
+    def usd_per_gpu_hour(self, gpu: str) -> float: ...
+
+    def step_model(self, candidate: Candidate) -> StepModelLike: ...
+
+    def serve_config(self, candidate: Candidate, replicas: int) -> ServeConfig: ...
+
+
 @dataclass
 class _State:
-    config: Config
+    config: Candidate
     step: Any = None
     sched: SchedulerConfig | None = None
     kv_capacity: int = 0
@@ -605,23 +190,21 @@ class Planner:
 
     def __init__(
         self,
-        model: ModelConfig | str,
+        model: ModelConfig,
         space: PlanSpace,
         slo: SLO,
         workload: Workload,
         top: int,
+        builder: DeploymentBuilder,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
         self.progress = progress
         if top < 1:
             raise PlanError(f"--top {top} is invalid; allowed: a positive integer")
-        self.model = model if isinstance(model, ModelConfig) else load_model(model)
+        self.model = model
         self.space, self.slo, self.workload, self.top = space, slo, workload, top
-        catalog = load_catalog()
-        for g in space.gpus:
-            catalog.gpu(g)  # one-line error listing the known ids
-        self.prices = {g: gpu_price(g, space.prices) for g in space.gpus}
-        self.max_tokens = max(self.model.max_seq_len, 2048)  # vLLM's default, as simcli serve
+        self.builder = builder
+        self.prices = {g: builder.usd_per_gpu_hour(g) for g in space.gpus}
         arrivals, prompts, outputs = [], [], []
         for r in synthetic_requests(workload.spec()):
             arrivals.append(r.arrival_s)
@@ -643,45 +226,33 @@ class Planner:
             yield Request(i, a, p, o)
 
     # --- configs -----------------------------------------------------------------------
-    def configs(self) -> list[Config]:
+    def configs(self) -> list[Candidate]:
         out = []
         for g in self.space.gpus:
             for tp in self.space.tp:
                 for s in self.space.schedulers:
                     chunks = self.space.chunk_sizes if s == "sarathi" else (None,)
                     for c in chunks:
-                        out.extend(Config(g, tp, s, c, r) for r in self.space.pd_ratios)
+                        out.extend(Candidate(g, tp, s, c, r) for r in self.space.pd_ratios)
         return out
 
     def _prepare(self, st: _State) -> str | None:
         """Build the step model and the bounds; a note when the config is out."""
         c = st.config
-        sp = self.space
-        mbt = c.chunk_size if c.scheduler == "sarathi" else self.max_tokens
         try:
-            st.step = planner_step_model(
-                self.model,  # type: ignore[arg-type]
-                c.gpu,
-                c.tp,
-                mbt,  # type: ignore[arg-type]
-                sp.max_batch_size,
-            )
+            st.step = self.builder.step_model(c)
+            base = self.builder.serve_config(c, c.min_replicas)
             self.result.cost_model_labels.setdefault(c.gpu, str(getattr(st.step, "label", "")))
             st.kv_capacity = int(
-                st.step.kv_capacity_tokens(sp.block_size, sp.gpu_memory_utilization)
+                st.step.kv_capacity_tokens(base.block_size, base.gpu_memory_utilization)
             )
         except ValueError as exc:  # StepError / ModelError: the model does not fit
             return str(exc).splitlines()[0]
+        bs = base.block_size
         longest = int((self.prompts + self.outputs - 1).max())
-        if longest > st.kv_capacity // sp.block_size * sp.block_size:
+        if longest > st.kv_capacity // bs * bs:
             return f"a request needs {longest} tokens of KV cache, a replica holds {st.kv_capacity}"
-
-        st.sched = SchedulerConfig(
-            kind=c.scheduler,  # type: ignore[arg-type]
-            max_batch_size=sp.max_batch_size,
-            max_tokens=self.max_tokens,
-            chunk_size=c.chunk_size or 512,
-        )
+        st.sched = base.scheduler
         return None
 
     def idle_attainment(self, st: _State) -> float:
@@ -715,7 +286,7 @@ class Planner:
         prompts, outputs = self.prompts, self.outputs
         decodes = np.maximum(outputs - 1, 0).astype(float)
         ctx = prompts + decodes / 2.0  # mean context of a request's decode steps
-        seats, budget = sp.max_batch_size, self.max_tokens
+        seats, budget = sp.max_batch_size, st.sched.max_tokens  # type: ignore[union-attr]
         if c.scheduler == "sarathi":
             seats = min(seats, c.chunk_size)  # type: ignore[type-var]
             budget = c.chunk_size  # type: ignore[assignment]
@@ -771,7 +342,7 @@ class Planner:
         r_est = up(work(n_all) / span) if span > 0 else r_lb
         return r_lb, max(r_lb, r_est)
 
-    def _fewest_split(self, c: Config, pre: int, dec: int, start: int) -> int:
+    def _fewest_split(self, c: Candidate, pre: int, dec: int, start: int) -> int:
         """Fewest replicas >= ``start`` whose P:D split has >= ``pre`` prefill and >=
         ``dec`` decode replicas (``max_replicas + 1`` when none within reach)."""
         r = max(start, 2, pre + dec)
@@ -792,26 +363,7 @@ class Planner:
             return hit
         n = len(self.arrivals)
         judge = _Judge(self.slo, n)
-        pools = c.pools(replicas)
-        cfg = ServeConfig(
-            replicas=replicas,
-            gpus_per_replica=c.tp,
-            seed=self.workload.seed,
-            disaggregation=DisaggConfig(
-                prefill_replicas=pools[0],
-                decode_replicas=pools[1],
-                prefill_gpus_per_replica=c.tp,
-                decode_gpus_per_replica=c.tp,
-            )
-            if pools
-            else None,
-            scheduler=st.sched,  # type: ignore[arg-type]
-            block_size=self.space.block_size,
-            gpu_memory_utilization=self.space.gpu_memory_utilization,
-            slo_ttft_s=self.slo.ttft_s,
-            slo_tpot_s=self.slo.tpot_s,
-            price_per_gpu_hour=self.prices[c.gpu],
-        )
+        cfg = self.builder.serve_config(c, replicas)
         sim = Simulator(st.step, cfg, kv_capacity_tokens=st.kv_capacity, sink=judge)
         self.result.simulations_run += 1
         try:
@@ -868,7 +420,7 @@ class Planner:
 
     # --- driver ------------------------------------------------------------------------
     def _kth_cost(self) -> float:
-        costs = {d.config.shape(d.replicas): d.usd_per_hour for d in self.result.deployments}
+        costs = {d.candidate.shape(d.replicas): d.usd_per_hour for d in self.result.deployments}
         if len(costs) < self.top:
             return math.inf
         return sorted(costs.values())[self.top - 1]
@@ -971,7 +523,7 @@ class Planner:
         seen: set[tuple] = set()
         unique = []
         for d in res.deployments:  # one entry per simulated shape (P:D ratios can coincide)
-            shape = d.config.shape(d.replicas)
+            shape = d.candidate.shape(d.replicas)
             if shape not in seen:
                 seen.add(shape)
                 unique.append(d)
@@ -993,20 +545,23 @@ class Planner:
             self.result.best_infeasible = (attainment, where, upper)
 
 
-def plan_deployments(
-    model: ModelConfig | str,
+def search_deployments(
+    model: ModelConfig,
     workload: Workload,
     slo: SLO,
-    space: PlanSpace | None = None,
+    space: PlanSpace,
+    builder: DeploymentBuilder,
     *,
     top: int = 5,
     progress: Callable[[int, int], None] | None = None,
 ) -> PlanResult:
-    """Search ``space`` for the cheapest deployments meeting ``slo`` under ``workload``.
-    ``progress(done, total)`` is called as each config is settled (total: the configs).
+    """Search ``space`` for the cheapest deployments meeting ``slo`` under ``workload``,
+    every candidate priced by ``builder``. ``progress(done, total)`` is called as each
+    config is settled (total: the configs). (``simcli.scenario.serving.plan_deployments``
+    is this search with ``simcli serve``'s builder.)
 
     Raises :class:`PlanError` (one line) when no deployment meets the SLO."""
-    planner = Planner(model, space or PlanSpace(), slo, workload, top, progress)
+    planner = Planner(model, space, slo, workload, top, builder, progress)
     result = planner.run()
     if not result.deployments:
         if result.configs_skipped == result.configs_evaluated:
@@ -1041,15 +596,14 @@ __all__ = [
     "EVALUATED_STATUS",
     "PROBE_METRICS",
     "SLO",
-    "Config",
+    "Candidate",
     "Deployment",
+    "DeploymentBuilder",
     "PlanError",
     "PlanResult",
     "PlanSpace",
     "Planner",
     "Probe",
     "Workload",
-    "gpu_price",
-    "plan_deployments",
-    "planner_step_model",
+    "search_deployments",
 ]

@@ -125,7 +125,7 @@ class Sequence:
     ``prefill_target`` tokens must be in the KV cache before the next token can be
     produced: the prompt at first, prompt plus generated tokens after a recompute
     preemption. While the sequence is in a replica's decode batch its context and
-    generated counts advance in lockstep with the batch (see ``replica.DecodeBatch``);
+    generated counts advance in lockstep with the batch (see ``batch.DecodeBatch``);
     ``ctx_tokens``/``generated`` are then refreshed when it leaves the batch.
     """
 

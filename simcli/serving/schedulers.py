@@ -30,7 +30,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simcli.serving.replica import Batch, Engine
+from simcli.serving.batch import Batch
+from simcli.serving.engine import Engine
 
 SCHEDULERS = ("vllm", "orca", "sarathi")
 PREEMPTION = ("recompute", "swap")
@@ -48,7 +49,7 @@ class SchedulerConfig(BaseModel):
 
 
 class Scheduler:
-    """Policy over an :class:`~simcli.serving.replica.Engine`; subclasses pick prefills."""
+    """Policy over an :class:`~simcli.serving.engine.Engine`; subclasses pick prefills."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config

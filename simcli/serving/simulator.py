@@ -8,7 +8,7 @@ most one iteration per engine: memory does not grow with the number of requests.
 
 Each engine iteration calls ``StepModel.step_s`` exactly once (the contract in
 ``simcli.serving``); everything else per iteration is O(1) Python plus one numpy add (see
-``replica.DecodeBatch``). A speculative iteration calls the draft's ``step_s`` and the
+``batch.DecodeBatch``). A speculative iteration calls the draft's ``step_s`` and the
 target's ``verify_step_s`` once each instead (:mod:`simcli.serving.spec`).
 
 Optional features, each off by default and each a field of :class:`ServeConfig`:
@@ -32,10 +32,11 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simcli.serving.batch import StepModelLike
 from simcli.serving.branches import BranchConfig, BranchState, BranchStats
 from simcli.serving.disagg import DisaggConfig, Disaggregation, KVTransferModel
 from simcli.serving.metrics import EnergyMeter, Metrics
-from simcli.serving.replica import Replica, StepModelLike
+from simcli.serving.replica import Replica
 from simcli.serving.requests import Request
 from simcli.serving.router import make_router
 from simcli.serving.schedulers import SchedulerConfig, make_scheduler

@@ -189,7 +189,7 @@ class SpecStats:
 class SpecDecodeBatch:
     """The decode batch of a speculative engine: explicit per-sequence context, generated
     and reserved-block arrays (sequences advance by different amounts, so the lockstep
-    :class:`~simcli.serving.replica.DecodeBatch` does not apply); same methods."""
+    :class:`~simcli.serving.batch.DecodeBatch` does not apply); same methods."""
 
     variable = True
 

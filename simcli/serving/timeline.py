@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from simcli.serving.replica import Batch, Engine, Replica
+    from simcli.serving.batch import Batch
+    from simcli.serving.engine import Engine
+    from simcli.serving.replica import Replica
     from simcli.serving.requests import Request
 
 # Columns of one sample (``samples`` rows and timeline.csv, in this order).

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from simcli.commands import serve as serve_cmd
 from simcli.errors import set_debug
+from simcli.scenario import serving as serve_scenario
 from simcli.serving.kv import BlockManager
 from simcli.serving.metrics import LogHistogram
 from simcli.serving.requests import (
@@ -467,7 +468,7 @@ def cli(monkeypatch):
 
     root.add_typer(serve_cmd.app, name="serve")
     holder = {"step": AffineStep()}
-    monkeypatch.setattr(serve_cmd, "_step_model", lambda *a, **k: holder["step"])
+    monkeypatch.setattr(serve_scenario, "build_step_model", lambda *a, **k: holder["step"])
     runner = CliRunner()
 
     def invoke(*args: str):

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from simcli.commands import serve as serve_cmd
 from simcli.errors import set_debug
+from simcli.scenario import serving as serve_scenario
 from simcli.serving.branches import BranchConfig
 from simcli.serving.disagg import DisaggConfig, KVTransferModel
 from simcli.serving.requests import CANCELLED, FINISHED, Request, SyntheticSpec, synthetic_requests
@@ -591,7 +592,7 @@ def cli(monkeypatch, h100_cost_model):
         made.append((model_cfg.id, tp, step))
         return step
 
-    monkeypatch.setattr(serve_cmd, "_step_model", fake_step)
+    monkeypatch.setattr(serve_scenario, "build_step_model", fake_step)
     runner = CliRunner()
 
     def invoke(*args: str):

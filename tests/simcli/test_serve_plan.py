@@ -9,10 +9,12 @@ import typer
 from typer.testing import CliRunner
 
 from costmodels.steps.serving import StepModel
-from simcli.commands.serve_plan import _prices, serve_plan
+from simcli.commands.serve_plan import serve_plan
 from simcli.errors import set_debug
+from simcli.scenario.serving import plan_deployments
+from simcli.scenario.serving_options import parse_prices
 from simcli.serving.disagg import DisaggConfig
-from simcli.serving.planner import SLO, PlanError, PlanSpace, Workload, plan_deployments
+from simcli.serving.planner import SLO, PlanError, PlanSpace, Workload
 from simcli.serving.requests import Request, synthetic_requests
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, simulate
@@ -230,11 +232,14 @@ def test_bad_input_one_line(args, needle):
 
 
 def test_price_override_parsing():
-    assert _prices(None) == {}
-    assert _prices("2.5") == {"*": 2.5}
-    assert _prices("h100-sxm=1.5, a100-sxm-80gb=0.9") == {"h100-sxm": 1.5, "a100-sxm-80gb": 0.9}
+    assert parse_prices(None) == {}
+    assert parse_prices("2.5") == {"*": 2.5}
+    assert parse_prices("h100-sxm=1.5, a100-sxm-80gb=0.9") == {
+        "h100-sxm": 1.5,
+        "a100-sxm-80gb": 0.9,
+    }
     with pytest.raises(PlanError):
-        _prices("h100-sxm=free")
+        parse_prices("h100-sxm=free")
 
 
 def test_output_file_and_table(tmp_path, planned):

@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from simcli.cli import app
 from simcli.errors import set_debug
 from simcli.reports.serve import CSV_SCHEMAS, histogram_cdf, qps_multipliers
+from simcli.scenario.serving import plan_deployments
 from simcli.serving.metrics import LogHistogram
-from simcli.serving.planner import SLO, PlanSpace, Workload, plan_deployments
+from simcli.serving.planner import SLO, PlanSpace, Workload
 from simcli.serving.requests import Request
 from simcli.serving.simulator import ServeConfig, Simulator
 from simcli.serving.timeline import SAMPLE_COLUMNS, StepRecorder

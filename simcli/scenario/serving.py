@@ -1,0 +1,621 @@
+"""Serving scenarios: ``simcli serve``, ``simcli serve plan`` and ``simcli step`` resolved
+once into frozen objects that the simulator and the planner consume.
+
+The options (:mod:`simcli.scenario.serving_options`) are resolved here and nowhere else:
+the model and draft models, the hardware (:func:`~simcli.scenario.hardware.resolve_hardware`:
+GPU, count, op cost model, price), the step models priced with that hardware's cost model,
+the simulator's :class:`~simcli.serving.simulator.ServeConfig` (scheduler, memory budget
+``gpu_memory_utilization`` x GPU memory in ``block_size`` blocks, KV swap rate of the GPU's
+PCIe link, price, SLOs, optional features) and the requests. ``serve plan`` builds every
+candidate deployment through the same functions (:class:`CandidateDeployments`: each
+candidate at a replica count is a :class:`ServeOptions`), so ``simcli serve`` with a
+reported deployment's flags prices exactly what the planner simulated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodels.steps.serving import StepModel
+from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, GIB
+from hardware_specs.prices import gpu_price
+from hardware_specs.registry import load_catalog
+from simcli.scenario.hardware import Hardware, resolve_hardware
+from simcli.scenario.serving_options import (
+    ServeOptions,
+    ServePlanOptions,
+    StepOptions,
+)
+from simcli.serving.disagg import DisaggConfig
+from simcli.serving.metrics import EnergyMeter, Metrics
+from simcli.serving.plan_inputs import SLO, Candidate, PlanSpace, Workload
+from simcli.serving.plan_result import PlanResult
+from simcli.serving.planner import search_deployments
+from simcli.serving.requests import (
+    Request,
+    SyntheticSpec,
+    synthetic_requests,
+    trace_lengths,
+    trace_requests,
+)
+from simcli.serving.schedulers import SchedulerConfig
+from simcli.serving.simulator import ServeConfig, ServeResult, Simulator
+from simcli.serving.timeline import StepRecorder
+from workloads.lengths import parse_dist
+from workloads.models import ModelConfig, load_model
+
+# --------------------------------------------------------------------------- deployments
+
+
+def build_step_model(
+    model: ModelConfig,
+    hardware: Hardware,
+    *,
+    tp: int,
+    pp: int = 1,
+    engine: str = "vllm",
+    attn_pattern: str | None = None,
+    attn_backend: str | None = None,
+    max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_SEQS,
+) -> StepModel:
+    """The step model of one replica of ``tp x pp`` ``hardware`` GPUs, priced by the
+    hardware's op cost model; with ``attn_pattern`` the sparse-attention variant
+    (:class:`simcli.sparsity.serving.PatternStepModel`)."""
+    kw: dict[str, Any] = dict(
+        tp=tp,
+        pp=pp,
+        engine=engine,
+        attn_backend=attn_backend,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        cost_model=hardware.cost_model,
+    )
+    if attn_pattern is not None:
+        from simcli.sparsity.serving import PatternStepModel
+
+        return PatternStepModel(model, hardware.gpu_id, pattern=attn_pattern, **kw)
+    return StepModel(model, hardware.gpu_id, **kw)
+
+
+@dataclass(frozen=True)
+class ServeDeployment:
+    """One serving deployment resolved: its hardware, step models and the simulator's
+    config. ``step`` serves every replica (the decode pool when disaggregated);
+    ``prefill_step`` the prefill pool (``step`` unless its TP differs); ``draft_steps`` the
+    speculative draft and, for a hierarchy, the tiny model."""
+
+    hardware: Hardware  # GPU x tp*pp of ``step``
+    prefill_hardware: Hardware
+    config: ServeConfig
+    step: Any
+    prefill_step: Any
+    draft_steps: tuple[Any, ...] = ()
+
+    def kv_capacity_tokens(self) -> int:
+        """KV tokens a replica holds: the memory budget after weights and workspace."""
+        c = self.config
+        return int(self.step.kv_capacity_tokens(c.block_size, c.gpu_memory_utilization))
+
+    def simulator(self, *, energy: bool = False, **kw: Any) -> Simulator:
+        """A simulator of this deployment (``kw``: :class:`Simulator`'s keyword arguments;
+        ``energy``: price energy with the step model's power model, when it has one)."""
+        disaggregated = self.config.disaggregation is not None
+        drafts = self.draft_steps
+        return Simulator(
+            self.step,
+            self.config,
+            energy=EnergyMeter.for_step_model(self.step) if energy else None,
+            prefill_step_model=self.prefill_step if disaggregated else None,
+            decode_step_model=self.step if disaggregated else None,
+            draft_step_model=drafts[0] if drafts else None,
+            tiny_step_model=drafts[1] if len(drafts) > 1 else None,
+            **kw,
+        )
+
+
+def serve_hardware(options: ServeOptions, tp: int) -> Hardware:
+    """``--gpu`` x ``tp * --pp`` with ``--profile`` and ``--price-per-gpu-hour``."""
+    return resolve_hardware(
+        options.gpu,  # type: ignore[arg-type]
+        tp * options.pp,
+        profile=options.profile,
+        price_usd_per_gpu_hour=options.price_per_gpu_hour,
+    )
+
+
+def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) -> ServeConfig:
+    """The simulator's config of a deployment: scheduler, memory budget, routing, the
+    optional features, and from ``hardware`` the KV swap rate and the price."""
+    o = options
+    pools = o.pools()
+    branching = o.branching()
+    if branching is not None and o.trace is None:  # extra branches draw the workload's DIST
+        branching = branching.model_copy(update={"output_len": parse_dist(o.output_len)})
+    disaggregation = None
+    if pools is not None:
+        disaggregation = DisaggConfig(
+            prefill_replicas=pools[0],
+            decode_replicas=pools[1],
+            prefill_gpus_per_replica=o.prefill_tp_or_tp * o.pp,
+            decode_gpus_per_replica=o.decode_tp_or_tp * o.pp,
+            kv_transfer=o.kv_transfer or "inter",
+            kv_transfer_overlap=o.kv_transfer_overlap,
+            decode_router=o.decode_router or "kv_aware",
+        )
+    return ServeConfig(
+        replicas=o.total_replicas,
+        gpus_per_replica=o.tp * o.pp,
+        pp=o.pp,
+        seed=o.seed,
+        disaggregation=disaggregation,
+        speculative=o.speculative(),
+        branching=branching,
+        scheduler=SchedulerConfig(
+            kind=o.scheduler,
+            max_batch_size=o.max_batch_size,
+            max_tokens=o.max_tokens or max(model.max_seq_len, 2048),  # vLLM's default
+            chunk_size=o.chunk_size,
+            preemption=o.preemption,
+        ),
+        router=o.router,
+        block_size=o.block_size,
+        gpu_memory_utilization=o.gpu_memory_utilization,
+        prefix_caching=o.prefix_caching,
+        swap_bytes_per_s=hardware.host_copy_bytes_per_s,
+        slo_ttft_s=o.slo_ttft_s,
+        slo_tpot_s=o.slo_tpot_s,
+        price_per_gpu_hour=hardware.usd_per_gpu_hour,
+    )
+
+
+def resolve_deployment(
+    options: ServeOptions, model: ModelConfig, drafts: tuple[ModelConfig, ...] = ()
+) -> ServeDeployment:
+    """Hardware, step models and simulator config of the deployment ``options`` describe
+    (``drafts``: the loaded ``--draft-model`` and ``--spec-hierarchy`` models)."""
+    o = options
+    ptp, dtp = o.prefill_tp_or_tp, o.decode_tp_or_tp
+    hardware = serve_hardware(o, dtp)
+    if o.disaggregate and o.kv_transfer == "intra":
+        per_node = hardware.gpus_per_node
+        if (ptp + dtp) * o.pp > per_node:
+            raise ValueError(
+                f"--kv-transfer intra needs a prefill and a decode replica in one node: "
+                f"{ptp * o.pp} + {dtp * o.pp} GPUs > {per_node} per {o.gpu} node; allowed: "
+                "--kv-transfer inter, or smaller replicas"
+            )
+    config = serve_config(o, model, hardware)
+    sched = config.scheduler
+    kw: dict[str, Any] = dict(
+        pp=o.pp,
+        engine=o.engine,
+        max_num_batched_tokens=o.chunk_size if o.scheduler == "sarathi" else sched.max_tokens,
+        max_num_seqs=o.max_batch_size,
+    )
+    pre_hw = hardware
+    if o.disaggregate:
+        pre_hw = hardware if ptp == dtp else serve_hardware(o, ptp)
+        pre = build_step_model(model, pre_hw, tp=ptp, attn_pattern=o.attn_pattern, **kw)
+        step = (
+            pre
+            if dtp == ptp
+            else build_step_model(model, hardware, tp=dtp, attn_pattern=o.attn_pattern, **kw)
+        )
+    else:
+        step = pre = build_step_model(model, hardware, tp=o.tp, attn_pattern=o.attn_pattern, **kw)
+    draft_steps = tuple(build_step_model(d, hardware, tp=o.tp, **kw) for d in drafts)
+    return ServeDeployment(hardware, pre_hw, config, step, pre, draft_steps)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Where a run's requests come from: a replayed trace (``synthetic`` None), or
+    synthetic arrivals whose lengths follow the DISTs or are resampled from a trace's rows
+    (``empirical``). Every call of :meth:`requests` starts the stream afresh."""
+
+    trace: Path | None
+    num_requests: int | None
+    synthetic: SyntheticSpec | None
+    empirical: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def replay(self) -> bool:
+        return self.synthetic is None
+
+    @property
+    def expected(self) -> int | None:
+        """Requests the run will simulate (None: every row of the trace)."""
+        return self.num_requests if self.synthetic is None else self.synthetic.num_requests
+
+    @property
+    def label(self) -> str:
+        return "trace" if self.synthetic is None else f"qps {self.synthetic.qps:g}"
+
+    def requests(self) -> Iterator[Request]:
+        if self.synthetic is None:
+            return trace_requests(self.trace, self.num_requests)
+        return synthetic_requests(self.synthetic, self.empirical)
+
+    def at_rates(self, n: int) -> tuple[Callable[[float], Iterable[Request]], float | None, str]:
+        """(requests of the first ``n`` at ``m`` x this run's arrival rate, the run's rate,
+        why there is none): synthetic arrivals re-drawn at ``m x --qps`` with the same seed
+        and lengths; a replayed trace's first ``n`` rows with arrival times divided by ``m``."""
+        syn = self.synthetic
+        if syn is not None:
+
+            def synthetic_at(m: float) -> Iterable[Request]:
+                spec = syn.model_copy(update={"qps": syn.qps * m, "num_requests": n})
+                return synthetic_requests(spec, self.empirical)
+
+            return synthetic_at, syn.qps, ""
+        arrivals = [r.arrival_s for r in trace_requests(self.trace, n)]
+        span = arrivals[-1] - arrivals[0] if arrivals else 0.0
+        if len(arrivals) < 2 or not span > 0:
+            return (lambda m: iter(())), None, "the trace's arrivals span no time"
+
+        def replay_at(m: float) -> Iterable[Request]:
+            for r in trace_requests(self.trace, n):
+                yield Request(
+                    r.id, r.arrival_s / m, r.prompt_tokens, r.output_tokens, r.prefix_key,
+                    r.prefix_tokens,
+                )  # fmt: skip
+
+        return replay_at, (len(arrivals) - 1) / span, ""
+
+
+def resolve_arrivals(options: ServeOptions) -> Arrivals:
+    """``--trace`` alone replays it; ``--qps`` draws synthetic arrivals (lengths from
+    ``--trace``'s rows when given, else from the DISTs). A bad trace header or first row
+    fails here, before anything is simulated."""
+    o = options
+    if o.trace is not None and o.qps is None:
+        next(trace_requests(o.trace, 1), None)
+        return Arrivals(o.trace, o.num_requests, None)
+    empirical = trace_lengths(o.trace) if o.trace is not None else None
+    spec = SyntheticSpec(
+        qps=o.qps,  # type: ignore[arg-type]
+        num_requests=o.num_requests or 1000,
+        burstiness=o.burstiness,
+        prompt_len=parse_dist(o.prompt_len) if empirical is None else None,
+        output_len=parse_dist(o.output_len) if empirical is None else None,
+        shared_prefix_len=o.shared_prefix_len,
+        prefix_groups=o.prefix_groups,
+        seed=o.seed,
+    )
+    return Arrivals(o.trace, o.num_requests, spec, empirical)
+
+
+# --------------------------------------------------------------------------- simcli serve
+
+
+@dataclass(frozen=True)
+class ServeScenario:
+    """``simcli serve`` resolved: model, drafts, deployment and requests."""
+
+    options: ServeOptions
+    model: ModelConfig
+    drafts: tuple[ModelConfig, ...]
+    deployment: ServeDeployment
+    arrivals: Arrivals
+    branch_output_lengths: np.ndarray | None = None  # a trace's, resampled by branches
+
+    @property
+    def title(self) -> str:
+        o = self.options
+        pools = o.pools()
+        if pools is not None:
+            where = (
+                f"{pools[0]} x {o.prefill_tp_or_tp * o.pp} + {pools[1]} x "
+                f"{o.decode_tp_or_tp * o.pp} {o.gpu} (prefill + decode)"
+            )
+        else:
+            where = f"{o.replicas} x {o.tp * o.pp} {o.gpu}"
+        return f"serving {self.model.id} on {where}"
+
+    def simulator(self, *, energy: bool = False, **kw: Any) -> Simulator:
+        return self.deployment.simulator(
+            energy=energy, branch_output_lengths=self.branch_output_lengths, **kw
+        )
+
+    def simulate(self, requests: Iterable[Request]) -> ServeResult:
+        """The deployment serving ``requests`` (no energy, no sink: the report's sweep)."""
+        return self.simulator().run(requests)
+
+    def result_object(self, summary: dict, wall_s: float) -> dict[str, Any]:
+        """What ``simcli serve`` prints: the deployment, then the simulator's summary."""
+        o = self.options
+        disaggregated = o.disaggregate
+        drafts = self.drafts
+        return {
+            "model": self.model.id,
+            "gpu": o.gpu,
+            "tp": o.tp,
+            "pp": o.pp,
+            "engine": o.engine,
+            "replicas": o.total_replicas,
+            "scheduler": o.scheduler,
+            "router": o.router,
+            "arrivals": self.arrivals.label,
+            "prefill_tp": o.prefill_tp_or_tp if disaggregated else None,
+            "decode_tp": o.decode_tp_or_tp if disaggregated else None,
+            "draft_model": drafts[0].id if drafts else None,
+            "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
+            **summary,
+            "price_per_gpu_hour": self.deployment.hardware.usd_per_gpu_hour,
+            "simulation_wall_s": wall_s,
+            "simulated_requests_per_wall_s": summary["requests_completed"] / wall_s
+            if wall_s > 0
+            else None,
+        }
+
+
+def resolve_drafts(options: ServeOptions, model: ModelConfig) -> tuple[ModelConfig, ...]:
+    """``--draft-model`` and ``--spec-hierarchy``, each with the target's vocabulary."""
+    if options.draft_model is None:
+        return ()
+    drafts = []
+    for flag, ident in (
+        ("--draft-model", options.draft_model),
+        ("--spec-hierarchy", options.spec_hierarchy),
+    ):
+        if ident is None:
+            continue
+        draft = load_model(ident)
+        if draft.vocab_size != model.vocab_size:
+            raise ValueError(
+                f"{flag} {ident} has a vocabulary of {draft.vocab_size} tokens, the target "
+                f"{model.id} {model.vocab_size}; allowed: a draft with the target's vocabulary"
+            )
+        drafts.append(draft)
+    return tuple(drafts)
+
+
+def resolve_serve(options: ServeOptions) -> ServeScenario:
+    """``simcli serve``'s options resolved once (see the module docstring)."""
+    options.require()
+    model = load_model(options.model)  # type: ignore[arg-type]
+    load_catalog().gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
+    drafts = resolve_drafts(options, model)
+    arrivals = resolve_arrivals(options)
+    lengths = None
+    if options.branches > 1 and options.trace is not None:  # branches resample its outputs
+        lengths = trace_lengths(options.trace)[1]
+    deployment = resolve_deployment(options, model, drafts)
+    return ServeScenario(options, model, drafts, deployment, arrivals, lengths)
+
+
+@dataclass(frozen=True)
+class ServeRun:
+    """One ``simcli serve`` run: the printed object, the simulator's result and metrics."""
+
+    output: dict[str, Any]
+    result: ServeResult
+    metrics: Metrics
+    wall_s: float
+
+
+def run_serve(
+    scenario: ServeScenario,
+    *,
+    sink: Callable[[Request], None] | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+    recorder: StepRecorder | None = None,
+) -> ServeRun:
+    """Simulate ``scenario`` (energy priced when the cost model has a power model).
+    ``sink`` sees every finished request, ``progress(done, total)`` the completions,
+    ``recorder`` every iteration (see :class:`~simcli.serving.simulator.Simulator`)."""
+    t0 = time.perf_counter()
+    sim = scenario.simulator(
+        energy=True,
+        sink=sink,
+        progress=progress,
+        progress_total=scenario.arrivals.expected,
+        recorder=recorder,
+    )
+    result = sim.run(scenario.arrivals.requests())
+    wall = time.perf_counter() - t0
+    return ServeRun(scenario.result_object(result.summary, wall), result, sim.metrics, wall)
+
+
+# --------------------------------------------------------------------------- simcli serve plan
+
+
+class CandidateDeployments:
+    """The planner's :class:`~simcli.serving.planner.DeploymentBuilder`: a candidate at a
+    replica count is the :class:`ServeOptions` of ``simcli serve`` with the same flags,
+    resolved by :func:`resolve_deployment` and :func:`serve_config` like any ``serve``
+    run (same hardware, prices, KV swap rate and step models)."""
+
+    def __init__(self, model: ModelConfig, space: PlanSpace, slo: SLO, workload: Workload):
+        self.model, self.space, self.slo, self.workload = model, space, slo, workload
+        catalog = load_catalog()
+        for g in space.gpus:
+            catalog.gpu(g)  # one-line error listing the known ids
+        self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.gpus}
+        self.deployments: dict[Candidate, ServeDeployment] = {}
+
+    def usd_per_gpu_hour(self, gpu: str) -> float:
+        return self.prices[gpu]
+
+    def options(self, candidate: Candidate, replicas: int) -> ServeOptions:
+        """The ``simcli serve`` flags of ``candidate`` with ``replicas`` replicas."""
+        c, sp, w, prices = candidate, self.space, self.workload, self.space.prices
+        return ServeOptions(
+            model=self.model.id,
+            gpu=c.gpu,
+            tp=c.tp,
+            replicas=replicas,
+            scheduler=c.scheduler,  # type: ignore[arg-type]
+            chunk_size=c.chunk_size or 512,
+            disaggregate=c.pd_ratio is not None,
+            pd_ratio=c.pd_ratio,
+            max_batch_size=sp.max_batch_size,
+            block_size=sp.block_size,
+            gpu_memory_utilization=sp.gpu_memory_utilization,
+            price_per_gpu_hour=prices.get(c.gpu, prices.get("*")),
+            qps=w.qps,
+            num_requests=w.num_requests,
+            prompt_len=w.prompt_len,
+            output_len=w.output_len,
+            burstiness=w.burstiness,
+            seed=w.seed,
+            slo_ttft_s=self.slo.ttft_s,
+            slo_tpot_s=self.slo.tpot_s,
+        )
+
+    def deployment(self, candidate: Candidate) -> ServeDeployment:
+        dep = self.deployments.get(candidate)
+        if dep is None:
+            options = self.options(candidate, candidate.min_replicas)
+            dep = self.deployments[candidate] = resolve_deployment(options, self.model)
+        return dep
+
+    def step_model(self, candidate: Candidate) -> Any:
+        return self.deployment(candidate).step
+
+    def serve_config(self, candidate: Candidate, replicas: int) -> ServeConfig:
+        hardware = self.deployment(candidate).hardware
+        return serve_config(self.options(candidate, replicas), self.model, hardware)
+
+
+def plan_deployments(
+    model: ModelConfig | str,
+    workload: Workload,
+    slo: SLO,
+    space: PlanSpace | None = None,
+    *,
+    top: int = 5,
+    progress: Callable[[int, int], None] | None = None,
+) -> PlanResult:
+    """The cheapest deployments of ``space`` meeting ``slo`` under ``workload``
+    (:func:`simcli.serving.planner.search_deployments` with :class:`CandidateDeployments`).
+    Raises :class:`~simcli.serving.plan_inputs.PlanError` (one line) when none does."""
+    model = model if isinstance(model, ModelConfig) else load_model(model)
+    space = space or PlanSpace()
+    builder = CandidateDeployments(model, space, slo, workload)
+    return search_deployments(model, workload, slo, space, builder, top=top, progress=progress)
+
+
+@dataclass(frozen=True)
+class ServePlanScenario:
+    """``simcli serve plan`` resolved: model, search space, workload, SLO."""
+
+    options: ServePlanOptions
+    model: ModelConfig
+    space: PlanSpace
+    workload: Workload
+    slo: SLO
+
+
+def resolve_serve_plan(options: ServePlanOptions) -> ServePlanScenario:
+    model = load_model(options.model)
+    return ServePlanScenario(options, model, options.space(), options.workload(), options.slo())
+
+
+def run_serve_plan(
+    scenario: ServePlanScenario, *, progress: Callable[[int, int], None] | None = None
+) -> PlanResult:
+    """The search of ``scenario`` (``progress(done, total)`` as each config is settled)."""
+    s = scenario
+    return plan_deployments(
+        s.model, s.workload, s.slo, s.space, top=s.options.top, progress=progress
+    )
+
+
+# --------------------------------------------------------------------------- simcli step
+
+
+@dataclass(frozen=True)
+class StepScenario:
+    """``simcli step`` resolved: the hardware, the step model and the iteration's batch."""
+
+    options: StepOptions
+    hardware: Hardware
+    step: StepModel
+    batch: tuple[np.ndarray, np.ndarray, np.ndarray]  # prefill_new, prefill_past, decode_ctx
+
+    @property
+    def title(self) -> str:
+        o = self.options
+        where = f"{o.tp * o.pp} x {o.gpu} ({o.engine})"
+        return f"{self.step.model.id} {o.phase} step on {where}"
+
+
+def resolve_step(options: StepOptions) -> StepScenario:
+    o = options
+    model = load_model(o.model)
+    hardware = resolve_hardware(o.gpu, o.tp * o.pp, profile=o.profile)
+    step = build_step_model(
+        model, hardware, tp=o.tp, pp=o.pp, engine=o.engine, attn_backend=o.attn_backend
+    )
+    return StepScenario(o, hardware, step, o.step_batch())
+
+
+def run_step(scenario: StepScenario) -> dict[str, Any]:
+    """What ``simcli step`` prints: step time, tokens/s, KV capacity, per-op breakdown."""
+    o, sm, args = scenario.options, scenario.step, scenario.batch
+    capacity = sm.kv_capacity_tokens(o.block_size, o.gpu_memory_utilization)
+    step_s = sm.step_s(*args)
+    tokens = int(args[0].sum()) + int(args[2].size)
+    return {
+        "model": sm.model.id,
+        "gpu": o.gpu,
+        "engine": o.engine,
+        "cost_model": sm.label,
+        "attn_backend": sm.attn_backend,
+        "tp": o.tp,
+        "pp": o.pp,
+        "num_gpus": o.tp * o.pp,
+        "phase": o.phase,
+        "batch": o.batch,
+        "prompt_len": o.prompt_len,
+        "context_len": o.context_len,
+        "prefill_seqs": int(args[0].size),
+        "prefill_new_tokens": int(args[0].sum()),
+        "decode_seqs": int(args[2].size),
+        "tokens": tokens,
+        "step_ms": 1e3 * step_s,
+        "tokens_per_s": tokens / step_s,
+        "stage_ms": 1e3 * sm.stage_s(*args),
+        "kv_bytes_per_token": sm.kv_bytes_per_token,
+        "kv_capacity_tokens": capacity,
+        "kv_cache_gib": capacity * sm.kv_bytes_per_token / GIB,
+        "breakdown_ms": {k: 1e3 * v for k, v in sm.breakdown(*args).items()},
+    }
+
+
+__all__ = [
+    "Arrivals",
+    "CandidateDeployments",
+    "ServeDeployment",
+    "ServeOptions",
+    "ServePlanOptions",
+    "ServePlanScenario",
+    "ServeRun",
+    "ServeScenario",
+    "StepOptions",
+    "StepScenario",
+    "build_step_model",
+    "plan_deployments",
+    "resolve_arrivals",
+    "resolve_deployment",
+    "resolve_drafts",
+    "resolve_serve",
+    "resolve_serve_plan",
+    "resolve_step",
+    "run_serve",
+    "run_serve_plan",
+    "run_step",
+    "serve_config",
+    "serve_hardware",
+]

@@ -1,0 +1,730 @@
+"""The inputs of ``simcli serve``, ``simcli serve plan`` and ``simcli step``: one pydantic
+model per command whose fields are its options (flag, type, default, help with the unit),
+so that help, JSON schema and validation come from one place
+(:func:`simcli.options.config_options` turns the fields into typer options). Options that
+are about output (``--format``, ``--output``, ``--trace-output``, ``--quiet``, the report's
+QPS sweep) stay parameters of the command.
+
+Every bad value is one line naming the flag, the value and what is allowed: the bounds and
+choices of every field are checked first (:class:`CommandConfig`), then the combinations of
+flags (each model's ``after`` validator), then what needs files or the catalog (the
+resolvers of :mod:`simcli.scenario.serving`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import annotated_types
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
+
+from simcli.options import flags, literal_choices
+from simcli.serving.branches import BranchConfig
+from simcli.serving.plan_inputs import (
+    DEFAULT_GPUS,
+    SLO,
+    PlanError,
+    PlanSpace,
+    Workload,
+    pd_weights,
+    split_replicas,
+)
+from simcli.serving.schedulers import SCHEDULERS
+from simcli.serving.spec import SpecConfig
+from workloads.lengths import parse_dist
+
+DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
+
+
+def option_flag(name: str, field: FieldInfo) -> str:
+    """The canonical spelling of a field's option (``--gpus-types`` of ``gpu_types``)."""
+    return flags(name, field)[0].split("/")[0]
+
+
+def _bounds(field: FieldInfo) -> tuple[float | None, bool, float | None, bool]:
+    """(low, low is open, high, high is open) of a field's ``gt/ge/lt/le`` constraints."""
+    lo = hi = None
+    lo_open = hi_open = False
+    for m in field.metadata:
+        if isinstance(m, annotated_types.Gt):
+            lo, lo_open = m.gt, True
+        elif isinstance(m, annotated_types.Ge):
+            lo, lo_open = m.ge, False
+        elif isinstance(m, annotated_types.Lt):
+            hi, hi_open = m.lt, True
+        elif isinstance(m, annotated_types.Le):
+            hi, hi_open = m.le, False
+    return lo, lo_open, hi, hi_open  # type: ignore[return-value]
+
+
+def allowed_range(field: FieldInfo) -> str | None:
+    """``a number > 0``, ``0 < value <= 1``, ... for a field with bounds (None without)."""
+    lo, lo_open, hi, hi_open = _bounds(field)
+    low = None if lo is None else f"{lo:g} {'<' if lo_open else '<='}"
+    high = None if hi is None else f"{'<' if hi_open else '<='} {hi:g}"
+    if low and high:
+        return f"{low} value {high}"
+    if low:
+        return f"a number {'>' if lo_open else '>='} {lo:g}"
+    if high:
+        return f"a number {high}"
+    return None
+
+
+def check_value(name: str, field: FieldInfo, value: Any) -> None:
+    """A field's choices (``Literal``) and bounds, as simcli's one-line errors."""
+    flag = option_flag(name, field)
+    choices = literal_choices(field.annotation)
+    if choices is not None:
+        if str(value) not in choices:
+            raise ValueError(f"unknown {flag} {value!r}; allowed: {', '.join(choices)}")
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    allowed = allowed_range(field)
+    if allowed is None:
+        return
+    lo, lo_open, hi, hi_open = _bounds(field)
+    bad = not math.isfinite(value)
+    bad = bad or (lo is not None and (value <= lo if lo_open else value < lo))
+    bad = bad or (hi is not None and (value >= hi if hi_open else value > hi))
+    if bad:
+        raise ValueError(f"{flag} {value} is invalid; allowed: {allowed}")
+
+
+class CommandConfig(BaseModel):
+    """Base of the command configs: frozen, no unknown fields, and every field's bounds and
+    choices checked before pydantic's own validation, so that a bad value reads like the
+    rest of simcli's errors (``unknown --scheduler 'fifo'; allowed: vllm, orca, sarathi``,
+    ``--qps 0.0 is invalid; allowed: a number > 0``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounds_and_choices(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                if data.get(name) is not None:
+                    check_value(name, field, data[name])
+        return data
+
+
+def check_dist(text: str) -> str:
+    """A length DIST string, parsed once so that a bad one is one ``LengthError`` line."""
+    parse_dist(text)
+    return text
+
+
+# --------------------------------------------------------------------------- simcli serve
+
+
+class ServeOptions(CommandConfig):
+    """``simcli serve``: one deployment (model, GPUs, parallelism, scheduler, engine and the
+    optional disaggregation, speculative decoding and multi-branch features) and the
+    requests it serves. Not to be confused with the simulator's
+    :class:`~simcli.serving.simulator.ServeConfig`, which :mod:`simcli.scenario.serving`
+    resolves from these options and the hardware."""
+
+    model: str | None = Field(None, description="Built-in model id or config.json (required).")
+    gpu: str | None = Field(None, description="GPU id (see `simcli specs list`; required).")
+    tp: int = Field(1, gt=0, description="Tensor-parallel GPUs per replica.")
+    pp: int = Field(
+        1, gt=0, description="Pipeline stages per replica (pp batches in flight, KV split pp ways)."
+    )
+    replicas: int = Field(1, gt=0, description="Model replicas behind the router.")
+    scheduler: Literal["vllm", "orca", "sarathi"] = Field(
+        "vllm", description="Replica scheduler: vllm | orca | sarathi"
+    )
+    router: Literal["round_robin", "least_outstanding", "kv_aware"] = Field(
+        "least_outstanding",
+        description="Request routing: round_robin | least_outstanding | kv_aware",
+    )
+    qps: float | None = Field(
+        None,
+        gt=0,
+        description="Mean arrival rate, requests/s; with --trace: resample its lengths.",
+    )
+    burstiness: float = Field(
+        1.0, gt=0, description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma)."
+    )
+    trace: Path | None = Field(
+        None,
+        description="CSV arrival_s,prompt_tokens,output_tokens[,prefix_id,prefix_tokens] to "
+        "replay (arrival times in seconds).",
+    )
+    num_requests: int | None = Field(
+        None, gt=0, description="Requests to simulate (default 1000; a trace: all rows)."
+    )
+    prompt_len: str = Field(
+        "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
+    )
+    output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
+    shared_prefix_len: int = Field(
+        0, ge=0, description="Shared prefix prepended to every prompt, tokens."
+    )
+    prefix_groups: int = Field(1, gt=0, description="Distinct shared prefixes.")
+    prefix_caching: bool = Field(True, description="Reuse cached prefix KV blocks.")
+    seed: int = Field(0, description="Seed of arrivals and lengths.")
+    preemption: Literal["recompute", "swap"] = Field(
+        "recompute", description="What a preempted sequence loses: recompute | swap"
+    )
+    chunk_size: int = Field(512, gt=0, description="Sarathi token budget per iteration, tokens.")
+    max_batch_size: int = Field(
+        256, gt=0, description="Running sequences per replica (max_num_seqs)."
+    )
+    max_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Tokens per iteration, vllm/orca (default max(model context, 2048)).",
+    )
+    block_size: int = Field(16, gt=0, description="KV block size, tokens.")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
+    )
+    slo_ttft_s: float | None = Field(None, gt=0, description="TTFT SLO (goodput), seconds.")
+    slo_tpot_s: float | None = Field(None, gt=0, description="TPOT SLO (goodput), seconds.")
+    price_per_gpu_hour: float | None = Field(
+        None, gt=0, description="US$ per GPU-hour (default: the price table)."
+    )
+    engine: Literal["vllm", "pytorch-eager"] = Field(
+        "vllm", description="Step-time engine: vllm (CUDA graphs) | pytorch-eager."
+    )
+    attn_pattern: str | None = Field(
+        None,
+        description="Sparse attention pattern of the served model (e.g. window:4096, nsa; see "
+        "`simcli sparsity compare`).",
+    )
+    profile: Path | None = Field(None, description="Calibration profile (JSON).")
+    disaggregate: bool = Field(False, description="Separate prefill and decode pools.")
+    prefill_replicas: int | None = Field(
+        None, gt=0, description="Disaggregation: prefill replicas."
+    )
+    decode_replicas: int | None = Field(None, gt=0, description="Disaggregation: decode replicas.")
+    pd_ratio: str | None = Field(
+        None, description="Disaggregation: split --replicas P:D (e.g. 1:2)."
+    )
+    prefill_tp: int | None = Field(None, gt=0, description="Prefill TP (default --tp).")
+    decode_tp: int | None = Field(None, gt=0, description="Decode TP (default --tp).")
+    kv_transfer: Literal["inter", "intra"] | None = Field(
+        None, description="KV link: inter (NIC, default) | intra (NVLink, one node)."
+    )
+    kv_transfer_overlap: bool = Field(
+        False, description="Send KV layer by layer during the prefill."
+    )
+    decode_router: Literal["kv_aware", "least_outstanding", "round_robin"] | None = Field(
+        None,
+        description="Decode pool routing: kv_aware (default) | least_outstanding | round_robin.",
+    )
+    draft_model: str | None = Field(
+        None, description="Speculative decoding: draft model id or config.json."
+    )
+    spec_k: int | None = Field(None, gt=0, description="Draft tokens per step (4).")
+    spec_acceptance: float | None = Field(
+        None, ge=0, le=1, description="Per-token acceptance rate of the drafts (0.7)."
+    )
+    spec_acceptance_per_position: str | None = Field(
+        None, description="Acceptance per draft position: a1,a2,...,ak (each in [0, 1])."
+    )
+    spec_drafts: int | None = Field(
+        None, gt=0, description="SpecTr: draft sequences verified together (1)."
+    )
+    spec_hierarchy: str | None = Field(
+        None, description="TriForce: a tiny model id drafting for the draft."
+    )
+    spec_tiny_k: int | None = Field(None, gt=0, description="Tiny-model draft length, tokens (2).")
+    spec_tiny_acceptance: float | None = Field(
+        None, ge=0, le=1, description="Tiny-model acceptance rate (0.6)."
+    )
+    branches: int = Field(1, gt=0, le=1024, description="Sampled branches per request (N).")
+    branches_stop: int | None = Field(
+        None, gt=0, description="Finished branches that complete a request (M; default N)."
+    )
+    prune: Literal["none", "sart"] | None = Field(None, description="Branch pruning: none | sart.")
+    prune_interval: int | None = Field(
+        None, gt=0, description="Decode steps between pruning checks (64)."
+    )
+    prune_threshold: float | None = Field(
+        None, ge=0, le=1, description="SART phase-1 score threshold alpha (0.2)."
+    )
+    prune_max: int | None = Field(
+        None, ge=0, description="SART phase-1 most pruned branches beta (default N - M)."
+    )
+
+    @field_validator("prompt_len", "output_len")
+    @classmethod
+    def _dist(cls, v: str) -> str:
+        return check_dist(v)
+
+    @model_validator(mode="after")
+    def _combinations(self) -> ServeOptions:
+        spec = self.speculative()
+        branching = self.branching()
+        if not self.disaggregate:
+            for flag, value in (
+                ("--prefill-replicas", self.prefill_replicas),
+                ("--decode-replicas", self.decode_replicas),
+                ("--pd-ratio", self.pd_ratio),
+                ("--prefill-tp", self.prefill_tp),
+                ("--decode-tp", self.decode_tp),
+                ("--kv-transfer", self.kv_transfer),
+                ("--decode-router", self.decode_router),
+            ):
+                if value is not None:
+                    raise ValueError(f"{flag} needs --disaggregate")
+            if self.kv_transfer_overlap:
+                raise ValueError("--kv-transfer-overlap needs --disaggregate")
+        else:
+            if spec is not None:
+                raise ValueError(
+                    "--draft-model with --disaggregate is not modelled; allowed: one of the two"
+                )
+            if branching is not None:
+                raise ValueError(
+                    "--branches with --disaggregate is not modelled; allowed: one of the two"
+                )
+            self.pools()
+        if spec is not None and self.pp > 1:
+            raise ValueError(f"--draft-model with --pp {self.pp}; allowed: --pp 1 (as in vLLM)")
+        return self
+
+    def require(self) -> None:
+        """What a run needs beyond the defaults (the callback also runs for ``serve plan``,
+        so these are not field requirements)."""
+        for flag, value in (("--model", self.model), ("--gpu", self.gpu)):
+            if value is None:
+                raise ValueError(f"{flag} is required (or run `simcli serve plan`)")
+        if self.qps is None and self.trace is None:
+            raise ValueError("give --qps X (synthetic arrivals) or --trace FILE (replay), or both")
+
+    # --- derived ------------------------------------------------------------------------
+    @property
+    def prefill_tp_or_tp(self) -> int:
+        return self.prefill_tp or self.tp
+
+    @property
+    def decode_tp_or_tp(self) -> int:
+        return self.decode_tp or self.tp
+
+    @property
+    def total_replicas(self) -> int:
+        """Replicas of the deployment (disaggregated: prefill + decode pools)."""
+        pools = self.pools()
+        return self.replicas if pools is None else sum(pools)
+
+    def pools(self) -> tuple[int, int] | None:
+        """(prefill, decode) replicas of a disaggregated deployment, from
+        --prefill-replicas/--decode-replicas or --pd-ratio P:D of --replicas."""
+        if not self.disaggregate:
+            return None
+        pre, dec, ratio, replicas = (
+            self.prefill_replicas,
+            self.decode_replicas,
+            self.pd_ratio,
+            self.replicas,
+        )
+        if pre is not None or dec is not None:
+            if pre is None or dec is None or ratio is not None:
+                raise ValueError(
+                    "give both --prefill-replicas and --decode-replicas, or --pd-ratio P:D with "
+                    "--replicas (not both ways)"
+                )
+            if replicas not in (1, pre + dec):
+                raise ValueError(
+                    f"--replicas {replicas} != --prefill-replicas {pre} + --decode-replicas "
+                    f"{dec}; allowed: leave --replicas out, or their sum"
+                )
+            return pre, dec
+        if ratio is None:
+            raise ValueError(
+                "--disaggregate needs --prefill-replicas P --decode-replicas D, or --pd-ratio"
+            )
+        try:
+            pd_weights(ratio)
+        except PlanError:
+            raise ValueError(
+                f"--pd-ratio {ratio!r} is invalid; allowed: P:D, two positive numbers"
+            ) from None
+        if replicas < 2:
+            raise ValueError(f"--pd-ratio splits --replicas {replicas}; allowed: --replicas >= 2")
+        return split_replicas(replicas, ratio)
+
+    def speculative(self) -> SpecConfig | None:
+        """The speculative-decoding config of ``--draft-model`` and ``--spec-*``."""
+        k, acceptance, per_position = self.spec_k, self.spec_acceptance, None
+        if self.draft_model is None:
+            for flag, value in (
+                ("--spec-k", self.spec_k),
+                ("--spec-acceptance", self.spec_acceptance),
+                ("--spec-acceptance-per-position", self.spec_acceptance_per_position),
+                ("--spec-drafts", self.spec_drafts),
+                ("--spec-hierarchy", self.spec_hierarchy),
+                ("--spec-tiny-k", self.spec_tiny_k),
+                ("--spec-tiny-acceptance", self.spec_tiny_acceptance),
+            ):
+                if value is not None:
+                    raise ValueError(
+                        f"{flag} needs --draft-model (the model that drafts the tokens)"
+                    )
+            return None
+        if self.spec_hierarchy is None:
+            for flag, value in (
+                ("--spec-tiny-k", self.spec_tiny_k),
+                ("--spec-tiny-acceptance", self.spec_tiny_acceptance),
+            ):
+                if value is not None:
+                    raise ValueError(f"{flag} needs --spec-hierarchy (the tiny model)")
+        if acceptance is not None and self.spec_acceptance_per_position is not None:
+            raise ValueError("give --spec-acceptance or --spec-acceptance-per-position, not both")
+        if self.spec_acceptance_per_position is not None:
+            per_position = unit_floats(
+                "--spec-acceptance-per-position", self.spec_acceptance_per_position
+            )
+            if k is not None and len(per_position) != k:
+                raise ValueError(
+                    f"--spec-acceptance-per-position has {len(per_position)} values for --spec-k "
+                    f"{k}; allowed: one value per draft position"
+                )
+            k = len(per_position)
+        rates = per_position or (0.7 if acceptance is None else acceptance,)
+        return SpecConfig(
+            k=k or 4,
+            acceptance=rates,
+            drafts=self.spec_drafts or 1,
+            tiny_k=(self.spec_tiny_k or 2) if self.spec_hierarchy is not None else 0,
+            tiny_acceptance=0.6 if self.spec_tiny_acceptance is None else self.spec_tiny_acceptance,
+        )
+
+    def branching(self) -> BranchConfig | None:
+        """The multi-branch config of ``--branches`` and ``--prune*`` (output lengths of the
+        extra branches are the workload's, added by the resolver)."""
+        n, stop, prune = self.branches, self.branches_stop, self.prune
+        if stop is not None and stop > n:
+            raise ValueError(
+                f"--branches-stop {stop} > --branches {n}; allowed: 1 <= --branches-stop "
+                "<= --branches"
+            )
+        tuning = (
+            ("--prune-interval", self.prune_interval),
+            ("--prune-threshold", self.prune_threshold),
+            ("--prune-max", self.prune_max),
+        )
+        if n == 1:
+            for flag, value in (("--prune", prune), *tuning):
+                if value is not None:
+                    raise ValueError(f"{flag} needs --branches N (N > 1)")
+            return None
+        if (prune or "none") == "none":
+            for flag, value in tuning:
+                if value is not None:
+                    raise ValueError(f"{flag} needs --prune sart")
+        return BranchConfig(
+            branches=n,
+            stop_after=stop,
+            prune=prune or "none",
+            prune_interval=self.prune_interval or 64,
+            prune_threshold=0.2 if self.prune_threshold is None else self.prune_threshold,
+            prune_max=self.prune_max,
+        )
+
+
+def unit_floats(flag: str, text: str) -> tuple[float, ...]:
+    """``0.9,0.8`` -> (0.9, 0.8), each in [0, 1]."""
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(not (0.0 <= v <= 1.0) for v in values):
+        raise ValueError(f"{flag} {text!r} is invalid; allowed: comma-separated numbers in [0, 1]")
+    return values
+
+
+# --------------------------------------------------------------------------- simcli serve plan
+
+
+def parse_list(text: str) -> tuple[str, ...]:
+    """``a, b,c`` -> ("a", "b", "c"); empty is a :class:`PlanError`."""
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values:
+        raise PlanError("empty; allowed: a comma list, e.g. a,b")
+    return values
+
+
+def parse_ints(text: str) -> tuple[int, ...]:
+    """``1,2,4`` -> (1, 2, 4), each a positive integer."""
+    try:
+        values = tuple(int(v) for v in parse_list(text))
+    except ValueError:
+        raise PlanError("not a comma list of integers; allowed: e.g. 1,2,4") from None
+    if any(v < 1 for v in values):
+        raise PlanError("a value < 1; allowed: positive integers")
+    return values
+
+
+def parse_ratios(text: str) -> tuple[str | None, ...]:
+    """``none,1:1,1:2`` -> (None, "1:1", "1:2"), each P:D checked."""
+    out: list[str | None] = []
+    for item in parse_list(text):
+        if item.lower() in ("none", "0", "off"):
+            out.append(None)
+        else:
+            pd_weights(item)
+            out.append(item)
+    return tuple(out)
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """``2.5`` (every GPU) or ``h100-sxm=2.5,h200-sxm=3.7`` (the rest from the table) ->
+    {"*": 2.5} or {"h100-sxm": 2.5, "h200-sxm": 3.7}."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for item in parse_list(text):
+        gpu, sep, value = item.rpartition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = math.nan
+        if not (price > 0 and math.isfinite(price)) or (sep and not gpu.strip()):
+            raise PlanError(
+                "not a price; allowed: a positive number (US$ per GPU-hour) for every GPU, or "
+                "GPU=USD pairs such as h100-sxm=2.5,h200-sxm=3.7"
+            )
+        out[gpu.strip() if sep else "*"] = price
+    return out
+
+
+def _schedulers(text: str) -> str:
+    for s in parse_list(text):
+        if s not in SCHEDULERS:
+            raise PlanError(f"unknown scheduler {s!r}; allowed: {', '.join(SCHEDULERS)}")
+    return text
+
+
+class ServePlanOptions(CommandConfig):
+    """``simcli serve plan``: the deployments searched, the workload at the target rate and
+    the SLOs (see :mod:`simcli.serving.planner`)."""
+
+    model: str = Field(description="Built-in model id or config.json.")
+    gpu_types: str = Field(
+        ",".join(DEFAULT_GPUS),
+        description="GPU ids to consider, comma-separated (see `simcli specs list`).",
+        json_schema_extra={"cli": ["--gpus-types", "--gpu-types"]},
+    )
+    tp: str = Field("1,2,4", description="Tensor-parallel degrees to consider, comma-separated.")
+    schedulers: str = Field(
+        "vllm,sarathi", description="Schedulers to consider, comma-separated: vllm, orca, sarathi."
+    )
+    chunk_sizes: str = Field(
+        "512,2048",
+        description="Sarathi token budgets per iteration to consider, tokens, comma-separated.",
+    )
+    pd_ratios: str = Field(
+        "none,1:1,1:2",
+        description="Prefill:decode pool splits to consider (`simcli serve --disaggregate "
+        "--pd-ratio`); none = prefill and decode on every replica.",
+    )
+    qps: float = Field(gt=0, description="Target arrival rate, requests/s.")
+    prompt_len: str = Field(
+        "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
+    )
+    output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
+    num_requests: int = Field(
+        1000, gt=0, description="Requests simulated per probe (same ones every probe)."
+    )
+    burstiness: float = Field(
+        1.0, gt=0, description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma)."
+    )
+    seed: int = Field(0, description="Seed of arrivals and lengths.")
+    slo_ttft_s: float | None = Field(None, gt=0, description="TTFT limit, seconds.")
+    slo_tpot_s: float | None = Field(None, gt=0, description="TPOT limit, seconds.")
+    slo_e2e_s: float | None = Field(None, gt=0, description="End-to-end latency limit, seconds.")
+    attainment: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Fraction of requests that must meet every given limit (0.99: p99 targets).",
+    )
+    max_replicas: int = Field(64, gt=0, description="Most replicas to consider.")
+    max_batch_size: int = Field(
+        256, gt=0, description="Running sequences per replica (max_num_seqs)."
+    )
+    top: int = Field(5, gt=0, description="How many deployments to return.")
+    price: str | None = Field(
+        None,
+        description="US$ per GPU-hour: one number for all GPUs, or GPU=USD pairs "
+        "(default: the price table).",
+        json_schema_extra={"cli": ["--price-per-gpu-hour"]},
+    )
+
+    @field_validator("prompt_len", "output_len")
+    @classmethod
+    def _dist(cls, v: str) -> str:
+        return check_dist(v)
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _gpu_list(cls, v: str) -> str:
+        parse_list(v)
+        return v
+
+    @field_validator("tp", "chunk_sizes")
+    @classmethod
+    def _int_list(cls, v: str) -> str:
+        parse_ints(v)
+        return v
+
+    @field_validator("schedulers")
+    @classmethod
+    def _scheduler_list(cls, v: str) -> str:
+        return _schedulers(v)
+
+    @field_validator("pd_ratios")
+    @classmethod
+    def _ratio_list(cls, v: str) -> str:
+        parse_ratios(v)
+        return v
+
+    @field_validator("price")
+    @classmethod
+    def _price_list(cls, v: str | None) -> str | None:
+        parse_prices(v)
+        return v
+
+    @model_validator(mode="after")
+    def _some_slo(self) -> ServePlanOptions:
+        self.slo()
+        return self
+
+    def space(self) -> PlanSpace:
+        return PlanSpace(
+            gpus=parse_list(self.gpu_types),
+            tp=parse_ints(self.tp),
+            schedulers=parse_list(self.schedulers),  # type: ignore[arg-type]
+            chunk_sizes=parse_ints(self.chunk_sizes),
+            pd_ratios=parse_ratios(self.pd_ratios),
+            max_replicas=self.max_replicas,
+            max_batch_size=self.max_batch_size,
+            prices=parse_prices(self.price),
+        )
+
+    def workload(self) -> Workload:
+        return Workload(
+            qps=self.qps,
+            prompt_len=self.prompt_len,
+            output_len=self.output_len,
+            num_requests=self.num_requests,
+            burstiness=self.burstiness,
+            seed=self.seed,
+        )
+
+    def slo(self) -> SLO:
+        return SLO(
+            ttft_s=self.slo_ttft_s,
+            tpot_s=self.slo_tpot_s,
+            e2e_s=self.slo_e2e_s,
+            attainment=self.attainment,
+        )
+
+
+# --------------------------------------------------------------------------- simcli step
+
+
+class StepOptions(CommandConfig):
+    """``simcli step``: one engine iteration (prefill, decode or a mixed chunked-prefill
+    batch) of one replica."""
+
+    model: str = Field(description="Built-in model id or config.json.")
+    gpu: str = Field(description="GPU id (see `simcli specs list`).")
+    tp: int = Field(1, gt=0, description="Tensor-parallel degree.")
+    pp: int = Field(1, gt=0, description="Pipeline-parallel degree.")
+    phase: Literal["prefill", "decode", "mixed"] = Field(
+        description="Iteration kind: prefill | decode | mixed"
+    )
+    batch: int = Field(
+        1, gt=0, description="prefill: prompts; decode and mixed: decoding sequences."
+    )
+    prompt_len: int | None = Field(
+        None, gt=0, description="prefill/mixed: prompt tokens per sequence."
+    )
+    context_len: int | None = Field(
+        None, ge=0, description="decode/mixed: tokens already cached per decoding sequence."
+    )
+    chunk: int | None = Field(
+        None, gt=0, description="prefill/mixed: new tokens per prefill chunk (default: the rest)."
+    )
+    past: int = Field(
+        0, ge=0, description="prefill/mixed: prompt tokens already cached (earlier chunks)."
+    )
+    prefills: int = Field(1, gt=0, description="mixed: prefill chunks in the batch.")
+    engine: Literal["vllm", "pytorch-eager"] = Field(
+        "vllm", description="Step-time engine: vllm | pytorch-eager"
+    )
+    attn_backend: str | None = Field(
+        None,
+        description="Attention kernels: flash | cudnn | flex | efficient (default per engine).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use."
+    )
+    block_size: int = Field(16, gt=0, description="KV-cache block, tokens.")
+    profile: Path | None = Field(None, description="Calibration profile (JSON).")
+
+    @model_validator(mode="after")
+    def _phase_inputs(self) -> StepOptions:
+        self.step_batch()
+        return self
+
+    def step_batch(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(prefill_new, prefill_past, decode_ctx) of the iteration the options describe."""
+        phase, prompt_len, context_len, chunk, past = (
+            self.phase,
+            self.prompt_len,
+            self.context_len,
+            self.chunk,
+            self.past,
+        )
+        none = np.zeros(0, np.int64)
+        pre_new = pre_past = dec = none
+        if phase in ("prefill", "mixed"):
+            if prompt_len is None and chunk is None:
+                raise ValueError(f"--phase {phase} needs --prompt-len (and optionally --chunk)")
+            new = chunk if chunk is not None else prompt_len - past  # type: ignore[operator]
+            if new < 1 or (prompt_len is not None and past + new > prompt_len):
+                raise ValueError(
+                    f"--past {past} + --chunk {new} exceeds --prompt-len {prompt_len}; allowed: "
+                    "past + chunk <= prompt-len"
+                )
+            seqs = self.batch if phase == "prefill" else self.prefills
+            pre_new, pre_past = np.full(seqs, new, np.int64), np.full(seqs, past, np.int64)
+        if phase in ("decode", "mixed"):
+            if context_len is None:
+                raise ValueError(
+                    f"--phase {phase} needs --context-len (cached tokens per sequence)"
+                )
+            dec = np.full(self.batch, context_len, np.int64)
+        elif context_len is not None:
+            raise ValueError(
+                "--context-len is for --phase decode|mixed; prefill takes --prompt-len"
+            )
+        return pre_new, pre_past, dec
+
+
+__all__ = [
+    "CommandConfig",
+    "ServeOptions",
+    "ServePlanOptions",
+    "StepOptions",
+    "allowed_range",
+    "check_value",
+    "option_flag",
+    "parse_ints",
+    "parse_list",
+    "parse_prices",
+    "parse_ratios",
+    "unit_floats",
+]

@@ -1,0 +1,211 @@
+"""Inputs of the serving capacity planner (``simcli serve plan``): the SLO, the workload,
+the space of deployments searched, and one candidate of that space.
+
+Prefill:decode ratios split a replica count exactly as ``simcli serve --disaggregate
+--pd-ratio P:D --replicas R`` does (:func:`split_replicas`, used by both).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from simcli.serving.requests import SyntheticSpec
+from workloads.lengths import parse_dist
+
+DEFAULT_GPUS = ("h100-sxm", "h200-sxm", "a100-sxm-80gb")
+
+
+class PlanError(ValueError):
+    """A planning input or outcome for users; the message is one line."""
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+class SLO(BaseModel):
+    """Per-request latency thresholds and the fraction of requests that must meet all."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_s: float | None = Field(default=None, gt=0, description="time to first token")
+    tpot_s: float | None = Field(default=None, gt=0, description="time per output token")
+    e2e_s: float | None = Field(default=None, gt=0, description="end-to-end latency")
+    attainment: float = Field(default=0.9, gt=0, le=1, description="fraction meeting all")
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> SLO:
+        if self.ttft_s is None and self.tpot_s is None and self.e2e_s is None:
+            raise ValueError(
+                "no SLO given; allowed: at least one of --slo-ttft-s, --slo-tpot-s, --slo-e2e-s"
+            )
+        return self
+
+    def limits(self, slack: float = 1.0) -> tuple[float, float, float]:
+        inf = math.inf
+        return (
+            self.ttft_s * slack if self.ttft_s is not None else inf,
+            self.tpot_s * slack if self.tpot_s is not None else inf,
+            self.e2e_s * slack if self.e2e_s is not None else inf,
+        )
+
+    def max_misses(self, n: int) -> int:
+        """Requests that may miss the SLO out of ``n`` while the attainment still holds."""
+        return n - math.ceil(self.attainment * n - 1e-9)
+
+
+class Workload(BaseModel):
+    """Synthetic Poisson/gamma arrivals at the target rate (``simcli serve``'s generator)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    qps: float = Field(gt=0, description="target arrival rate, requests per second")
+    prompt_len: str = Field(default="lognormal:512:1:4096", description="prompt length DIST")
+    output_len: str = Field(default="lognormal:128:1:2048", description="output length DIST")
+    num_requests: int = Field(default=1000, gt=0, description="requests simulated per probe")
+    burstiness: float = Field(default=1.0, gt=0, description="CV of inter-arrival gaps")
+    seed: int = 0
+
+    @field_validator("prompt_len", "output_len")
+    @classmethod
+    def _dist(cls, v: str) -> str:
+        parse_dist(v)  # one-line LengthError for a bad DIST
+        return v
+
+    def spec(self) -> SyntheticSpec:
+        return SyntheticSpec(
+            qps=self.qps,
+            num_requests=self.num_requests,
+            burstiness=self.burstiness,
+            prompt_len=parse_dist(self.prompt_len),
+            output_len=parse_dist(self.output_len),
+            seed=self.seed,
+        )
+
+
+class PlanSpace(BaseModel):
+    """The deployments searched. ``chunk_sizes`` apply to ``sarathi`` only (its token
+    budget per iteration); ``vllm`` and ``orca`` are one config each per (gpu, tp)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: tuple[str, ...] = DEFAULT_GPUS
+    tp: tuple[int, ...] = (1, 2, 4)
+    schedulers: tuple[Literal["vllm", "orca", "sarathi"], ...] = ("vllm", "sarathi")
+    chunk_sizes: tuple[int, ...] = (512, 2048)
+    pd_ratios: tuple[str | None, ...] = Field(
+        default=(None, "1:1", "1:2"),
+        description="None: prefill and decode on every replica; 'P:D': disaggregated pools "
+        "splitting the replicas P:D (as `simcli serve --disaggregate --pd-ratio`)",
+    )
+    max_replicas: int = Field(default=64, gt=0)
+    max_batch_size: int = Field(default=256, gt=0, description="running sequences per replica")
+    block_size: int = Field(default=16, gt=0)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    prices: dict[str, float] = Field(
+        default_factory=dict, description="US$ per GPU-hour overrides by GPU id; '*' for all"
+    )
+
+    @field_validator("gpus", "tp", "schedulers", "chunk_sizes", "pd_ratios")
+    @classmethod
+    def _non_empty_unique(cls, v: tuple) -> tuple:
+        if not v:
+            raise ValueError("empty list; allowed: at least one value")
+        return tuple(dict.fromkeys(v))
+
+    @field_validator("tp", "chunk_sizes")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(x < 1 for x in v):
+            raise ValueError(f"values must be positive integers, got {list(v)}")
+        return v
+
+    @field_validator("pd_ratios")
+    @classmethod
+    def _ratios(cls, v: tuple[str | None, ...]) -> tuple[str | None, ...]:
+        for r in v:
+            if r is not None:
+                pd_weights(r)
+        return v
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, p in v.items():
+            if not (p > 0 and math.isfinite(p)):
+                raise ValueError(f"price for {k} must be a positive number, got {p}")
+        return v
+
+
+def pd_weights(ratio: str) -> tuple[float, float]:
+    """``"P:D"`` -> (P, D), two positive numbers."""
+    try:
+        pw, dw = (float(x) for x in ratio.split(":"))
+    except ValueError:
+        pw = dw = math.nan
+    if not (pw > 0 and dw > 0 and math.isfinite(pw) and math.isfinite(dw)):
+        raise PlanError(f"pd ratio {ratio!r} is invalid; allowed: P:D, two positive numbers")
+    return pw, dw
+
+
+def split_replicas(replicas: int, ratio: str) -> tuple[int, int]:
+    """(prefill, decode) replicas of ``replicas`` split ``ratio`` ``"P:D"``: prefill =
+    round(R x P / (P + D)) kept within [1, R - 1] (``simcli serve --pd-ratio`` and the
+    planner's disaggregated candidates)."""
+    pw, dw = pd_weights(ratio)
+    pre = min(max(round(replicas * pw / (pw + dw)), 1), replicas - 1)
+    return pre, replicas - pre
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of a :class:`PlanSpace`; its replica count is what the search finds."""
+
+    gpu: str
+    tp: int
+    scheduler: str
+    chunk_size: int | None  # sarathi only
+    pd_ratio: str | None = None  # disaggregated prefill:decode pools
+
+    @property
+    def label(self) -> str:
+        chunk = f" chunk={self.chunk_size}" if self.chunk_size else ""
+        pd = f" pd={self.pd_ratio}" if self.pd_ratio else ""
+        return f"{self.gpu} tp={self.tp} {self.scheduler}{chunk}{pd}"
+
+    @property
+    def min_replicas(self) -> int:
+        return 2 if self.pd_ratio else 1
+
+    def shape(self, replicas: int) -> tuple:
+        """What is simulated: equal for two ratios that split ``replicas`` alike."""
+        return (
+            self.gpu,
+            self.tp,
+            self.scheduler,
+            self.chunk_size,
+            self.pools(replicas) or replicas,
+        )
+
+    def pools(self, replicas: int) -> tuple[int, int] | None:
+        """(prefill, decode) replicas of a disaggregated config, as ``simcli serve
+        --pd-ratio`` splits ``--replicas``: prefill = round(R x P / (P + D)) within
+        [1, R - 1]."""
+        if not self.pd_ratio:
+            return None
+        return split_replicas(replicas, self.pd_ratio)
+
+
+__all__ = [
+    "DEFAULT_GPUS",
+    "SLO",
+    "Candidate",
+    "PlanError",
+    "PlanSpace",
+    "Workload",
+    "pd_weights",
+    "split_replicas",
+]

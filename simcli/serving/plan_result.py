@@ -1,0 +1,241 @@
+"""Outcomes of the serving capacity planner: a probe (one simulated replica count), a
+feasible deployment, and the search's result with its JSON/CSV records."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from simcli.serving.plan_inputs import SLO, Candidate, Workload
+
+
+@dataclass
+class Probe:
+    replicas: int
+    passed: bool
+    attainment: float  # over all requests; an upper bound when stopped early
+    stopped_early: bool
+    summary: dict[str, Any] | None  # the simulator's summary of a complete run
+
+
+@dataclass
+class Deployment:
+    candidate: Candidate
+    replicas: int
+    usd_per_gpu_hour: float
+    probe: Probe
+    fewer: Probe | None  # replicas - 1, simulated and missing the SLO (None: replicas == 1)
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.candidate.tp
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.gpus * self.usd_per_gpu_hour
+
+    @property
+    def usd_per_million_output_tokens(self) -> float:
+        s = self.probe.summary or {}
+        tokens = s.get("output_tokens") or 0
+        return (
+            self.usd_per_hour * s.get("duration_s", 0.0) / 3600.0 / tokens * 1e6
+            if tokens
+            else math.inf
+        )
+
+    def sort_key(self) -> tuple:
+        s = self.probe.summary or {}
+        c = self.candidate
+        return (
+            round(self.usd_per_hour, 9),
+            round(self.usd_per_million_output_tokens, 9),
+            s.get("e2e_s_p99", math.inf),
+            c.gpu,
+            c.tp,
+            c.scheduler,
+            c.chunk_size or 0,
+            c.pd_ratio or "",
+        )
+
+    def record(self) -> dict[str, Any]:
+        s = self.probe.summary or {}
+        c = self.candidate
+        pools = c.pools(self.replicas)
+        return {
+            "gpu": c.gpu,
+            "tp": c.tp,
+            "replicas": self.replicas,
+            "scheduler": c.scheduler,
+            "chunk_size": c.chunk_size,
+            "pd_ratio": c.pd_ratio,
+            "prefill_replicas": pools[0] if pools else None,
+            "decode_replicas": pools[1] if pools else None,
+            "gpus": self.gpus,
+            "usd_per_gpu_hour": self.usd_per_gpu_hour,
+            "usd_per_hour": self.usd_per_hour,
+            "usd_per_million_output_tokens": self.usd_per_million_output_tokens,
+            "slo_attainment": self.probe.attainment,
+            **{
+                k: s.get(k)
+                for k in (
+                    "ttft_s_p50",
+                    "ttft_s_p99",
+                    "tpot_s_p50",
+                    "tpot_s_p99",
+                    "e2e_s_p50",
+                    "e2e_s_p99",
+                    "throughput_tokens_per_s",
+                    "preemptions",
+                    "kv_capacity_tokens_per_replica",
+                )
+            },
+            # attainment with one replica fewer (an upper bound when that run stopped early)
+            "attainment_one_fewer": self.fewer.attainment if self.fewer else None,
+        }
+
+
+# Simulator metrics of a probe that ``PlanResult.evaluated`` reports (None when stopped early).
+PROBE_METRICS = (
+    "ttft_s_p50",
+    "ttft_s_p99",
+    "tpot_s_p50",
+    "tpot_s_p99",
+    "e2e_s_p50",
+    "e2e_s_p99",
+    "throughput_tokens_per_s",
+    "goodput_requests_per_s",
+    "preemptions",
+    "kv_capacity_tokens_per_replica",
+)
+
+# ``status`` of a row of ``PlanResult.evaluated``: a simulated deployment is ``ranked`` (one
+# of the returned ones), ``meets_slo``, ``misses_slo`` or ``stopped_early`` (missed: the run
+# stopped once too many requests had missed); a config never simulated is ``skipped``
+# (model or request does not fit), ``infeasible`` (idle or work bound) or ``pruned`` (its
+# cost bound above the top deployments).
+EVALUATED_STATUS = (
+    "ranked",
+    "meets_slo",
+    "misses_slo",
+    "stopped_early",
+    "skipped",
+    "infeasible",
+    "pruned",
+)
+
+
+@dataclass
+class PlanResult:
+    model: str
+    slo: SLO
+    workload: Workload
+    deployments: list[Deployment]
+    configs_evaluated: int = 0
+    # configs_evaluated = feasible + pruned + skipped + infeasible; simulated overlaps them
+    configs_feasible: int = 0  # a replica count met the SLO (the top ones are reported)
+    configs_pruned: int = 0  # cost bound above the top-k, or search cut at the cost cap
+    configs_skipped: int = 0  # model or request does not fit
+    configs_infeasible: int = 0  # SLO not met at any replica count up to --max-replicas
+    configs_simulated: int = 0  # at least one simulation run
+    simulations_run: int = 0
+    simulations_stopped_early: int = 0
+    search_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    best_infeasible: tuple[float, str, bool] | None = None  # attainment, where, upper bound
+    fewest_over_cap: tuple[int, str] | None = None  # smallest R_lb above --max-replicas
+    # every candidate searched: (candidate, outcome, note, its probes by replicas); see evaluated()
+    searched: list[tuple[Candidate, str, str, dict[int, Probe]]] = field(default_factory=list)
+    prices: dict[str, float] = field(default_factory=dict)  # gpu -> US$ per GPU-hour
+    cost_model_labels: dict[str, str] = field(default_factory=dict)  # gpu -> StepModel.label
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "qps": self.workload.qps,
+            "prompt_len": self.workload.prompt_len,
+            "output_len": self.workload.output_len,
+            "num_requests": self.workload.num_requests,
+            "seed": self.workload.seed,
+            "slo": self.slo.model_dump(),
+            "configs_evaluated": self.configs_evaluated,
+            "configs_feasible": self.configs_feasible,
+            "configs_pruned": self.configs_pruned,
+            "configs_skipped": self.configs_skipped,
+            "configs_infeasible": self.configs_infeasible,
+            "configs_simulated": self.configs_simulated,
+            "simulations_run": self.simulations_run,
+            "simulations_stopped_early": self.simulations_stopped_early,
+            "search_seconds": self.search_seconds,
+            "notes": list(self.notes),
+        }
+
+    def records(self) -> list[dict[str, Any]]:
+        return [{"rank": i + 1, **d.record()} for i, d in enumerate(self.deployments)]
+
+    def evaluated(self) -> list[dict[str, Any]]:
+        """Every deployment the search looked at: one row per (config, replica count)
+        simulated, and one row (``replicas`` None) per config left without a simulation.
+        ``status`` is one of :data:`EVALUATED_STATUS`; ``rank`` is set for the returned
+        deployments."""
+        ranks = {(d.candidate, d.replicas): i + 1 for i, d in enumerate(self.deployments)}
+        prices = {d.candidate.gpu: d.usd_per_gpu_hour for d in self.deployments}
+        rows: list[dict[str, Any]] = []
+        for c, outcome, note, probes in self.searched:
+            price = prices.get(c.gpu, self.prices.get(c.gpu, math.nan))
+            base = {
+                "config": c.label,
+                "gpu": c.gpu,
+                "tp": c.tp,
+                "scheduler": c.scheduler,
+                "chunk_size": c.chunk_size,
+                "pd_ratio": c.pd_ratio,
+                "usd_per_gpu_hour": price,
+            }
+            if not probes:
+                rows.append({"rank": None, **base, "replicas": None, "status": outcome,
+                             "note": note})  # fmt: skip
+                continue
+            for r in sorted(probes):
+                pr = probes[r]
+                pools = c.pools(r)
+                s = pr.summary or {}
+                gpus = r * c.tp
+                tokens = s.get("output_tokens") or 0
+                usd_h = gpus * price
+                rank = ranks.get((c, r))
+                if rank is not None:
+                    status = "ranked"
+                elif pr.passed:
+                    status = "meets_slo"
+                else:
+                    status = "stopped_early" if pr.stopped_early else "misses_slo"
+                rows.append(
+                    {
+                        "rank": rank,
+                        **base,
+                        "replicas": r,
+                        "prefill_replicas": pools[0] if pools else None,
+                        "decode_replicas": pools[1] if pools else None,
+                        "gpus": gpus,
+                        "usd_per_hour": usd_h,
+                        "usd_per_million_output_tokens": usd_h
+                        * s["duration_s"]
+                        / 3600.0
+                        / tokens
+                        * 1e6
+                        if tokens
+                        else None,
+                        "meets_slo": pr.passed,
+                        "slo_attainment": pr.attainment,
+                        "stopped_early": pr.stopped_early,
+                        "status": status,
+                        **{k: s.get(k) for k in PROBE_METRICS},
+                        "note": "",
+                    }
+                )
+        return rows
+
+
+__all__ = ["EVALUATED_STATUS", "PROBE_METRICS", "Deployment", "PlanResult", "Probe"]

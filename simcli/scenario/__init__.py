@@ -3,5 +3,28 @@
 that the simulators and searches consume. Commands parse, build a scenario, run, emit."""
 
 from simcli.scenario.hardware import Hardware, resolve_hardware
+from simcli.scenario.training import (
+    PlanConfig,
+    PlanScenario,
+    TrainConfig,
+    TrainRun,
+    TrainScenario,
+    resolve_plan,
+    resolve_train,
+    run_plan,
+    run_train,
+)
 
-__all__ = ["Hardware", "resolve_hardware"]
+__all__ = [
+    "Hardware",
+    "PlanConfig",
+    "PlanScenario",
+    "TrainConfig",
+    "TrainRun",
+    "TrainScenario",
+    "resolve_hardware",
+    "resolve_plan",
+    "resolve_train",
+    "run_plan",
+    "run_train",
+]

@@ -26,7 +26,7 @@ from hardware_specs.prices import gpu_price
 from simcli.scenario.hardware import CostModel, Hardware, resolve_hardware
 from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
 from simcli.training.search import Objective, SearchResult, gpu_counts, search_plans
-from simcli.training.search_space import SearchSpace
+from simcli.training.search_space import COMPUTE_DTYPE, SearchSpace
 from simcli.training.simulator import TrainResult, simulate_iteration
 from workloads.models import ModelConfig, load_model
 from workloads.plan import (
@@ -44,8 +44,6 @@ from workloads.sparsity import Pattern, parse_pattern
 
 GIB = 1024**3
 TrainFramework = Literal["megatron", "pytorch"]
-# the tensor-core type each precision computes in
-COMPUTE_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16", "fp8": "fp8"}
 
 
 def parse_int_list(text: str, example: str) -> tuple[int, ...] | None:

@@ -57,6 +57,7 @@ from simcli.training.search_estimate import (
 from simcli.training.search_pricing import step_costs_many
 from simcli.training.search_space import (
     COLUMNS,
+    COMPUTE_DTYPE,
     SearchSpace,
     enumerate_plans,
     plan_from_row,
@@ -257,7 +258,7 @@ def search_plans(
             raise PlanError(f"{name} must be positive, got {value}")
     space = space or SearchSpace()
     gpu = hardware[0].system.gpu
-    compute = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16", "fp8": "fp8"}
+    compute = COMPUTE_DTYPE
     if compute[space.precision] not in {d.value for d in gpu.peak_dense_tflops}:
         raise PlanError(
             f"precision {space.precision} needs {compute[space.precision]} "

@@ -27,7 +27,7 @@ from simcli.training.search_pricing import (
     step_costs_many,
     unique_rows,
 )
-from simcli.training.simulator import _dependency, interference, schedule
+from simcli.training.simulator import interference, schedule, task_dependency
 from workloads.models import ModelConfig
 from workloads.plan import CP_KINDS, PP_SCHEDULES, RECOMPUTE, TrainPlan
 
@@ -118,7 +118,7 @@ def _task_graph(p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
         for j, t in enumerate(tasks):
             i = index[t]
             prev[i] = index[tasks[j - 1]] if j else -1
-            d = _dependency(t, last, p)
+            d = task_dependency(t, last, p)
             if d is not None:
                 dep[i] = index[d]
                 cross[i] = d.rank != r

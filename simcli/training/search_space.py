@@ -17,6 +17,8 @@ from workloads.models import ModelConfig
 from workloads.plan import CP_KINDS, PRECISIONS, RECOMPUTE, PlanError, TrainPlan
 
 SCHEDULES = ("1f1b", "interleaved")
+# the tensor-core type each precision computes in
+COMPUTE_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16", "fp8": "fp8"}
 
 # --------------------------------------------------------------------------- enumeration
 

@@ -229,7 +229,7 @@ def _run_pipeline(
         progressed = False
         while pos[r] < len(order[r]):
             t = order[r][pos[r]]
-            dep = _dependency(t, last_chunk, p)
+            dep = task_dependency(t, last_chunk, p)
             if dep is not None and dep not in done:
                 break
             arrive = 0.0
@@ -258,7 +258,8 @@ def _run_pipeline(
     return free, grads_ready
 
 
-def _dependency(t: Task, last_chunk: int, p: int) -> Task | None:
+def task_dependency(t: Task, last_chunk: int, p: int) -> Task | None:
+    """The task whose output ``t`` waits for (None: the first chunk's forward)."""
     if t.phase == "F":
         if t.chunk == 0:
             return None

@@ -126,7 +126,14 @@ def config_options(
     the model's fields (minus ``exclude``) followed by its own other parameters."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        own = [p for p in inspect.signature(command).parameters.values() if p.name != "config"]
+        # resolve string annotations (``from __future__ import annotations`` in the command's
+        # module) here, where the command's globals are known: typer reads the wrapper's
+        hints = typing.get_type_hints(command)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(command).parameters.values()
+            if p.name != "config"
+        ]
         fields = option_parameters(model, exclude)
         names = {p.name for p in fields}
 
@@ -137,9 +144,9 @@ def config_options(
                 config = validate(model, values)
             return command(config, **kwargs)
 
-        wrapper.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in (*fields, *own)]
-        )
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in (*fields, *own)]
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
         del wrapper.__wrapped__
         return wrapper
 

@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 import typer
 
-from costmodels.ops.select import get_cost_model
 from simcli.errors import fail, user_errors
 from simcli.output import (
     Format,
@@ -19,6 +18,7 @@ from simcli.output import (
     emit_records,
 )
 from simcli.reports.bundle import check_output_path, cli_inputs, output_is_dir
+from simcli.scenario import resolve_hardware
 from workloads.ops import CSV_COLUMNS, Op, OpError, OpKind, normalise_frame, ops_frame
 
 app = typer.Typer(
@@ -68,7 +68,7 @@ def read_ops_csv(path: Path) -> pd.DataFrame:
 
 def _model(gpu: str, profile: Path | None, hardware: Path | None):
     """The calibrated profile for the GPU when one ships (or --profile), else the defaults."""
-    return get_cost_model(gpu, profile=profile, hardware_file=hardware)
+    return resolve_hardware(gpu, profile=profile, hardware_file=hardware).cost_model
 
 
 def _resolved(path: Path | None) -> str | None:

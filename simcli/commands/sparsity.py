@@ -15,6 +15,7 @@ from simcli.errors import user_errors
 from simcli.output import Format, atomic_write_json, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports.bundle import check_output_path, output_is_dir
+from simcli.scenario import resolve_hardware
 from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, sweep
 from workloads.models import load_model
 from workloads.sparsity import ALLOWED
@@ -152,37 +153,18 @@ def compare(
         check_output_path(output)
         bundle = output is not None and output_is_dir(output)
         cfg = load_model(model)
-        pricer = SparsityPricer(gpu)
-        common = {
-            "gqa_groups": groups,
-            "tp": tp,
-            "batch": batch,
-            "pricer": pricer,
+        pricer = SparsityPricer(gpu, cost_models=lambda n: resolve_hardware(gpu, n).cost_model)
+        common = {"gqa_groups": groups, "tp": tp, "batch": batch, "pricer": pricer}
+        end_to_end = {
+            "context_len": context_len,
+            "train_gpus": train_gpus,
+            "global_batch": global_batch,
+            "micro_batch": micro_batch,
+            "recompute": recompute,
+            "end_to_end": not kernels_only,
         }
         curve_lens = _curve_lengths(seqs) if bundle else []
-        t0 = time.perf_counter()
-        rows: list[dict[str, Any]] = []
-        curve_rows: list[dict[str, Any]] = []
-        with progress_bar("sparsity compare", total=len(seqs) + len(curve_lens)) as advance:
-            for i, s in enumerate(seqs):  # one length at a time, so the bar moves
-                rows += sweep(
-                    cfg,
-                    gpu,
-                    [s],
-                    patterns,
-                    context_len=context_len,
-                    train_gpus=train_gpus,
-                    global_batch=global_batch,
-                    micro_batch=micro_batch,
-                    recompute=recompute,
-                    end_to_end=not kernels_only,
-                    **common,
-                )
-                advance(i + 1)
-            seconds = time.perf_counter() - t0
-            for j, s in enumerate(curve_lens):  # kernels only: the curves of the report
-                curve_rows += sweep(cfg, gpu, [s], patterns, end_to_end=False, **common)
-                advance(len(seqs) + j + 1)
+        rows, curve_rows, seconds = _price(cfg, gpu, seqs, curve_lens, patterns, common, end_to_end)
         meta = {
             "model": cfg.id,
             "gpu": gpu,
@@ -190,9 +172,7 @@ def compare(
             "seconds": seconds,
             "columns": COLUMNS,
         }
-        if bundle:
-            from simcli.reports.sparsity import write_sparsity_bundle
-
+        if output is not None:
             inputs = {
                 "model": model,
                 "gpu": gpu,
@@ -209,21 +189,65 @@ def compare(
                 "kernels_only": kernels_only,
                 "curve_seq_lens": curve_lens,
             }
-            write_sparsity_bundle(
-                output, rows, curve_rows, inputs=inputs, meta=meta, footnotes=_footnotes(rows)
-            )
-        elif output is not None:
-            _write(rows, meta, output)
-        if fmt == Format.table:
-            emit_records(_table_rows(rows), fmt, title=f"{cfg.id} on {gpu}, tp={tp}, batch={batch}")
-            for line in _footnotes(rows):
-                sys.stdout.write(line + "\n")
-        elif fmt == Format.csv:
-            pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(
-                sys.stdout, index=False, float_format="%.6g"
-            )
-        else:
-            emit_records(rows, fmt, json_wrapper=meta)
+            _write_outputs(output, rows, curve_rows, inputs, meta)
+        _emit(rows, meta, fmt, title=f"{cfg.id} on {gpu}, tp={tp}, batch={batch}")
+
+
+def _write_outputs(
+    output: Path,
+    rows: list[dict[str, Any]],
+    curve_rows: list[dict[str, Any]],
+    inputs: dict[str, Any],
+    meta: dict[str, Any],
+) -> None:
+    """``--output``: the report bundle for a folder name, else the rows (.csv / .json)."""
+    if not output_is_dir(output):
+        _write(rows, meta, output)
+        return
+    from simcli.reports.sparsity import write_sparsity_bundle
+
+    write_sparsity_bundle(
+        output, rows, curve_rows, inputs=inputs, meta=meta, footnotes=_footnotes(rows)
+    )
+
+
+def _price(
+    cfg: Any,
+    gpu: str,
+    seqs: list[int],
+    curve_lens: list[int],
+    patterns: str,
+    common: dict[str, Any],
+    end_to_end: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """The rows of every sequence length (timed), then the kernel-only rows of the
+    report's speedup curves, under one progress bar."""
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    curve_rows: list[dict[str, Any]] = []
+    with progress_bar("sparsity compare", total=len(seqs) + len(curve_lens)) as advance:
+        for i, s in enumerate(seqs):  # one length at a time, so the bar moves
+            rows += sweep(cfg, gpu, [s], patterns, **end_to_end, **common)
+            advance(i + 1)
+        seconds = time.perf_counter() - t0
+        for j, s in enumerate(curve_lens):  # kernels only: the curves of the report
+            curve_rows += sweep(cfg, gpu, [s], patterns, end_to_end=False, **common)
+            advance(len(seqs) + j + 1)
+    return rows, curve_rows, seconds
+
+
+def _emit(rows: list[dict[str, Any]], meta: dict[str, Any], fmt: Format, title: str) -> None:
+    """The rows on stdout: a table with the kernel footnotes, CSV, or the JSON object."""
+    if fmt == Format.table:
+        emit_records(_table_rows(rows), fmt, title=title)
+        for line in _footnotes(rows):
+            sys.stdout.write(line + "\n")
+    elif fmt == Format.csv:
+        pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(
+            sys.stdout, index=False, float_format="%.6g"
+        )
+    else:
+        emit_records(rows, fmt, json_wrapper=meta)
 
 
 def _curve_lengths(seqs: list[int]) -> list[int]:

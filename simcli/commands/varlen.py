@@ -15,9 +15,9 @@ from pathlib import Path
 
 import typer
 
-from costmodels.ops.select import get_cost_model
 from simcli.errors import fail, user_errors
 from simcli.output import Format, emit_object, emit_records
+from simcli.scenario import resolve_hardware
 from simcli.training.varlen import STRATEGIES, make_varlen_config, simulate_varlen
 from workloads.lengths import load_histogram_csv, parse_dist
 from workloads.models import load_model
@@ -123,7 +123,7 @@ def varlen(
             memory_fraction=memory_fraction,
         )
         arch = load_model(model)
-        cost = get_cost_model(gpu, profile=profile, num_gpus=gpus, hardware_file=hardware)
+        cost = resolve_hardware(gpu, gpus, profile=profile, hardware_file=hardware).cost_model
         result = simulate_varlen(arch, cost, cfg).to_dict()
         result["cost_model"] = cost.label
         if fmt == Format.json:

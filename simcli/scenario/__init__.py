@@ -14,6 +14,17 @@ from simcli.scenario.serving import (
     run_serve_plan,
     run_step,
 )
+from simcli.scenario.training import (
+    PlanConfig,
+    PlanScenario,
+    TrainConfig,
+    TrainRun,
+    TrainScenario,
+    resolve_plan,
+    resolve_train,
+    run_plan,
+    run_train,
+)
 
 __all__ = [
     "Hardware",
@@ -27,4 +38,14 @@ __all__ = [
     "run_serve",
     "run_serve_plan",
     "run_step",
+    "PlanConfig",
+    "PlanScenario",
+    "TrainConfig",
+    "TrainRun",
+    "TrainScenario",
+    "resolve_hardware",
+    "resolve_plan",
+    "resolve_train",
+    "run_plan",
+    "run_train",
 ]

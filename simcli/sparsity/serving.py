@@ -36,7 +36,8 @@ class PatternStepModel(StepModel):
         super().__init__(*args, **kw)
         self.pattern = pattern if isinstance(pattern, Pattern) else parse_pattern(pattern)
         gpu = args[1] if len(args) > 1 else kw["gpu_id"]
-        pricer = SparsityPricer(gpu, seed=0)
+        # dense attention priced by this step model's own (resolved) cost model
+        pricer = SparsityPricer(gpu, seed=0, cost_models=lambda _n: self.cost_model)
         lens = np.unique(
             np.geomspace(MIN_LEN, max(max_len, MIN_LEN * 2), GRID_POINTS).astype(int) // 128 * 128
         )

@@ -8,8 +8,8 @@ columns and their units are :data:`COLUMNS`.
 What is priced, and by which model:
 
 - **dense** is the model's own attention, exactly as ``simcli train`` and ``simcli step``
-  price it: causal FlashAttention on the calibrated dense cost model
-  (:func:`costmodels.ops.select.get_cost_model`, ops ``attn_fwd``/``attn_bwd``/``attn_decode``).
+  price it: causal FlashAttention on the calibrated dense cost model the caller resolved
+  (``SparsityPricer.cost_models``, ops ``attn_fwd``/``attn_bwd``/``attn_decode``).
   It is the baseline of every speedup, so its speedups are exactly 1. (The bidirectional
   ``dense`` of :mod:`workloads.sparsity` has no meaning for a decoder.)
 - **sparse patterns** run on a block-sparse kernel priced from their exact tile tables by
@@ -53,7 +53,7 @@ balanced over the ranks as causal attention.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,7 +61,6 @@ import numpy as np
 import pandas as pd
 
 from costmodels.ops import sparse_attention as sa
-from costmodels.ops.select import get_cost_model
 from costmodels.steps.serving import StepModel
 from costmodels.steps.training import Phase, StepCosts, _cp_comm, recompute_phase, step_costs
 from hardware_specs.registry import builtin_catalog
@@ -250,11 +249,14 @@ def _layer_mix(pattern: Pattern, num_layers: int) -> list[tuple[Pattern | None, 
 @dataclass
 class SparsityPricer:
     """Prices patterns on one GPU, caching what repeats across rows of a sweep (dense ops,
-    pattern times, step models, step costs). ``dtype``: attention and KV element type."""
+    pattern times, step models, step costs). ``dtype``: attention and KV element type.
+    ``cost_models(num_gpus)``: the resolved dense cost model of that many GPUs of this
+    type (``simcli.scenario`` resolves them; the pricer resolves nothing itself)."""
 
     gpu: str
     dtype: str = "bf16"
     seed: int = 0
+    cost_models: Callable[[int], Any] = field(kw_only=True, repr=False)
     _cms: dict[int, Any] = field(default_factory=dict, repr=False)
     _attn: dict[tuple, AttentionTimes] = field(default_factory=dict, repr=False)
     _dense: dict[tuple, float] = field(default_factory=dict, repr=False)
@@ -268,7 +270,7 @@ class SparsityPricer:
 
     def cost_model(self, num_gpus: int = 1) -> Any:
         if num_gpus not in self._cms:
-            self._cms[num_gpus] = get_cost_model(self.gpu, num_gpus=num_gpus)
+            self._cms[num_gpus] = self.cost_models(num_gpus)
         return self._cms[num_gpus]
 
     # ---- dense (the simulators' attention)
@@ -478,7 +480,8 @@ class SparsityPricer:
     def step_model(self, model: ModelConfig, tp: int) -> StepModel:
         key = (model.model_dump_json(), tp)
         if key not in self._steps:
-            self._steps[key] = StepModel(model, self.gpu, tp=tp, dtype=self.dtype)
+            cm = self.cost_model(tp)
+            self._steps[key] = StepModel(model, self.gpu, tp=tp, dtype=self.dtype, cost_model=cm)
         return self._steps[key]
 
     def step_costs(self, model: ModelConfig, plan: TrainPlan) -> StepCosts:
@@ -500,7 +503,7 @@ def sparse_step_costs(
     gpu: str,
     *,
     base: StepCosts | None = None,
-    pricer: SparsityPricer | None = None,
+    pricer: SparsityPricer,
 ) -> StepCosts:
     """:func:`costmodels.steps.training.step_costs` of ``plan`` with the layers' attention
     replaced by ``pattern``'s: the forward ``attn`` and backward ``attn_bwd`` entries (and
@@ -509,7 +512,7 @@ def sparse_step_costs(
     dense attention at the plan's shape (micro-batch, full sequence, heads / tp). Memory,
     parameters and model FLOPs are unchanged. For ``simcli train --attn-pattern``."""
     p = pattern if isinstance(pattern, Pattern) else parse_pattern(pattern)
-    pr = pricer if pricer is not None else SparsityPricer(gpu, seed=0)
+    pr = pricer
     c = base if base is not None else pr.step_costs(model, plan)
     a = pr.attention(p, model, plan.seq_len, tp=plan.tp, batch=plan.micro_batch)
     sh = _Shape.of(model, plan.tp)
@@ -545,7 +548,7 @@ def sparse_step_model_ms(
     length: int,
     batch: int = 1,
     tp: int = 1,
-    pricer: SparsityPricer | None = None,
+    pricer: SparsityPricer,
 ) -> dict[str, Any]:
     """One serving step with ``pattern``'s attention: ``phase`` ``prefill`` (``batch``
     prompts of ``length`` tokens) or ``decode`` (``batch`` sequences at a context of
@@ -556,7 +559,7 @@ def sparse_step_model_ms(
 
     cfg = model if isinstance(model, ModelConfig) else load_model(model)
     p = pattern if isinstance(pattern, Pattern) else parse_pattern(pattern)
-    pr = pricer if pricer is not None else SparsityPricer(gpu)
+    pr = pricer
     _positive(length, "length")
     _positive(batch, "batch")
     sm = pr.step_model(cfg, tp)
@@ -634,7 +637,7 @@ def compare(
     recompute: str = "none",
     plan_fields: dict[str, Any] | None = None,
     end_to_end: bool = True,
-    pricer: SparsityPricer | None = None,
+    pricer: SparsityPricer,
 ) -> list[dict[str, Any]]:
     """One row per pattern (columns: :data:`COLUMNS`); see the module docstring.
 
@@ -648,7 +651,7 @@ def compare(
     _positive(tp, "tp")
     ctx_len = _positive(context_len if context_len is not None else seq_len, "context_len")
     pats = _parse_all(patterns)
-    pr = pricer if pricer is not None else SparsityPricer(gpu)
+    pr = pricer
     cfg = gqa_model(model, gqa_group)
     dense = DensePattern()
     base_attn = pr.attention(dense, cfg, seq_len, tp=tp, batch=batch)
@@ -662,7 +665,9 @@ def compare(
         )
         base_costs = pr.step_costs(cfg, plan)
         cm = pr.cost_model(plan.num_gpus)
-        base_train = simulate_iteration(cfg, plan, gpu, cost_model=cm, costs=base_costs)
+        base_train = simulate_iteration(
+            cfg, plan, system=cm.system, cost_model=cm, costs=base_costs
+        )
         base_pre = sparse_step_model_ms(
             cfg, gpu, dense, phase="prefill", length=seq_len, batch=batch, tp=tp, pricer=pr
         )
@@ -720,7 +725,7 @@ def compare(
             )
             costs = sparse_step_costs(cfg, plan, p, gpu, pricer=pr)
             cm = pr.cost_model(plan.num_gpus)
-            tr = simulate_iteration(cfg, plan, gpu, cost_model=cm, costs=costs)
+            tr = simulate_iteration(cfg, plan, system=cm.system, cost_model=cm, costs=costs)
             row |= {
                 "prefill_ms": pre["step_ms"],
                 "prefill_speedup": _ratio(base_pre["step_ms"], pre["step_ms"]),
@@ -754,6 +759,7 @@ def sweep(
     patterns: str | Sequence[str | Pattern],
     *,
     gqa_groups: Iterable[int] | None = None,
+    pricer: SparsityPricer,
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
     """:func:`compare` for every (seq_len, gqa group): one row per (seq, group, pattern),
@@ -765,11 +771,10 @@ def sweep(
     seqs = _int_list(seq_lens, "seq_lens")
     for g in groups:
         gqa_model(model, g)  # check all groups before pricing
-    pr = kwargs.pop("pricer", None) or SparsityPricer(gpu)
     rows: list[dict[str, Any]] = []
     for s in seqs:
         for g in groups:
-            rows += compare(model, gpu, s, pats, gqa_group=g, pricer=pr, **kwargs)  # type: ignore[arg-type]
+            rows += compare(model, gpu, s, pats, gqa_group=g, pricer=pricer, **kwargs)  # type: ignore[arg-type]
     return rows
 
 

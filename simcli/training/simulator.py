@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodels.ops.select import get_cost_model
 from costmodels.steps.training import (
     CostModel,
     Framework,
@@ -37,7 +36,7 @@ from costmodels.steps.training import (
     group_nodes,
     step_costs,
 )
-from hardware_specs.registry import Catalog, System, builtin_catalog
+from hardware_specs.registry import System
 from hardware_specs.schema import Dtype
 from workloads.decompose import optimizer_ops
 from workloads.models import ModelConfig
@@ -230,7 +229,7 @@ def _run_pipeline(
         progressed = False
         while pos[r] < len(order[r]):
             t = order[r][pos[r]]
-            dep = _dependency(t, last_chunk, p)
+            dep = task_dependency(t, last_chunk, p)
             if dep is not None and dep not in done:
                 break
             arrive = 0.0
@@ -259,7 +258,8 @@ def _run_pipeline(
     return free, grads_ready
 
 
-def _dependency(t: Task, last_chunk: int, p: int) -> Task | None:
+def task_dependency(t: Task, last_chunk: int, p: int) -> Task | None:
+    """The task whose output ``t`` waits for (None: the first chunk's forward)."""
     if t.phase == "F":
         if t.chunk == 0:
             return None
@@ -278,31 +278,27 @@ def _consumer_rank(t: Task, last_chunk: int, p: int) -> int | None:
 def simulate_iteration(
     model: ModelConfig,
     plan: TrainPlan,
-    gpu_id: str,
     *,
-    cost_model: CostModel | None = None,
-    catalog: Catalog | None = None,
-    attn_backend: str = "",
-    keep_spans: bool = False,
+    system: System,
+    cost_model: CostModel,
     costs: StepCosts | None = None,
+    attn_backend: str = "",
     framework: Framework = "megatron",
-    system: System | None = None,
+    keep_spans: bool = False,
 ) -> TrainResult:
-    """Simulate one iteration of ``plan`` for ``model`` on ``plan.num_gpus`` GPUs of
-    ``gpu_id`` (reference nodes of the catalog, or ``system`` for a described cluster)."""
+    """Simulate one iteration of ``plan`` for ``model`` on ``system`` (reference nodes or a
+    described cluster, at least ``plan.num_gpus`` GPUs), its ops priced by ``cost_model``.
+
+    Both are resolved by the caller (``simcli.scenario``); ``costs`` replaces the step
+    costs :func:`~costmodels.steps.training.step_costs` would give (a sparse attention
+    pattern, a batch priced at once by the plan search)."""
     check_plan(plan, model)
-    cat = catalog if catalog is not None else builtin_catalog()
-    if system is None:
-        system = cat.system(gpu_id, plan.num_gpus)
-    elif system.num_gpus < plan.num_gpus:
+    if system.num_gpus < plan.num_gpus:
         raise PlanError(f"the plan needs {plan.num_gpus} GPUs; the cluster has {system.num_gpus}")
-    cm = (
-        cost_model
-        if cost_model is not None
-        else get_cost_model(gpu_id, num_gpus=plan.num_gpus, catalog=cat)
-    )
-    c = costs if costs is not None else step_costs(model, plan, cm, system, attn_backend, framework)
-    return _simulate(model, plan, system, cm, c, keep_spans)
+    c = costs
+    if c is None:
+        c = step_costs(model, plan, cost_model, system, attn_backend, framework)
+    return _simulate(model, plan, system, cost_model, c, keep_spans)
 
 
 def _simulate(

@@ -1,5 +1,7 @@
 """simcli.options: CLI options generated from a pydantic config."""
 
+from __future__ import annotations
+
 from typing import Literal
 
 import typer

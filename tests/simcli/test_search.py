@@ -11,26 +11,24 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from costmodels.ops.select import get_cost_model
 from costmodels.steps.memory import estimate_memory
 from costmodels.steps.training import step_costs
 from hardware_specs.registry import builtin_catalog
 from simcli.commands import plan as plan_cmd
 from simcli.errors import set_debug
-from simcli.training.search import (
-    SearchSpace,
-    _Context,
-    _memory_bytes,
+from simcli.scenario import resolve_hardware
+from simcli.training.search import gpu_counts, search_plans
+from simcli.training.search_estimate import (
+    EstimateContext,
     _pipeline_exact,
     balance_split,
-    enumerate_plans,
     estimate_iteration_s,
     memory_capacity_bytes,
     pipeline_times,
-    plan_from_row,
-    search_plans,
-    step_costs_many,
+    plan_memory_bytes,
 )
+from simcli.training.search_pricing import step_costs_many
+from simcli.training.search_space import SearchSpace, enumerate_plans, plan_from_row
 from simcli.training.simulator import _Durations, _run_pipeline, simulate_iteration
 from workloads.models import load_model
 from workloads.plan import PlanError, check_plan, make_plan
@@ -39,10 +37,25 @@ GPU = "h100-sxm"
 LLAMA = load_model("llama3-8b")  # 128k vocabulary: a heavy last pipeline stage
 
 
-def _context(model, num_gpus: int, seq_len: int, global_batch: int) -> _Context:
-    system = builtin_catalog().system(GPU, num_gpus)
-    cm = get_cost_model(GPU, num_gpus=num_gpus)
-    return _Context(model, system, cm, num_gpus, seq_len, global_batch, "bf16-mixed")
+def _context(model, num_gpus: int, seq_len: int, global_batch: int) -> EstimateContext:
+    hw = resolve_hardware(GPU, num_gpus)
+    return EstimateContext(
+        model, hw.system, hw.cost_model, num_gpus, seq_len, global_batch, "bf16-mixed"
+    )
+
+
+def _simulate(model, plan, gpu=GPU):
+    hw = resolve_hardware(gpu, plan.num_gpus)
+    return simulate_iteration(model, plan, system=hw.system, cost_model=hw.cost_model)
+
+
+def _search(model, gpu, num_gpus, *, objective="time", price_usd_per_gpu_hour=None, **kwargs):
+    """search_plans over the GPU counts ``simcli plan`` would try, resolved here."""
+    hardware = [
+        resolve_hardware(gpu, n, price_usd_per_gpu_hour=price_usd_per_gpu_hour)
+        for n in gpu_counts(num_gpus, objective)
+    ]
+    return search_plans(model, hardware, objective=objective, **kwargs)
 
 
 # --------------------------------------------------------------------------- pieces
@@ -164,7 +177,7 @@ def test_fast_estimate_within_one_percent_of_the_simulator():
     stages, every schedule / ZeRO / CP kind), the closed form is the simulator's time."""
     ctx = _context(LLAMA, 16, 4096, 64)
     table = enumerate_plans(LLAMA, 16, 4096, 64, 8)
-    fits = np.flatnonzero(_memory_bytes(ctx, table) <= memory_capacity_bytes(ctx.system))
+    fits = np.flatnonzero(plan_memory_bytes(ctx, table) <= memory_capacity_bytes(ctx.system))
     rng = np.random.default_rng(3)
     # stratify so the sample has interleaved, ZeRO-3 and CP plans
     groups = [
@@ -181,7 +194,7 @@ def test_fast_estimate_within_one_percent_of_the_simulator():
     for i in range(len(idx)):
         plan = plan_from_row(sub, i, num_gpus=16, seq_len=4096, global_batch=64,
                              precision="bf16-mixed")  # fmt: skip
-        sim = simulate_iteration(LLAMA, plan, GPU, cost_model=ctx.cost_model)
+        sim = simulate_iteration(LLAMA, plan, system=ctx.system, cost_model=ctx.cost_model)
         errors.append(abs(est[i] / sim.iteration_s - 1))
     assert max(errors) < 0.01
 
@@ -221,7 +234,7 @@ def test_balance_split_binary_search():
 
 @pytest.fixture(scope="module")
 def small_search():
-    return search_plans(LLAMA, GPU, 8, seq_len=4096, global_batch=32, top=5)
+    return _search(LLAMA, GPU, 8, seq_len=4096, global_batch=32, top=5)
 
 
 def test_search_returns_valid_fitting_plans_ranked_by_the_simulator(small_search):
@@ -238,7 +251,7 @@ def test_search_returns_valid_fitting_plans_ranked_by_the_simulator(small_search
         assert p.peak_memory_bytes <= p.capacity_bytes
         assert p.estimate_s == pytest.approx(p.iteration_s, rel=0.02)
     best = r.plans[0]
-    again = simulate_iteration(LLAMA, best.plan, GPU)
+    again = _simulate(LLAMA, best.plan)
     assert again.iteration_s == pytest.approx(best.iteration_s, rel=1e-9)
 
 
@@ -246,7 +259,7 @@ def test_top_plan_beats_a_hand_picked_one(small_search):
     hand = make_plan(LLAMA, num_gpus=8, tp=2, dp=4, zero=1, micro_batch=1, global_batch=32,
                      seq_len=4096, recompute="selective")  # fmt: skip
     assert estimate_memory(LLAMA, hand, builtin_catalog().gpu(GPU)).fits
-    assert small_search.plans[0].iteration_s <= simulate_iteration(LLAMA, hand, GPU).iteration_s
+    assert small_search.plans[0].iteration_s <= _simulate(LLAMA, hand).iteration_s
 
 
 def test_balance_moves_layers_off_the_lm_head_stage():
@@ -255,8 +268,8 @@ def test_balance_moves_layers_off_the_lm_head_stage():
     space = SearchSpace(tp=(1,), pp=(8,), schedules=("1f1b",), recompute=("selective",),
                         zero=(0,))  # fmt: skip
     kwargs = dict(seq_len=4096, global_batch=64, top=1, space=space)
-    even = search_plans(LLAMA, GPU, 8, **kwargs).plans[0]
-    bal = search_plans(LLAMA, GPU, 8, balance=True, **kwargs).plans[0]
+    even = _search(LLAMA, GPU, 8, **kwargs).plans[0]
+    bal = _search(LLAMA, GPU, 8, balance=True, **kwargs).plans[0]
     split = bal.plan.layer_split
     assert split is not None and sum(split) == LLAMA.num_layers
     assert split[-1] < LLAMA.num_layers // 8  # the LM-head stage got fewer layers
@@ -265,8 +278,8 @@ def test_balance_moves_layers_off_the_lm_head_stage():
 
 
 def test_cost_objective_ranks_by_dollars_and_tries_fewer_gpus():
-    r = search_plans(LLAMA, GPU, 16, seq_len=2048, global_batch=64, top=3, objective="cost",
-                     price_usd_per_gpu_hour=2.0)  # fmt: skip
+    r = _search(LLAMA, GPU, 16, seq_len=2048, global_batch=64, top=3, objective="cost",
+                price_usd_per_gpu_hour=2.0)  # fmt: skip
     assert r.price_usd_per_gpu_hour == 2.0
     costs = [p.cost_usd_per_iteration for p in r.plans]
     assert costs == sorted(costs)
@@ -279,7 +292,7 @@ def test_cost_objective_ranks_by_dollars_and_tries_fewer_gpus():
 
 def test_no_fitting_plan_is_one_clear_error():
     with pytest.raises(PlanError, match="no plan of llama3.1-405b fits"):
-        search_plans(load_model("llama3.1-405b"), "l40s", 8, seq_len=4096, global_batch=8)
+        _search(load_model("llama3.1-405b"), "l40s", 8, seq_len=4096, global_batch=8)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -9,13 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from benchmarks.validate_training import h100_step_rows, megatron_rows
 from simcli.cli import app
+from simcli.scenario import resolve_hardware
 from simcli.training.simulator import Task, _Durations, _run_pipeline, schedule, simulate_iteration
-from simcli.training.validation import h100_step_rows, megatron_rows
 from workloads.models import load_model
 from workloads.plan import PlanError, make_plan
 
 runner = CliRunner()
+
+
+def _simulate(model, plan, gpu, **kw):
+    """simulate_iteration on ``plan.num_gpus`` reference GPUs of ``gpu``, resolved here."""
+    hw = resolve_hardware(gpu, plan.num_gpus)
+    return simulate_iteration(model, plan, system=hw.system, cost_model=hw.cost_model, **kw)
 
 
 def _plan(pp: int, m: int, vpp: int = 1, sched: str = "1f1b"):
@@ -83,10 +90,8 @@ def test_schedules_hold_each_task_once():
 def test_uneven_split_shows_up():
     model = load_model("llama3-8b")
     base = dict(num_gpus=4, pp=4, global_batch=16, seq_len=2048)
-    even = simulate_iteration(model, make_plan(model, **base), "h100-sxm")
-    skew = simulate_iteration(
-        model, make_plan(model, layer_split=(14, 6, 6, 6), **base), "h100-sxm"
-    )
+    even = _simulate(model, make_plan(model, **base), "h100-sxm")
+    skew = _simulate(model, make_plan(model, layer_split=(14, 6, 6, 6), **base), "h100-sxm")
     assert skew.iteration_s > even.iteration_s * 1.2
     assert max(s["layers"] for s in skew.stages) == 14
 
@@ -94,13 +99,11 @@ def test_uneven_split_shows_up():
 def test_recompute_costs_time_and_dp_comm_is_mostly_hidden():
     model = load_model("llama3-8b")
     base = dict(num_gpus=16, tp=2, global_batch=64, seq_len=4096)
-    none = simulate_iteration(model, make_plan(model, **base), "h100-sxm")
-    full = simulate_iteration(model, make_plan(model, recompute="full", **base), "h100-sxm")
-    sel = simulate_iteration(model, make_plan(model, recompute="selective", **base), "h100-sxm")
+    none = _simulate(model, make_plan(model, **base), "h100-sxm")
+    full = _simulate(model, make_plan(model, recompute="full", **base), "h100-sxm")
+    sel = _simulate(model, make_plan(model, recompute="selective", **base), "h100-sxm")
     assert none.iteration_s < sel.iteration_s < full.iteration_s
-    no_overlap = simulate_iteration(
-        model, make_plan(model, overlap_grad_reduce=False, **base), "h100-sxm"
-    )
+    no_overlap = _simulate(model, make_plan(model, overlap_grad_reduce=False, **base), "h100-sxm")
     assert no_overlap.breakdown_s["dp_comm_exposed_s"] > none.breakdown_s["dp_comm_exposed_s"]
     assert 0 < none.mfu < 1
 
@@ -181,7 +184,8 @@ clusters:
 
 
 def _iteration(system, model, plan):
-    return simulate_iteration(model, plan, "h100-sxm", system=system).iteration_s
+    cost_model = resolve_hardware("h100-sxm", plan.num_gpus).cost_model
+    return simulate_iteration(model, plan, system=system, cost_model=cost_model).iteration_s
 
 
 def test_heterogeneous_nics_and_measured_links_slow_the_rings(tmp_path):
@@ -229,7 +233,7 @@ def test_context_parallel_variants_cross_over_with_length():
     def t(kind, seq):
         plan = make_plan(model, num_gpus=64, tp=2, cp=16, cp_kind=kind, global_batch=4,
                          seq_len=seq, recompute="full")  # fmt: skip
-        return simulate_iteration(model, plan, "h100-sxm").iteration_s
+        return _simulate(model, plan, "h100-sxm").iteration_s
 
     assert t("ulysses", 2048) < t("ring", 2048)
     assert t("ring", 131072) < t("ulysses", 131072)
@@ -250,7 +254,7 @@ def test_train_cli_refuses_a_plan_that_does_not_fit(tmp_path):
 def test_real_data_parallel_steps_on_h200s():
     """DDP (overlapped all-reduce) and FSDP (ZeRO-3) on 2 and 4 H200s: the rows the
     interference constant was not fitted on stay within 10% mean, 15% max."""
-    from simcli.training.validation import h200_dist_rows
+    from benchmarks.validate_training import h200_dist_rows
 
     rows = h200_dist_rows()
     assert len(rows) == 10

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from costmodels.steps.serving import StepModel
 from simcli.commands import sparsity as sparsity_cmd
 from simcli.errors import set_debug
+from simcli.scenario import resolve_hardware
 from simcli.sparsity import whatif as w
 from simcli.training.simulator import simulate_iteration
 from workloads.models import load_model
@@ -29,7 +30,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def pricer():
-    return w.SparsityPricer(GPU)
+    return w.SparsityPricer(GPU, cost_models=lambda n: resolve_hardware(GPU, n).cost_model)
 
 
 def by_pattern(rows: list[dict]) -> dict[str, dict]:
@@ -79,8 +80,10 @@ def test_dense_is_the_baseline_exactly_and_reproduces_the_simulators(model, pric
     assert dense["prefill_ms"] == pytest.approx(sm.step_ms(np.array([8192]), np.array([0]), none))
     assert dense["decode_step_ms"] == pytest.approx(sm.step_ms(none, none, np.array([8191])))
     plan = make_plan(model, num_gpus=1, global_batch=1, seq_len=8192)
+    hw = resolve_hardware(GPU, plan.num_gpus)
     assert dense["train_iteration_s"] == pytest.approx(
-        simulate_iteration(model, plan, GPU).iteration_s, rel=1e-12
+        simulate_iteration(model, plan, system=hw.system, cost_model=hw.cost_model).iteration_s,
+        rel=1e-12,
     )
     # and the sparse step costs of the dense pattern are the dense step costs
     base = pricer.step_costs(model, plan)

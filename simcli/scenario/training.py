@@ -1,0 +1,433 @@
+"""Training scenarios: the inputs of ``simcli train`` and ``simcli plan`` as pydantic
+configs, resolved once into frozen scenarios, and run.
+
+:class:`TrainConfig` and :class:`PlanConfig` *are* the commands' options (flag, type,
+default and help text come from their fields through :func:`simcli.options.config_options`),
+so the CLI, the JSON schema and the validation cannot drift apart. :func:`resolve_train` /
+:func:`resolve_plan` turn a config into a :class:`TrainScenario` / :class:`PlanScenario`:
+the model, the parallel plan (or the search space), the hardware with its cost model and
+price (:func:`~simcli.scenario.hardware.resolve_hardware`), the framework and the
+attention kernel or sparsity pattern. :func:`run_train` / :func:`run_plan` run the
+simulator or the search on those resolved objects only and return what the command emits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from costmodels.steps.memory import MemoryEstimate, estimate_memory
+from costmodels.steps.training import step_costs
+from hardware_specs.prices import gpu_price
+from simcli.scenario.hardware import CostModel, Hardware, resolve_hardware
+from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
+from simcli.training.search import Objective, SearchResult, gpu_counts, search_plans
+from simcli.training.search_space import COMPUTE_DTYPE, SearchSpace
+from simcli.training.simulator import TrainResult, simulate_iteration
+from workloads.models import ModelConfig, load_model
+from workloads.plan import (
+    PRECISIONS,
+    CPKind,
+    PlanError,
+    PPSchedule,
+    Precision,
+    Recompute,
+    TPComm,
+    TrainPlan,
+    make_plan,
+)
+from workloads.sparsity import Pattern, parse_pattern
+
+GIB = 1024**3
+TrainFramework = Literal["megatron", "pytorch"]
+
+
+def parse_int_list(text: str, example: str) -> tuple[int, ...] | None:
+    """A comma list of positive integers (``"4,8"``); empty text is None."""
+    if not text.strip():
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"not a comma list of integers; allowed: e.g. {example}") from None
+    if any(v < 1 for v in values):
+        raise ValueError("has a value < 1; allowed: positive integers")
+    return values
+
+
+def _int_list(value: Any, example: str) -> Any:
+    if isinstance(value, str):
+        return parse_int_list(value, example)
+    if isinstance(value, list | tuple) and any(isinstance(v, int) and v < 1 for v in value):
+        raise ValueError("has a value < 1; allowed: positive integers")
+    return value
+
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainConfig(BaseModel):
+    """``simcli train``: one training iteration of one parallel plan."""
+
+    model_config = _CONFIG
+
+    model: str = Field(description="Built-in model id or a HuggingFace-style config.json path.")
+    gpu: str = Field(description="GPU id (see `simcli specs list`).")
+    gpus: int = Field(ge=1, description="GPUs in the job (reference nodes unless --cluster).")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (GPUs per TP group).")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel stages.")
+    dp: int | None = Field(
+        None, ge=1, description="Data-parallel degree; default: gpus / (tp * pp * cp)."
+    )
+    vpp: int = Field(1, ge=1, description="Virtual pipeline stages per rank (interleaved).")
+    cp: int = Field(1, ge=1, description="Context-parallel degree (each sequence split cp ways).")
+    cp_kind: CPKind = Field(
+        "ring", description="Context parallelism: ring attention, Ulysses all-to-all, TokenRing."
+    )
+    ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE models, within DP).")
+    zero: Literal[0, 1, 2, 3] = Field(
+        0, description="ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 parameters."
+    )
+    micro_batch: int = Field(1, ge=1, description="Sequences per micro-batch.")
+    global_batch: int = Field(ge=1, description="Sequences per iteration.")
+    seq_len: int = Field(ge=1, description="Tokens per sequence.")
+    pp_schedule: PPSchedule = Field("1f1b", description="Pipeline schedule.")
+    recompute: Recompute = Field("none", description="Activation recomputation.")
+    sequence_parallel: bool | None = Field(
+        None,
+        description="Megatron sequence parallelism; default: on when tp > 1.",
+        json_schema_extra={"cli": ["--sequence-parallel/--no-sequence-parallel"]},
+    )
+    precision: Precision = Field("bf16-mixed", description="Training precision.")
+    tp_comm: TPComm = Field(
+        "plain",
+        description="TP collectives: on the critical path, overlapped with the GEMMs, or "
+        "Ladder Residual.",
+    )
+    layer_split: tuple[int, ...] | None = Field(
+        None, description="Layers per pipeline stage (model chunk), e.g. 7,9; default: even."
+    )
+    framework: TrainFramework = Field(
+        "megatron", description="Training software: megatron (fused kernels) or pytorch (eager)."
+    )
+    attn_backend: str = Field(
+        "", description="Attention kernel family: flash | cudnn | flex | efficient; '': default."
+    )
+    attn_pattern: str | None = Field(
+        None,
+        description="Sparse attention pattern for every layer (e.g. window:4096, nsa, "
+        "hybrid:dense_every=4,inner=nsa; see `simcli sparsity compare`).",
+    )
+    profile: Path | None = Field(None, description="Calibration profile (JSON).")
+    hardware: Path | None = Field(None, description="Extra hardware spec file (YAML/JSON).")
+    cluster: Path | None = Field(
+        None,
+        description="Hardware file describing one cluster (node groups, measured NIC "
+        "bandwidths) instead of reference nodes on a fat-tree.",
+    )
+    ignore_memory: bool = Field(
+        False, description="Report a plan even if it does not fit in GPU memory."
+    )
+
+    @field_validator("layer_split", mode="before")
+    @classmethod
+    def _layer_split(cls, value: Any) -> Any:
+        return _int_list(value, "7,8,8,9")
+
+
+class PlanConfig(BaseModel):
+    """``simcli plan``: the best parallel plans for a model, GPU type and batch."""
+
+    model_config = _CONFIG
+
+    model: str = Field(description="Built-in model id or a HuggingFace-style config.json path.")
+    gpu: str = Field(description="GPU id (see `simcli specs list`).")
+    gpus: int = Field(ge=1, description="GPUs in the job (reference nodes).")
+    seq_len: int = Field(ge=1, description="Tokens per sequence.")
+    global_batch: int = Field(ge=1, description="Sequences per iteration.")
+    top: int = Field(5, ge=1, description="How many plans to return.")
+    objective: Objective = Field(
+        "time",
+        description="time: iteration time on --gpus GPUs; cost: US$ per iteration "
+        "(GPU-hours x price), also trying --gpus/2, /4, ...",
+    )
+    balance: bool = Field(
+        False,
+        description="Also try uneven pipeline stages balancing time and memory (Galvatron-BMW).",
+    )
+    max_tp: int | None = Field(
+        None, ge=1, description="Largest tensor-parallel degree; default: GPUs per node."
+    )
+    tp: tuple[int, ...] | None = Field(
+        None, description="Only these tensor-parallel degrees, e.g. 4,8; default: all."
+    )
+    pp: tuple[int, ...] | None = Field(
+        None, description="Only these pipeline-parallel degrees, e.g. 4,8; default: all."
+    )
+    max_pp: int | None = Field(None, ge=1, description="Largest pipeline-parallel degree.")
+    max_cp: int | None = Field(None, ge=1, description="Largest context-parallel degree.")
+    min_cp_tokens: int = Field(
+        512, ge=0, description="Prune context parallelism below this many tokens per rank."
+    )
+    max_micro_batch: int | None = Field(
+        None, ge=1, description="Largest micro-batch, in sequences."
+    )
+    precision: Precision = Field("bf16-mixed", description="Training precision.")
+    price_usd_per_gpu_hour: float | None = Field(
+        None,
+        gt=0,
+        description="US$ per GPU-hour; default: the built-in price table.",
+        json_schema_extra={"cli": ["--price-per-gpu-hour"]},
+    )
+    profile: Path | None = Field(None, description="Calibration profile (JSON).")
+    hardware: Path | None = Field(None, description="Extra hardware spec file (YAML/JSON).")
+
+    @field_validator("tp", "pp", mode="before")
+    @classmethod
+    def _degrees(cls, value: Any) -> Any:
+        return _int_list(value, "2,4,8")
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@dataclass(frozen=True)
+class TrainScenario:
+    """One training iteration, resolved: what :func:`run_train` simulates."""
+
+    config: TrainConfig
+    model: ModelConfig
+    plan: TrainPlan
+    hardware: Hardware
+    framework: TrainFramework
+    attn_backend: str
+    attn_pattern: Pattern | None
+    # with a sparsity pattern: plan.tp GPUs of the same kind, which price the dense
+    # attention the pattern is scaled against (SparsityPricer)
+    tp_hardware: Hardware | None = None
+
+    def cost_model(self, num_gpus: int) -> CostModel:
+        """The resolved cost model of ``num_gpus`` GPUs of this scenario's type."""
+        for hw in (self.hardware, self.tp_hardware):
+            if hw is not None and hw.num_gpus == num_gpus:
+                return hw.cost_model
+        raise ValueError(f"no hardware of {num_gpus} GPUs was resolved for this scenario")
+
+
+@dataclass(frozen=True)
+class PlanScenario:
+    """One plan search, resolved: what :func:`run_plan` searches."""
+
+    config: PlanConfig
+    model: ModelConfig
+    space: SearchSpace
+    # one per GPU count searched: the job's first, then the cost objective's halvings
+    hardware: tuple[Hardware, ...]
+
+
+def _precisions(hardware: Hardware) -> list[str]:
+    """The precisions whose tensor cores ``hardware``'s GPU has."""
+    have = {d.value for d in hardware.gpu.peak_dense_tflops}
+    return [p for p in PRECISIONS if COMPUTE_DTYPE[p] in have]
+
+
+def resolve_train(config: TrainConfig) -> TrainScenario:
+    """Model, plan, hardware (GPU, count, cluster, catalog, cost model, price), framework
+    and attention of one ``simcli train`` run; bad input is one :class:`ValueError` line."""
+    model = load_model(config.model)
+    plan = make_plan(
+        model,
+        num_gpus=config.gpus,
+        tp=config.tp,
+        pp=config.pp,
+        dp=config.dp,
+        vpp=config.vpp,
+        cp=config.cp,
+        cp_kind=config.cp_kind,
+        ep=config.ep,
+        zero=config.zero,
+        micro_batch=config.micro_batch,
+        global_batch=config.global_batch,
+        seq_len=config.seq_len,
+        pp_schedule=config.pp_schedule,
+        recompute=config.recompute,
+        sequence_parallel=config.sequence_parallel,
+        precision=config.precision,
+        tp_comm=config.tp_comm,
+        layer_split=config.layer_split,
+    )
+    files = {
+        "profile": config.profile,
+        "hardware_file": config.hardware,
+        "cluster_file": config.cluster,
+    }
+    hardware = resolve_hardware(config.gpu, config.gpus, **files)
+    if plan.compute_dtype == "fp8" and "fp8" not in _precisions(hardware):
+        raise PlanError(
+            f"--precision fp8 needs fp8 tensor cores; {config.gpu} has none; allowed: "
+            f"{', '.join(_precisions(hardware))}"
+        )
+    pattern = parse_pattern(config.attn_pattern) if config.attn_pattern is not None else None
+    tp_hardware = None
+    if pattern is not None and plan.tp != config.gpus:
+        tp_hardware = resolve_hardware(config.gpu, plan.tp, **files)
+    return TrainScenario(
+        config=config,
+        model=model,
+        plan=plan,
+        hardware=hardware,
+        framework=config.framework,
+        attn_backend=config.attn_backend,
+        attn_pattern=pattern,
+        tp_hardware=tp_hardware,
+    )
+
+
+def resolve_plan(config: PlanConfig) -> PlanScenario:
+    """Model, search space and the hardware of every GPU count the search tries (with
+    prices) of one ``simcli plan`` run; bad input is one :class:`ValueError` line."""
+    model = load_model(config.model)
+    space = SearchSpace(
+        max_tp=config.max_tp,
+        tp=config.tp,
+        pp=config.pp,
+        max_pp=config.max_pp,
+        max_cp=config.max_cp,
+        min_tokens_per_cp_rank=config.min_cp_tokens,
+        max_micro_batch=config.max_micro_batch,
+        precision=config.precision,
+    )
+    hardware = tuple(
+        resolve_hardware(
+            config.gpu,
+            count,
+            profile=config.profile,
+            hardware_file=config.hardware,
+            price_usd_per_gpu_hour=config.price_usd_per_gpu_hour,
+        )
+        for count in gpu_counts(config.gpus, config.objective)
+    )
+    if config.objective == "cost" and hardware[0].price is None:
+        gpu_price(config.gpu)  # no price known: one line naming the known GPUs
+    return PlanScenario(config=config, model=model, space=space, hardware=hardware)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """The simulated iteration of a :class:`TrainScenario` and its memory estimate."""
+
+    scenario: TrainScenario
+    result: TrainResult
+    memory: MemoryEstimate
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``simcli train``."""
+        s, res, mem = self.scenario, self.result, self.memory
+        gpus, plan = s.config.gpus, s.plan
+        return {
+            "model": s.model.id,
+            "gpu": s.config.gpu,
+            "num_gpus": gpus,
+            "cost_model": s.hardware.label,
+            "iteration_s": res.iteration_s,
+            "tokens_per_s": res.tokens_per_s,
+            "tokens_per_s_per_gpu": res.tokens_per_s / gpus,
+            "mfu": res.mfu,
+            "model_tflops_per_gpu": res.model_flops / res.iteration_s / gpus / 1e12,
+            "peak_memory_gib": mem.total_bytes / GIB,
+            "memory_capacity_gib": mem.capacity_bytes / GIB,
+            "fits": mem.fits,
+            "num_microbatches": res.num_microbatches,
+            "breakdown_s": res.breakdown_s,
+            "memory_gib": mem.breakdown_gib(),
+            "stages": res.stages,
+            "plan": plan.model_dump(mode="json") | {"dp": plan.data_parallel, "sp": plan.sp},
+            "attn_pattern": s.config.attn_pattern,
+        }
+
+    def flat(self) -> dict[str, Any]:
+        """The CSV row of ``simcli train``: the object with its breakdowns as columns."""
+        out = self.to_dict()
+        out |= {f"breakdown_{k}": v for k, v in self.result.breakdown_s.items()}
+        out |= {f"memory_{k}_gib": v for k, v in self.memory.breakdown_gib().items()}
+        return out
+
+
+def run_train(scenario: TrainScenario, *, keep_spans: bool = False) -> TrainRun:
+    """Simulate the scenario's iteration and estimate its memory; a plan that does not fit
+    is one :class:`PlanError` line unless the config says ``ignore_memory``. ``keep_spans``
+    keeps the timeline (traces, report bundles)."""
+    s, hw = scenario, scenario.hardware
+    costs = None
+    if s.attn_pattern is not None:
+        base = step_costs(s.model, s.plan, hw.cost_model, hw.system, s.attn_backend, s.framework)
+        pricer = SparsityPricer(hw.gpu_id, cost_models=s.cost_model, seed=0)
+        costs = sparse_step_costs(
+            s.model, s.plan, s.attn_pattern, hw.gpu_id, base=base, pricer=pricer
+        )
+    # (the cost model prices the first node's NICs; the simulator scales the scale-out
+    # traffic of other nodes by their bandwidth, see System.slowdown)
+    result = simulate_iteration(
+        s.model,
+        s.plan,
+        system=hw.system,
+        cost_model=hw.cost_model,
+        costs=costs,
+        attn_backend=s.attn_backend,
+        framework=s.framework,
+        keep_spans=keep_spans,
+    )
+    memory = estimate_memory(s.model, s.plan, hw.gpu, framework=s.framework)
+    if not memory.fits and not s.config.ignore_memory:
+        raise PlanError(
+            f"plan does not fit: peak {memory.total_bytes / GIB:.1f} GiB per GPU on pipeline "
+            f"rank {memory.peak_stage} > {memory.capacity_bytes / GIB:.1f} GiB of "
+            f"{s.config.gpu}; allowed: plans that fit (try --recompute selective|full, a "
+            "higher --zero, more --tp/--pp, a smaller --micro-batch) or --ignore-memory"
+        )
+    return TrainRun(scenario=s, result=result, memory=memory)
+
+
+def run_plan(
+    scenario: PlanScenario,
+    *,
+    collect: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """Search the scenario's plan space: the ranked plans ``simcli plan`` prints.
+    ``collect`` keeps every enumerated plan (report bundles); ``progress(done, total)``
+    is told how far the search is."""
+    c = scenario.config
+    return search_plans(
+        scenario.model,
+        scenario.hardware,
+        seq_len=c.seq_len,
+        global_batch=c.global_batch,
+        top=c.top,
+        objective=c.objective,
+        balance=c.balance,
+        space=scenario.space,
+        collect=collect,
+        progress=progress,
+    )
+
+
+__all__ = [
+    "PlanConfig",
+    "PlanScenario",
+    "TrainConfig",
+    "TrainRun",
+    "TrainScenario",
+    "parse_int_list",
+    "resolve_plan",
+    "resolve_train",
+    "run_plan",
+    "run_train",
+]

@@ -1,0 +1,191 @@
+"""The plan space of the search: which knobs vary (:class:`SearchSpace`) and every plan
+that passes the pruning rules, as integer columns (:func:`enumerate_plans`).
+
+Pruning follows Galvatron (Miao et al. 2022) and Megatron-LM's own rules (see
+:mod:`simcli.training.search`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from workloads.decompose import valid_tp_degrees
+from workloads.models import ModelConfig
+from workloads.plan import CP_KINDS, PRECISIONS, RECOMPUTE, PlanError, TrainPlan
+
+SCHEDULES = ("1f1b", "interleaved")
+# the tensor-core type each precision computes in
+COMPUTE_DTYPE = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16", "fp8": "fp8"}
+
+# --------------------------------------------------------------------------- enumeration
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Which knobs the search varies; the defaults are the whole (pruned) space."""
+
+    max_tp: int | None = None  # default: GPUs per node (TP stays inside a node)
+    tp: tuple[int, ...] | None = None  # only these degrees (default: all that pass)
+    pp: tuple[int, ...] | None = None
+    max_pp: int | None = None
+    max_cp: int | None = None
+    # Galvatron-style prune of hopeless context parallelism: below ~512 tokens per rank
+    # the ring's KV exchanges no longer hide behind the attention blocks and the GEMMs
+    # shrink (the cost model puts GPT-3 at seq 2048 >10% off the best from cp=8 on).
+    min_tokens_per_cp_rank: int = 512
+    max_micro_batch: int | None = None
+    max_vpp: int | None = None
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = RECOMPUTE
+    schedules: tuple[str, ...] = SCHEDULES
+    cp_kinds: tuple[str, ...] = CP_KINDS
+    sequence_parallel: tuple[bool, ...] = (True, False)
+    precision: str = "bf16-mixed"
+
+    def __post_init__(self) -> None:
+        for name, values, allowed in (
+            ("recompute", self.recompute, RECOMPUTE),
+            ("schedule", self.schedules, SCHEDULES),
+            ("cp_kind", self.cp_kinds, CP_KINDS),
+            ("zero", self.zero, (0, 1, 2, 3)),
+        ):
+            bad = [x for x in values if x not in allowed]
+            if bad or not values:
+                raise PlanError(
+                    f"{name} choices {list(values)} are invalid; allowed: "
+                    f"{', '.join(map(str, allowed))}"
+                )
+        if self.precision not in PRECISIONS:
+            raise PlanError(
+                f"precision {self.precision!r} is invalid; allowed: {', '.join(PRECISIONS)}"
+            )
+
+
+COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind")
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def enumerate_plans(
+    model: ModelConfig,
+    num_gpus: int,
+    seq_len: int,
+    global_batch: int,
+    gpus_per_node: int,
+    space: SearchSpace | None = None,
+) -> dict[str, np.ndarray]:
+    """Every plan of the pruned space as columns of equal length (see ``COLUMNS``:
+    ``rec`` indexes RECOMPUTE, ``kind`` CP_KINDS, ``sp`` is 0/1; ``vpp == 1`` is 1F1B)."""
+    space = space or SearchSpace()
+    max_tp = space.max_tp or (max(space.tp) if space.tp else gpus_per_node)
+    layers = model.num_layers
+    blocks: list[np.ndarray] = []
+    rec_codes = [RECOMPUTE.index(r) for r in space.recompute]
+    for tp in valid_tp_degrees(model):
+        if tp > max_tp or num_gpus % tp or (space.tp and tp not in space.tp):
+            continue
+        for pp in _divisors(num_gpus // tp):
+            if layers % pp or (space.max_pp and pp > space.max_pp):
+                continue
+            if space.pp and pp not in space.pp:
+                continue
+            for cp in _divisors(num_gpus // (tp * pp)):
+                if cp > 1 and (
+                    seq_len % (2 * cp)
+                    or (space.max_cp and cp > space.max_cp)
+                    or seq_len // cp < space.min_tokens_per_cp_rank
+                ):
+                    continue
+                dp = num_gpus // (tp * pp * cp)
+                if global_batch % dp:
+                    continue
+                kinds = [0]
+                if cp > 1:
+                    heads = model.num_heads // tp
+                    kinds = [
+                        CP_KINDS.index(k)
+                        for k in space.cp_kinds
+                        if not (k == "ulysses" and heads % cp)
+                    ]
+                    if not kinds:
+                        continue
+                eps = [1]
+                if model.num_experts > 1:
+                    eps = [e for e in _divisors(dp) if model.num_experts % e == 0]
+                zeros = [z for z in space.zero if (z == 0 or dp > 1) and (z < 2 or pp == 1)]
+                if not zeros:
+                    continue
+                sps = [1, 0] if tp > 1 else [0]
+                sps = [s for s in sps if bool(s) in space.sequence_parallel] or sps[:1]
+                for mb in _divisors(global_batch // dp):
+                    if space.max_micro_batch and mb > space.max_micro_batch:
+                        continue
+                    m = global_batch // (dp * mb)
+                    vpps = []
+                    if "1f1b" in space.schedules:
+                        vpps.append(1)
+                    if "interleaved" in space.schedules and pp > 1 and m % pp == 0:
+                        vpps += [
+                            v
+                            for v in _divisors(layers // pp)
+                            if v > 1 and not (space.max_vpp and v > space.max_vpp)
+                        ]
+                    if not vpps:
+                        continue
+                    grid = np.stack(
+                        np.meshgrid(vpps, zeros, rec_codes, sps, kinds, eps, indexing="ij"),
+                        axis=-1,
+                    ).reshape(-1, 6)
+                    block = np.empty((len(grid), len(COLUMNS)), dtype=np.int64)
+                    block[:, 0:5] = (tp, pp, cp, dp, 0)
+                    block[:, 4] = grid[:, 5]
+                    block[:, 5] = grid[:, 0]
+                    block[:, 6] = mb
+                    block[:, 7] = m
+                    block[:, 8:12] = grid[:, 1:5]
+                    blocks.append(block)
+    table = np.concatenate(blocks) if blocks else np.zeros((0, len(COLUMNS)), np.int64)
+    return {c: table[:, i] for i, c in enumerate(COLUMNS)}
+
+
+def select_rows(table: dict[str, np.ndarray], idx: np.ndarray | slice) -> dict[str, np.ndarray]:
+    return {k: v[idx] for k, v in table.items()}
+
+
+def plan_from_row(
+    table: dict[str, np.ndarray],
+    i: int,
+    *,
+    num_gpus: int,
+    seq_len: int,
+    global_batch: int,
+    precision: str,
+    layer_split: tuple[int, ...] | None = None,
+) -> TrainPlan:
+    """The TrainPlan of row ``i`` of an enumerated table."""
+    tp, pp, vpp = int(table["tp"][i]), int(table["pp"][i]), int(table["vpp"][i])
+    return TrainPlan(
+        num_gpus=num_gpus,
+        tp=tp,
+        pp=pp,
+        cp=int(table["cp"][i]),
+        dp=int(table["dp"][i]),
+        ep=int(table["ep"][i]),
+        vpp=vpp,
+        zero=int(table["zero"][i]),  # type: ignore[arg-type]
+        micro_batch=int(table["mb"][i]),
+        global_batch=global_batch,
+        seq_len=seq_len,
+        pp_schedule="interleaved" if vpp > 1 else "1f1b",
+        recompute=RECOMPUTE[int(table["rec"][i])],  # type: ignore[arg-type]
+        sequence_parallel=bool(table["sp"][i]) if tp > 1 else False,
+        precision=precision,  # type: ignore[arg-type]
+        cp_kind=CP_KINDS[int(table["kind"][i])],  # type: ignore[arg-type]
+        layer_split=layer_split,
+    )

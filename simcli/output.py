@@ -24,13 +24,13 @@ class Format(StrEnum):
     csv = "csv"
 
 
-def _clean(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 
@@ -55,7 +55,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     """One JSON object, as ``--format json`` prints it (NaN/inf as null), written atomically."""
-    atomic_write_text(path, json.dumps(_clean(obj), indent=2) + "\n")
+    atomic_write_text(path, json.dumps(jsonable(obj), indent=2) + "\n")
 
 
 def atomic_write_csv(frame: pd.DataFrame, path: str | Path, float_format: str = "%.6g") -> None:
@@ -75,7 +75,7 @@ def emit_records(
     """Print rows as a rich table, CSV, or one JSON object (rows under ``json_key``)."""
     if fmt == Format.json:
         obj = dict(json_wrapper or {})
-        obj[json_key] = [_clean(dict(r)) for r in records]
+        obj[json_key] = [jsonable(dict(r)) for r in records]
         sys.stdout.write(json.dumps(obj, indent=2) + "\n")
     elif fmt == Format.csv:
         pd.DataFrame(list(records)).to_csv(sys.stdout, index=False, float_format="%.6g")
@@ -92,7 +92,7 @@ def emit_records(
 def emit_object(obj: dict[str, Any], fmt: Format, *, title: str = "") -> None:
     """Print one result object: a two-column table, one CSV row, or a JSON object."""
     if fmt == Format.json:
-        sys.stdout.write(json.dumps(_clean(obj), indent=2) + "\n")
+        sys.stdout.write(json.dumps(jsonable(obj), indent=2) + "\n")
     elif fmt == Format.csv:
         flat = {k: v for k, v in obj.items() if not isinstance(v, dict | list)}
         pd.DataFrame([flat]).to_csv(sys.stdout, index=False, float_format="%.6g")

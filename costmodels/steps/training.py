@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from costmodels.ops.analytical import AnalyticalCostModel
 from costmodels.ops.learned import LearnedCostModel
@@ -35,7 +34,7 @@ from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import LayerOp, op_groups, params_per_tp_rank
 from workloads.decompose.training import ATTENTION, Framework
 from workloads.models import ModelConfig
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, Op, OpKind, normalise_frame
+from workloads.ops import Op, OpKind, ops_frame
 from workloads.plan import TrainPlan
 
 CostModel = AnalyticalCostModel | LearnedCostModel
@@ -81,12 +80,6 @@ class StepCosts:
     model_flops_per_microbatch: float  # 6 N T + attention, whole model, one micro-batch
 
 
-def _frame(ops: list[Op]) -> pd.DataFrame:
-    return normalise_frame(
-        pd.DataFrame([o.row() for o in ops], columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
-    )
-
-
 def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
     """Nodes spanned by a group of ``size`` ranks ``stride`` apart (Megatron rank order)."""
     if size <= 1:
@@ -96,13 +89,13 @@ def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
     return max(1, math.ceil(size / (gpus_per_node // stride)))
 
 
-def _with_nodes(op: Op, nodes: int) -> Op:
+def with_nodes(op: Op, nodes: int) -> Op:
     if op.op.value in COLLECTIVES and nodes > 1:
         return op.model_copy(update={"nodes": nodes})
     return op
 
 
-def _sum_phase(
+def sum_phase(
     items: list[LayerOp], times: np.ndarray, plan: TrainPlan, attn_scale: float
 ) -> Phase:
     compute = tp = 0.0
@@ -146,18 +139,18 @@ def step_costs(
     attn_scale = 1.0 / cp
     groups = op_groups(model, plan, attn_backend, framework)
     tp_nodes = group_nodes(tp, 1, gpn)
-    ops = [_with_nodes(o.op, tp_nodes) for g in groups for o in g]
-    times = cost_model.predict_many(_frame(ops))
+    ops = [with_nodes(o.op, tp_nodes) for g in groups for o in g]
+    times = cost_model.predict_many(ops_frame(ops))
     parts: list[np.ndarray] = []
     start = 0
     for g in groups:
         parts.append(times[start : start + len(g)])
         start += len(g)
-    phases = [_sum_phase(g, t, plan, attn_scale) for g, t in zip(groups, parts, strict=True)]
+    phases = [sum_phase(g, t, plan, attn_scale) for g, t in zip(groups, parts, strict=True)]
     layer_f, layer_b, f_f, f_b, l_f, l_b = phases
 
     # Context-parallel and expert-parallel communication of one layer.
-    cp_f, cp_b = _cp_comm(model, plan, cost_model, system, layer_f, layer_b)
+    cp_f, cp_b = cp_comm_s(model, plan, cost_model, system, layer_f, layer_b)
     ep_f, ep_b = _ep_comm(model, plan, cost_model, system)
     layer_f = Phase(layer_f.compute_s, layer_f.tp_comm_s, cp_f, ep_f, layer_f.by_op_s)
     layer_b = Phase(layer_b.compute_s, layer_b.tp_comm_s, cp_b, ep_b, layer_b.by_op_s)
@@ -170,8 +163,8 @@ def step_costs(
     stage_span = tp * cp * plan.data_parallel
     p2p_nodes = 2 if stage_span >= gpn else 1
     p2p_op = Op(op=OpKind.send_recv, dtype=Dtype(act_dtype), bytes=int(p2p_bytes), ranks=2)
-    p2p_op = _with_nodes(p2p_op, p2p_nodes)
-    p2p_s = float(cost_model.predict_many(_frame([p2p_op]))[0]) if plan.pp > 1 else 0.0
+    p2p_op = with_nodes(p2p_op, p2p_nodes)
+    p2p_s = float(cost_model.predict_many(ops_frame([p2p_op]))[0]) if plan.pp > 1 else 0.0
 
     return StepCosts(
         layer_fwd=layer_f,
@@ -234,18 +227,18 @@ def model_flops(model: ModelConfig, tokens: int, seq_len: int) -> float:
     return dense + attn
 
 
-def _collective_s(
+def collective_s(
     cost_model: CostModel, kind: str, nbytes: float, ranks: int, nodes: int, dtype: str
 ) -> float:
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     op = Op(op=OpKind(kind), dtype=Dtype(dtype), bytes=int(nbytes), ranks=ranks)
-    return float(cost_model.predict_many(_frame([_with_nodes(op, nodes)]))[0])
+    return float(cost_model.predict_many(ops_frame([with_nodes(op, nodes)]))[0])
 
 
 @dataclass(frozen=True)
 class Comm:
-    """One collective of a plan's layer, before pricing (see :func:`_collective_s`)."""
+    """One collective of a plan's layer, before pricing (see :func:`collective_s`)."""
 
     kind: str
     nbytes: float
@@ -315,7 +308,7 @@ def ep_comm(model: ModelConfig, plan: TrainPlan, gpus_per_node: int) -> Comm | N
     return Comm("all_to_all", nbytes, plan.ep, nodes, plan.activation_dtype)
 
 
-def _cp_comm(
+def cp_comm_s(
     model: ModelConfig,
     plan: TrainPlan,
     cost_model: CostModel,
@@ -326,7 +319,7 @@ def _cp_comm(
     """Exposed context-parallel communication per layer (forward, backward)."""
     comms = cp_comms(model, plan, system.node.gpus_per_node)
     times = {
-        k: _collective_s(cost_model, c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
+        k: collective_s(cost_model, c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
         for k, c in comms.items()
     }
     attn_f, attn_b = layer_f.by_op_s.get("attn", 0.0), layer_b.by_op_s.get("attn_bwd", 0.0)
@@ -340,5 +333,5 @@ def _ep_comm(
     c = ep_comm(model, plan, system.node.gpus_per_node)
     if c is None:
         return 0.0, 0.0
-    one = _collective_s(cost_model, c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
+    one = collective_s(cost_model, c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
     return 2.0 * one, 2.0 * one

@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from simcli.errors import fail, user_errors
-from simcli.output import Format, _clean, atomic_write_text, emit_object
+from simcli.output import Format, atomic_write_text, emit_object, jsonable
 from simcli.progress import set_quiet
 
 
@@ -214,7 +214,7 @@ def export(
                 {k: v for k, v in r.items() if not (isinstance(v, float) and v != v)}
                 for r in frame.to_dict(orient="records")
             ]
-            text = json.dumps({"store": str(store), "points": _clean(records)}, indent=2) + "\n"
+            text = json.dumps({"store": str(store), "points": jsonable(records)}, indent=2) + "\n"
         if output is None:
             sys.stdout.write(text)
         else:

@@ -62,7 +62,7 @@ import pandas as pd
 
 from costmodels.ops import sparse_attention as sa
 from costmodels.steps.serving import StepModel
-from costmodels.steps.training import Phase, StepCosts, _cp_comm, recompute_phase, step_costs
+from costmodels.steps.training import Phase, StepCosts, cp_comm_s, recompute_phase, step_costs
 from hardware_specs.registry import builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from simcli.training.simulator import simulate_iteration
@@ -224,7 +224,7 @@ class _Shape:
         )
 
 
-def _frame(ops: list[Op]) -> pd.DataFrame:
+def ops_frame(ops: list[Op]) -> pd.DataFrame:
     return normalise_frame(
         pd.DataFrame([o.row() for o in ops], columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
     )
@@ -298,7 +298,7 @@ class SparsityPricer:
         todo = list(dict.fromkeys(k for k in keys if k not in self._dense))
         if todo:
             ops = [self._dense_ops(sh, *k[1:]) for k in todo]
-            times = self.cost_model(sh.tp).predict_many(_frame(ops))
+            times = self.cost_model(sh.tp).predict_many(ops_frame(ops))
             self._dense.update(zip(todo, (float(t) for t in times), strict=True))
         return [self._dense[k] for k in keys]
 
@@ -534,7 +534,7 @@ def sparse_step_costs(
     lb = swap(c.layer_bwd, "attn_bwd", _ratio(a.bwd_s, b_d))
     if plan.cp > 1:
         cm = pr.cost_model(plan.num_gpus)
-        cp_f, cp_b = _cp_comm(model, plan, cm, cm.system, lf, lb)
+        cp_f, cp_b = cp_comm_s(model, plan, cm, cm.system, lf, lb)
         lf, lb = replace(lf, cp_comm_s=cp_f), replace(lb, cp_comm_s=cp_b)
     return replace(c, layer_fwd=lf, layer_bwd=lb, layer_recompute=recompute_phase(plan, lf))
 

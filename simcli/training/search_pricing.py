@@ -19,9 +19,6 @@ from costmodels.steps.training import (
     CostModel,
     Phase,
     StepCosts,
-    _frame,
-    _sum_phase,
-    _with_nodes,
     cp_comms,
     cp_exposed_s,
     ep_comm,
@@ -29,12 +26,14 @@ from costmodels.steps.training import (
     op_groups,
     plan_fields,
     recompute_phase,
+    sum_phase,
+    with_nodes,
 )
 from hardware_specs.registry import System
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import optimizer_ops
 from workloads.models import ModelConfig
-from workloads.ops import Op, OpKind
+from workloads.ops import Op, OpKind, ops_frame
 from workloads.plan import TrainPlan
 
 # --------------------------------------------------------------------------- batched pricing
@@ -57,17 +56,17 @@ class _Pricer:
         return i
 
     def collective(self, kind: str, nbytes: float, ranks: int, nodes: int, dtype: str) -> int:
-        """Index of the op :func:`~costmodels.steps.training._collective_s` would price, or -1
+        """Index of the op :func:`~costmodels.steps.training.collective_s` would price, or -1
         for the zero it returns without pricing."""
         if ranks <= 1 or nbytes <= 0:
             return -1
         op = Op(op=OpKind(kind), dtype=Dtype(dtype), bytes=int(nbytes), ranks=ranks)
-        return self.add(_with_nodes(op, nodes))
+        return self.add(with_nodes(op, nodes))
 
     def run(self) -> None:
         n_done = len(self.times)
         if len(self._ops) > n_done:
-            new = self.cost_model.predict_many(_frame(self._ops[n_done:]))
+            new = self.cost_model.predict_many(ops_frame(self._ops[n_done:]))
             self.times = np.concatenate([self.times, np.asarray(new, dtype=float)])
 
     def time(self, index: int) -> float:
@@ -98,7 +97,7 @@ def collectives_s(
     nodes: np.ndarray,
     dtype: str,
 ) -> np.ndarray:
-    """Vectorised ``_collective_s``: each distinct (bytes, ranks, nodes) priced once."""
+    """Vectorised ``collective_s``: each distinct (bytes, ranks, nodes) priced once."""
     nbytes = np.asarray(nbytes, dtype=float)
     ranks = np.broadcast_to(np.asarray(ranks, dtype=np.int64), nbytes.shape)
     nodes = np.broadcast_to(np.asarray(nodes, dtype=np.int64), nbytes.shape)
@@ -108,10 +107,10 @@ def collectives_s(
         return out
     uniq, inv = unique_rows([nbytes[ok].astype(np.int64), ranks[ok], nodes[ok]])
     ops = [
-        _with_nodes(Op(op=OpKind(kind), dtype=Dtype(dtype), bytes=int(b), ranks=int(r)), int(n))
+        with_nodes(Op(op=OpKind(kind), dtype=Dtype(dtype), bytes=int(b), ranks=int(r)), int(n))
         for b, r, n in uniq
     ]
-    times = np.asarray(cost_model.predict_many(_frame(ops)), dtype=float)
+    times = np.asarray(cost_model.predict_many(ops_frame(ops)), dtype=float)
     out[ok] = times[inv.reshape(-1)]
     return out
 
@@ -128,7 +127,7 @@ def optimizer_s(
         for lo in optimizer_ops(model, int(n), Dtype(master_dtype)):
             rows.append(lo.op)
             owner.append(i)
-    times = np.asarray(cost_model.predict_many(_frame(rows)), dtype=float)
+    times = np.asarray(cost_model.predict_many(ops_frame(rows)), dtype=float)
     per = np.bincount(np.asarray(owner), weights=times, minlength=len(uniq))
     return per[inv.reshape(-1)]
 
@@ -179,7 +178,7 @@ def step_costs_many(
             op_lists[okey] = op_groups(model, plan, attn_backend, "megatron")
         groups = op_lists[okey]
         tp_nodes = group_nodes(tp, 1, gpn)
-        index = [[pricer.add(_with_nodes(o.op, tp_nodes)) for o in g] for g in groups]
+        index = [[pricer.add(with_nodes(o.op, tp_nodes)) for o in g] for g in groups]
         phase_keys[key] = {"plan": plan, "groups": groups, "index": index}
 
     # 2. the communication ops of every plan
@@ -209,7 +208,7 @@ def step_costs_many(
         phases = []
         for g, idx in zip(info["groups"], info["index"], strict=True):
             t = pricer.times[np.asarray(idx, dtype=np.int64)] if idx else np.zeros(0)
-            phases.append(_sum_phase(g, t, plan, 1.0 / plan.cp))
+            phases.append(sum_phase(g, t, plan, 1.0 / plan.cp))
         info["phases"] = phases
 
     out: list[StepCosts] = []
@@ -260,7 +259,7 @@ def _comm_requests(
         stage_span = plan.tp * cp * plan.data_parallel
         p2p_nodes = 2 if stage_span >= gpn else 1
         op = Op(op=OpKind.send_recv, dtype=Dtype(act), bytes=int(p2p_bytes), ranks=2)
-        req["p2p"] = pricer.add(_with_nodes(op, p2p_nodes))
+        req["p2p"] = pricer.add(with_nodes(op, p2p_nodes))
     return req
 
 

@@ -31,8 +31,7 @@ from costmodels.steps.training import (
     CostModel,
     Framework,
     StepCosts,
-    _collective_s,
-    _frame,
+    collective_s,
     group_nodes,
     step_costs,
 )
@@ -40,6 +39,7 @@ from hardware_specs.registry import System
 from hardware_specs.schema import Dtype
 from workloads.decompose import optimizer_ops
 from workloads.models import ModelConfig
+from workloads.ops import ops_frame
 from workloads.plan import PlanError, TrainPlan, check_plan
 
 PHASES = ("F", "B")
@@ -327,10 +327,10 @@ def _simulate(
     # many identical DP buckets; pricing one op at a time dominates otherwise).
     priced: dict[tuple, float] = {}
 
-    def collective_s(kind: str, nbytes: float, ranks: int, nodes: int, dtype: str) -> float:
+    def once_s(kind: str, nbytes: float, ranks: int, nodes: int, dtype: str) -> float:
         key = (kind, nbytes, ranks, nodes, dtype)
         if key not in priced:
-            priced[key] = _collective_s(cm, kind, nbytes, ranks, nodes, dtype)
+            priced[key] = collective_s(cm, kind, nbytes, ranks, nodes, dtype)
         return priced[key]
 
     p2p = np.zeros((plan.pp, plan.pp))
@@ -347,8 +347,8 @@ def _simulate(
     zero3 = (0.0, 0.0)
     if plan.zero == 3 and dp > 1:
         slow = dp_slow[0]
-        gather = slow * collective_s("all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
-        rs = slow * collective_s("reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32")
+        gather = slow * once_s("all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
+        rs = slow * once_s("reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32")
         cf = c.layer_fwd.compute_s
         cb = c.layer_bwd.compute_s + c.layer_recompute.total_s
         zf = max(0.0, gather - cf) + kappa * min(gather, cf)
@@ -377,7 +377,7 @@ def _simulate(
                     params += c.lm_head_params
                 nbytes = params * grad_elt
                 n_buckets = max(1, math.ceil(nbytes / plan.grad_bucket_bytes))
-                t_bucket = dp_slow[r] * collective_s(
+                t_bucket = dp_slow[r] * once_s(
                     kind, nbytes / n_buckets, dp, dp_nodes, "fp32" if grad_elt == 4 else "bf16"
                 )
                 for b in range(n_buckets):
@@ -408,10 +408,10 @@ def _simulate(
         n_opt = max(1, math.ceil(params / shard))
         ops = [o.op for o in optimizer_ops(model, n_opt, Dtype(plan.master_dtype))]
         if ("adamw", n_opt) not in priced:
-            priced[("adamw", n_opt)] = float(cm.predict_many(_frame(ops)).sum())
+            priced[("adamw", n_opt)] = float(cm.predict_many(ops_frame(ops)).sum())
         opt_s = priced[("adamw", n_opt)]
         if plan.zero in (1, 2) and dp > 1 and not plan.overlap_grad_reduce:
-            param_gather[r] = dp_slow[r] * collective_s(
+            param_gather[r] = dp_slow[r] * once_s(
                 "all_gather", params * param_elt, dp, dp_nodes, "bf16"
             )
         opt_end[r] = comm_end[r] + opt_s + param_gather[r]

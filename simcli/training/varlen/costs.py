@@ -8,7 +8,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from costmodels.steps.training import CostModel
 from hardware_specs.schema import Dtype
@@ -20,7 +19,7 @@ from workloads.decompose import (
     params_per_tp_rank,
 )
 from workloads.models import ModelConfig
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, Op, OpKind, normalise_frame
+from workloads.ops import Op, OpKind, ops_frame
 
 ATTENTION = {OpKind.attn_fwd, OpKind.attn_bwd, OpKind.attn_fwdbwd}
 COLLECTIVES = {
@@ -32,12 +31,6 @@ COLLECTIVES = {
 }
 ATTN_PACK_TOKENS = 32768  # tokens of the reference pack attention is priced in
 ACT_BYTES = 2  # bf16 activations
-
-
-def _frame(ops: list[Op]) -> pd.DataFrame:
-    return normalise_frame(
-        pd.DataFrame([o.row() for o in ops], columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
-    )
 
 
 def _geometric(lo: int, hi: int, per_octave: int) -> np.ndarray:
@@ -171,7 +164,7 @@ class VarlenCoster:
         shard = self.params_per_gpu(tps[0]) // (self.num_gpus // tps[0])
         opt_start = len(ops)
         ops.extend(lo.op for lo in optimizer_ops(model, max(1, int(shard)), "fp32"))
-        times = np.asarray(self.cost_model.predict_many(_frame(ops)), dtype=float)
+        times = np.asarray(self.cost_model.predict_many(ops_frame(ops)), dtype=float)
 
         n_sr = len(sr_bytes)
         self._sr_bytes = sr_bytes.astype(float)
@@ -249,7 +242,7 @@ class VarlenCoster:
         """Exposed ring-attention communication of one micro-batch on a ``c``-rank ring,
         all layers: per layer ``c - 1`` steps, each moving the rank's KV (dKV too in the
         backward) while one ``1/c`` block of the rank's attention runs (as in
-        :func:`costmodels.steps.training._cp_comm`)."""
+        :func:`costmodels.steps.training.cp_comm_s`)."""
         if c <= 1 or tokens_per_rank <= 0:
             return 0.0
         inter = bool(self.inter_node(tp, c))

@@ -78,7 +78,7 @@ def build_step_model(
         cost_model=hardware.cost_model,
     )
     if attn_pattern is not None:
-        from simcli.sparsity.serving import PatternStepModel
+        from costmodels.steps.sparse import PatternStepModel
 
         return PatternStepModel(model, hardware.gpu_id, pattern=attn_pattern, **kw)
     return StepModel(model, hardware.gpu_id, **kw)

@@ -8,8 +8,8 @@ import numpy as np
 from typer.testing import CliRunner
 
 from costmodels.steps.serving import StepModel
+from costmodels.steps.sparse import PatternStepModel
 from simcli.cli import app
-from simcli.sparsity.serving import PatternStepModel
 
 runner = CliRunner()
 

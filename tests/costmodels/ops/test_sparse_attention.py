@@ -270,3 +270,21 @@ def test_nsa_fsa_kernel_level_speedups_have_the_published_size():
     assert 2.5 <= ratios.max() <= 6.0
     assert 1.2 <= np.exp(np.log(ratios).mean()) <= 2.4
     assert (ratios[np.array(groups) == 8] < 1.5).all()
+
+
+# --------------------------------------------------------------------------- cost model
+
+
+def test_model_predicts_block_sparse_time_per_direction():
+    table = parse_pattern("window:1024").tiles(8192, 4)
+    res = sa.block_sparse_time(table, heads_q=16, heads_kv=4, batch=2)
+    model = sa.SparseAttentionModel("h100-sxm")
+    calls = [
+        sa.SparseAttentionCall(table, direction=d, batch=2, heads_q=16, heads_kv=4)
+        for d in sa.DIRECTIONS
+    ]
+    want = [res.fwd_s, res.bwd_s, res.fwdbwd_s]
+    assert [model.predict(c) for c in calls] == want
+    np.testing.assert_array_equal(model.predict_many(calls), want)
+    with pytest.raises(sa.SparseAttentionError, match="allowed: fwd, bwd, fwdbwd"):
+        model.predict(sa.SparseAttentionCall(table, direction="both"))

@@ -180,3 +180,19 @@ def test_tile_time_mirrors_the_dense_gemm_model(gpus, gpu_id) -> None:
         hbm = gpu.hbm_bytes_per_s * dp.memory_efficiency
         got = dp.launch_s + np.maximum(S._compute_only_s(m, n, k, b, d, gpu, dp), floor / hbm)
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_model_prices_gemm_ops_as_sparse_gemm_work(h100) -> None:
+    from workloads.ops import Op, ops_frame
+
+    ops = [Op(op="gemm", m=m, n=4096, k=14336, batch=b) for m, b in ((1, 1), (4096, 2))]
+    for sparsity in ("2:4", "unstructured:0.8", "cats:0.4", "dense"):
+        model = S.SparseGemmModel(h100, sparsity)
+        shapes = ([1, 4096], [4096] * 2, [14336] * 2, [1, 2])
+        want = S.sparse_gemm_work(*shapes, "bf16", sparsity, h100)
+        np.testing.assert_array_equal(model.predict_many(ops_frame(ops)), want.time_s)
+        assert [model.predict(o) for o in ops] == list(want.time_s)
+    with pytest.raises(ValueError, match="allowed: gemm"):
+        S.SparseGemmModel(h100).predict(Op(op="copy", bytes=1024))
+    with pytest.raises(ValueError, match="allowed: dense, 2:4"):
+        S.SparseGemmModel(h100, "3:4")

@@ -27,7 +27,7 @@ from costmodels.ops.features import op_class
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, OpError, normalise_frame
 
 OP_COLUMNS = (*CSV_COLUMNS, *EXTRA_COLUMNS)
-NON_OP_SUITES = {"power", "sparse_gemm"}  # sparse_gemm: fitted by costmodels.ops.sparse_gemm
+NON_OP_SUITES = {"power", "sparse_gemm"}  # sparse_gemm: fitted by calibrate.sparse.gemm
 
 
 class DatasetError(ValueError):

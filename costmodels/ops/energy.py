@@ -5,15 +5,33 @@ utilisation is achieved FLOP/s over the dtype's dense peak and achieved bytes/s 
 HBM bandwidth; energy = P x time. Compute-bound kernels on an H100 sit at the power cap
 (measured: a sustained bf16 GEMM draws 696 W of 700), a device copy well below it (496 W).
 Fitted from the calibration runner's NVML power samples (``power`` suite).
+
+:class:`EnergyModel` is the op-level estimator: a cost model's time, FLOPs and bytes and
+a fitted :class:`PowerModel` give ``predict(op)`` / ``predict_many(frame)`` in joules,
+with scikit-learn's contract (``fit(frame) -> self``, fitted state in ``power_``,
+predicting before fitting raises).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodels.ops.common import Work, peak_flops
 from hardware_specs.schema import GpuSpec
+from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, Op, normalise_frame
+
+
+def utilisation(work: Work, dtype: np.ndarray, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(tensor-core, HBM) utilisation of ops that took ``work.time_s``: achieved FLOP/s over
+    the dtype's dense peak and achieved bytes/s over HBM bandwidth, each within [0, 1]."""
+    t = np.maximum(work.time_s, 1e-12)
+    util_c = np.clip(work.flops / (t * peak_flops(dtype, gpu)), 0.0, 1.0)
+    util_m = np.clip(work.bytes / (t * gpu.hbm_bytes_per_s), 0.0, 1.0)
+    return util_c, util_m
 
 
 class PowerModel(BaseModel):
@@ -25,9 +43,7 @@ class PowerModel(BaseModel):
     cap_w: float = Field(gt=0, description="power limit the board enforces")
 
     def power_w(self, work: Work, dtype: np.ndarray, gpu: GpuSpec) -> np.ndarray:
-        t = np.maximum(work.time_s, 1e-12)
-        util_c = np.clip(work.flops / (t * peak_flops(dtype, gpu)), 0.0, 1.0)
-        util_m = np.clip(work.bytes / (t * gpu.hbm_bytes_per_s), 0.0, 1.0)
+        util_c, util_m = utilisation(work, dtype, gpu)
         return np.minimum(
             self.cap_w, self.idle_w + self.compute_w * util_c + self.memory_w * util_m
         )
@@ -67,3 +83,75 @@ class PowerModel(BaseModel):
                 break
             rows = rows | short
         return cls(idle_w=idle_w, compute_w=float(coef[0]), memory_w=float(coef[1]), cap_w=cap_w)
+
+
+class EnergyModel:
+    """Joules per op: ``cost_model``'s time, FLOPs and bytes priced by a :class:`PowerModel`.
+
+    ``fit(frame)`` takes the ``power`` suite's rows (an ops frame with ``measured_s`` and
+    ``avg_power_w``), works out each row's utilisation from the cost model's FLOPs and
+    bytes over the measured time and fits ``power_`` (:meth:`PowerModel.fit`, with the
+    board's ``idle_w`` and ``cap_w``); :meth:`from_power` wraps a fitted one (a profile's).
+    ``predict(op)`` / ``predict_many(frame)`` return joules: power at the predicted
+    utilisation times the predicted time (what ``simcli predict`` reports as
+    ``energy_j``).
+    """
+
+    def __init__(self, cost_model: Any, *, idle_w: float | None = None, cap_w: float | None = None):
+        self.cost_model = cost_model
+        self.idle_w = idle_w
+        self.cap_w = cap_w
+
+    @classmethod
+    def from_power(cls, cost_model: Any, power: PowerModel) -> EnergyModel:
+        """A fitted model from a fitted :class:`PowerModel` (e.g. a profile's ``power``)."""
+        model = cls(cost_model, idle_w=power.idle_w, cap_w=power.cap_w)
+        model.power_ = power
+        return model
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return self.cost_model.gpu
+
+    def fit(self, frame: pd.DataFrame) -> EnergyModel:
+        missing = [c for c in ("measured_s", "avg_power_w") if c not in frame.columns]
+        if missing:
+            raise ValueError(f"fit needs column(s) {', '.join(missing)}")
+        if self.idle_w is None or self.cap_w is None:
+            raise ValueError(
+                "fit needs the board's idle_w and cap_w (EnergyModel(..., idle_w=, cap_w=))"
+            )
+        measured = frame["measured_s"].to_numpy(dtype=float)
+        power = frame["avg_power_w"].to_numpy(dtype=float)
+        if not (np.all(np.isfinite(measured) & (measured > 0)) and np.all(np.isfinite(power))):
+            raise ValueError("measured_s must be finite and positive, avg_power_w finite")
+        ops = normalise_frame(frame[[c for c in frame.columns if c in _OP_COLUMNS]])
+        work = self.cost_model.work_many(ops, validated=True)
+        dtype = ops["dtype"].to_numpy(dtype=str)
+        util_c, util_m = utilisation(Work(measured, work.flops, work.bytes), dtype, self.gpu)
+        self.power_ = PowerModel.fit(util_c, util_m, power, self.idle_w, self.cap_w)
+        return self
+
+    def _check_fitted(self) -> PowerModel:
+        if not hasattr(self, "power_"):
+            from costmodels.ops.learned import NotFittedError
+
+            raise NotFittedError("EnergyModel is not fitted: call fit() or use from_power()")
+        return self.power_
+
+    def predict_many(self, frame: pd.DataFrame, *, validated: bool = False) -> np.ndarray:
+        """Joules per row of an ops frame (validated first unless ``validated``)."""
+        power = self._check_fitted()
+        if not validated:
+            frame = normalise_frame(frame)
+        work = self.cost_model.work_many(frame, validated=True)
+        return power.energy_j(work, frame["dtype"].to_numpy(dtype=str), self.gpu)
+
+    def predict(self, op: Op) -> float:
+        """Joules of one op."""
+        power = self._check_fitted()
+        work = self.cost_model.work(op)
+        return float(power.energy_j(work, np.array([op.dtype.value]), self.gpu)[0])
+
+
+_OP_COLUMNS = {*CSV_COLUMNS, *EXTRA_COLUMNS}

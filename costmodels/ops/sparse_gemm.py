@@ -35,20 +35,20 @@ independent products, with the weight W sparse. ``sparsity`` is one of:
 ``Work.flops`` counts the multiply-adds on kept weights (2:4: half the dense count);
 ``Work.bytes`` the HBM traffic including indices and metadata.
 
-Parameters with provenance are in ``data/sparse_gemm.yaml``; :func:`fit` refits them
-on a ``calibrate.run --suite sparse_gemm`` CSV with families held out:
+:class:`SparseGemmModel` is the cost-model face: ``predict(op)`` and
+``predict_many(ops_frame)`` in seconds for ``gemm`` ops whose weight has one sparsity.
 
-    python3 -m costmodels.ops.sparse_gemm fit calibrate/data/h100-sxm/sparse_gemm.csv
+Parameters with provenance are in ``data/sparse_gemm.yaml``; ``calibrate.sparse.gemm``
+refits them on a ``calibrate.run --suite sparse_gemm`` CSV with families held out:
+
+    python -m calibrate.sparse.gemm fit calibrate/data/h100-sxm/sparse_gemm.csv
 
 numpy only (and the project's pydantic/yaml parameter loading); no torch, no simcli.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 import math
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -56,17 +56,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from costmodels.ops.analytical import Columns, frame_columns, op_columns
 from costmodels.ops.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype, cdiv, peak_flops
 from costmodels.ops.gemm import SPLIT_FACTORS, gemm_work, row_alignment
 from costmodels.ops.params import GemmParams, arch_params, deep_merge
 from hardware_specs.schema import GpuSpec
+from workloads.ops import Op, normalise_frame
 
 SPARSITY_KINDS = ("dense", "2:4", "unstructured", "cats")
-# held-out split of the measured rows: every family of these models
-HELD_OUT_PREFIXES = ("qwen2.5-7b/",)
 
 
 class _P(BaseModel):
@@ -255,6 +256,66 @@ def _rows(m, n, k, batch, dtype) -> _Rows:
     return _Rows(m, n, k, b, d)
 
 
+@dataclass(frozen=True)
+class SemiStructuredTerms:
+    """A 2:4 GEMM's time before its two fitted parameters (seconds per row):
+    ``max(bound_s, max(call_floor_s, launch_s + max(compute_s / compute_efficiency,
+    memory_s)))``. Linear in ``1 / compute_efficiency`` and in the floor: what
+    ``calibrate.sparse.gemm`` grid-searches."""
+
+    compute_s: np.ndarray  # the dense kernel's tiles over k / sparse_speedup, efficiency 1
+    memory_s: np.ndarray  # kept values, metadata, padded activations, outputs over HBM
+    bound_s: np.ndarray  # the spec's sparse peak and HBM bandwidth
+    launch_s: float
+    flops: np.ndarray
+    bytes: np.ndarray
+
+
+def _semi_structured(
+    r: _Rows, gpu: GpuSpec, sp: SemiStructuredParams, dp: GemmParams
+) -> SemiStructuredTerms:
+    in_b = by_dtype(r.dtype, ELEMENT_BYTES, "sparse GEMM")
+    out_b = by_dtype(r.dtype, GEMM_OUT_BYTES, "sparse GEMM")
+    hbm = gpu.hbm_bytes_per_s
+    dense_flops = 2.0 * r.m * r.n * r.k * r.batch
+    rows = cdiv(r.m, sp.dense_row_multiple) * sp.dense_row_multiple
+    kept = 0.5 * r.n * r.k * r.batch
+    bytes_ = (
+        r.batch * (rows * r.k * in_b + r.m * r.n * out_b)
+        + kept * in_b
+        + kept * sp.metadata_bits_per_kept / 8.0
+    )
+    k_eff = r.k / gpu.sparse_speedup
+    return SemiStructuredTerms(
+        compute_s=_compute_only_s(rows, r.n, k_eff, r.batch, r.dtype, gpu, dp),
+        memory_s=bytes_ / (hbm * dp.memory_efficiency * sp.memory_efficiency_factor),
+        bound_s=np.maximum(
+            dense_flops / (peak_flops(r.dtype, gpu) * gpu.sparse_speedup), bytes_ / hbm
+        ),
+        launch_s=dp.launch_s,
+        flops=0.5 * dense_flops,
+        bytes=bytes_,
+    )
+
+
+def semi_structured_terms(
+    m,
+    n,
+    k,
+    batch,
+    dtype,
+    gpu: GpuSpec,
+    params: SparseGemmParams | None = None,
+    *,
+    dense: GemmParams | None = None,
+) -> SemiStructuredTerms:
+    """The parts of the 2:4 time of :func:`sparse_gemm_work` (see
+    :class:`SemiStructuredTerms`); defaults as there."""
+    p = params if params is not None else sparse_params(gpu.architecture)
+    dp = dense if dense is not None else dense_gemm_params(gpu)
+    return _semi_structured(_rows(m, n, k, batch, dtype), gpu, p.semi_structured, dp)
+
+
 def sparse_gemm_work(
     m,
     n,
@@ -287,21 +348,10 @@ def sparse_gemm_work(
 
     if kind == "2:4":
         sp = p.semi_structured
-        rows = cdiv(r.m, sp.dense_row_multiple) * sp.dense_row_multiple
-        kept = 0.5 * r.n * r.k * r.batch
-        bytes_ = (
-            r.batch * (rows * r.k * in_b + r.m * r.n * out_b)
-            + kept * in_b
-            + kept * sp.metadata_bits_per_kept / 8.0
-        )
-        flops = 0.5 * dense_flops
-        k_eff = r.k / gpu.sparse_speedup
-        compute = _compute_only_s(rows, r.n, k_eff, r.batch, r.dtype, gpu, dp)
-        compute = compute / sp.compute_efficiency
-        memory = bytes_ / (hbm * dp.memory_efficiency * sp.memory_efficiency_factor)
-        time_s = np.maximum(dp.launch_s + np.maximum(compute, memory), sp.call_floor_s)
-        bound = np.maximum(dense_flops / (peak * gpu.sparse_speedup), bytes_ / hbm)
-        return Work(time_s=np.maximum(time_s, bound), flops=flops, bytes=bytes_)
+        t = _semi_structured(r, gpu, sp, dp)
+        compute = t.compute_s / sp.compute_efficiency
+        time_s = np.maximum(t.launch_s + np.maximum(compute, t.memory_s), sp.call_floor_s)
+        return Work(time_s=np.maximum(time_s, t.bound_s), flops=t.flops, bytes=t.bytes)
 
     if kind == "unstructured":
         up = p.unstructured
@@ -340,231 +390,69 @@ def sparse_gemm_work(
     return Work(time_s=np.maximum(time_s, bound), flops=fused.flops, bytes=bytes_)
 
 
-# ----------------------------------------------------------------------------- fitting
+class SparseGemmModel:
+    """Sparse-weight GEMMs as a cost model: ``predict(op)`` and ``predict_many(frame)`` in
+    seconds for ``gemm`` ops (C[m,n] = X[m,k] . W[n,k]^T, ``batch`` products) whose weight
+    has ``sparsity`` (see the module docstring); ``cats_kernel`` is CATS's kernel. Scalar
+    calls run the vectorised code on length-1 arrays. Parameters are loaded
+    (:func:`sparse_params`, :func:`dense_gemm_params`), never fitted here."""
 
+    def __init__(
+        self,
+        gpu: str | GpuSpec = "h100-sxm",
+        sparsity: str = "2:4",
+        *,
+        cats_kernel: Literal["fused", "gather"] = "fused",
+        params: SparseGemmParams | None = None,
+        dense: GemmParams | None = None,
+    ) -> None:
+        if not isinstance(gpu, GpuSpec):
+            from hardware_specs.registry import builtin_catalog
 
-def read_measured(path: str | Path) -> dict[str, np.ndarray]:
-    """The ``ok`` rows of a sparse_gemm suite CSV as numpy columns."""
-    with Path(path).open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
-    if not rows:
-        raise ValueError(f"{path}: no rows with status ok")
-    cols: dict[str, np.ndarray] = {}
-    for c in ("m", "n", "k"):
-        cols[c] = np.array([float(r[c]) for r in rows])
-    cols["measured_s"] = np.array([float(r["measured_ms"]) * 1e-3 for r in rows])
-    for c in ("dtype", "pattern", "backend", "family"):
-        cols[c] = np.array([r[c] for r in rows], dtype=str)
-    return cols
+            gpu = builtin_catalog().gpu(str(gpu))
+        parse_sparsity(sparsity)  # one-line error for a bad sparsity
+        if cats_kernel not in ("fused", "gather"):
+            raise ValueError(f"cats_kernel {cats_kernel!r} not understood; allowed: fused, gather")
+        self.gpu = gpu
+        self.sparsity = sparsity
+        self.cats_kernel = cats_kernel
+        self.params = params if params is not None else sparse_params(gpu.architecture)
+        self.dense = dense if dense is not None else dense_gemm_params(gpu)
 
+    @property
+    def label(self) -> str:
+        return f"sparse GEMM {self.sparsity} ({self.gpu.id})"
 
-def held_out_mask(families: np.ndarray, prefixes=HELD_OUT_PREFIXES) -> np.ndarray:
-    return np.array([any(f.startswith(p) for p in prefixes) for f in families], dtype=bool)
-
-
-def _kind_masks(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    pat, be = d["pattern"], d["backend"]
-    cats = np.char.startswith(pat, "cats:")
-    return {
-        "dense": pat == "dense",
-        "2:4": (pat == "2:4") & (be == "cusparselt"),
-        "cats/fused": cats & (be == "compact"),
-        "cats/gather": cats & (be == "gather"),
-    }
-
-
-def predict_measured(
-    d: dict[str, np.ndarray], gpu: GpuSpec, p: SparseGemmParams, dense: GemmParams
-) -> np.ndarray:
-    """Model seconds for every measured row (its pattern and backend)."""
-    pred = np.full(len(d["m"]), np.nan)
-    for name, mask in _kind_masks(d).items():
-        if not mask.any():
-            continue
-        m, n, k, dt, pats = (d[c][mask] for c in ("m", "n", "k", "dtype", "pattern"))
-        kernel = name.split("/")[1] if name.startswith("cats") else "fused"
-        out = np.empty(int(mask.sum()))
-        for pat in np.unique(pats):
-            s = pats == pat
-            w = sparse_gemm_work(
-                m[s], n[s], k[s], None, dt[s], pat, gpu, p, dense=dense, cats_kernel=kernel
-            )
-            out[s] = w.time_s
-        pred[mask] = out
-    return pred
-
-
-def _ape_stats(pred: np.ndarray, meas: np.ndarray) -> dict[str, float]:
-    ape = np.abs(pred / meas - 1.0)
-    return {
-        "rows": int(len(ape)),
-        "mape": round(float(ape.mean()), 4) if len(ape) else math.nan,
-        "p50": round(float(np.median(ape)), 4) if len(ape) else math.nan,
-        "p90": round(float(np.quantile(ape, 0.9)), 4) if len(ape) else math.nan,
-    }
-
-
-def _grid_best(loss: np.ndarray, *axes: np.ndarray) -> tuple[float, ...]:
-    i = np.unravel_index(int(np.argmin(loss)), loss.shape)
-    return tuple(float(ax[j]) for ax, j in zip(axes, i, strict=True))
-
-
-def fit(
-    d: dict[str, np.ndarray],
-    gpu: GpuSpec,
-    base: SparseGemmParams | None = None,
-    dense: GemmParams | None = None,
-    held_out_prefixes=HELD_OUT_PREFIXES,
-) -> tuple[SparseGemmParams, dict[str, Any]]:
-    """Fit the measured parameters on the rows outside the held-out families.
-
-    2:4: ``compute_efficiency`` and ``call_floor_s`` on a grid, minimising the mean
-    |log(predicted / measured)| (robust to the host-noise of floor-bound rows). CATS
-    gather: ``gather_memory_efficiency`` and ``gather_launch_s`` likewise. Returns the
-    fitted parameters and a report (train / held-out error per kind).
-    """
-    p0 = base if base is not None else sparse_params(gpu.architecture)
-    dp = dense if dense is not None else dense_gemm_params(gpu)
-    held = held_out_mask(d["family"], held_out_prefixes)
-    masks = _kind_masks(d)
-    meas = d["measured_s"]
-    hbm = gpu.hbm_bytes_per_s
-    sp = p0.semi_structured
-
-    # --- 2:4: time = max(bound, max(floor, launch + max(C / eff, M)))
-    tr = masks["2:4"] & ~held
-    m, n, k, dt = d["m"][tr], d["n"][tr], d["k"][tr], d["dtype"][tr]
-    one = sp.model_copy(update={"compute_efficiency": 1.0, "call_floor_s": 0.0})
-    p1 = p0.model_copy(update={"semi_structured": one})
-    w1 = sparse_gemm_work(m, n, k, None, dt, "2:4", gpu, p1, dense=dp)
-    rows = cdiv(m, sp.dense_row_multiple) * sp.dense_row_multiple
-    compute1 = _compute_only_s(rows, n, k / gpu.sparse_speedup, np.ones(len(m)), dt, gpu, dp)
-    memory = w1.bytes / (hbm * dp.memory_efficiency * sp.memory_efficiency_factor)
-    bound = np.maximum(2 * m * n * k / (peak_flops(dt, gpu) * gpu.sparse_speedup), w1.bytes / hbm)
-    effs = np.round(np.arange(0.30, 1.0001, 0.005), 4)
-    floors = np.round(np.arange(0.0, 1.5e-3 + 1e-12, 5e-6), 9)
-    kern = dp.launch_s + np.maximum(compute1[None, :] / effs[:, None], memory[None, :])
-    t = np.maximum(np.maximum(kern[:, None, :], floors[None, :, None]), bound)
-    loss = np.abs(np.log(t / meas[tr])).mean(axis=-1)
-    eff, floor = _grid_best(loss, effs, floors)
-
-    # --- CATS gather: fused + launch + 2 w / (hbm eff)
-    cp = p0.cats
-    gtr = masks["cats/gather"] & ~held
-    sub = {c: v[gtr] for c, v in d.items()}
-    c0 = cp.model_copy(update={"gather_launch_s": 0.0, "gather_memory_efficiency": 1.0})
-    pc = p0.model_copy(update={"cats": c0})
-    fused = predict_measured({**sub, "backend": np.full(gtr.sum(), "compact")}, gpu, pc, dp)
-    g1 = predict_measured(sub, gpu, pc, dp)
-    copy1 = g1 - fused  # 2 w / hbm at efficiency 1
-    geffs = np.round(np.arange(0.20, 1.0001, 0.005), 4)
-    glaunch = np.round(np.arange(0.0, 40e-6 + 1e-12, 0.5e-6), 9)
-    tg = fused[None, None, :] + glaunch[None, :, None] + copy1[None, None, :] / geffs[:, None, None]
-    gloss = np.abs(np.log(tg / meas[gtr])).mean(axis=-1)
-    geff, gl = _grid_best(gloss, geffs, glaunch)
-
-    fitted = p0.model_copy(
-        update={
-            "semi_structured": sp.model_copy(
-                update={"compute_efficiency": eff, "call_floor_s": floor}
-            ),
-            "cats": cp.model_copy(update={"gather_memory_efficiency": geff, "gather_launch_s": gl}),
-        }
-    )
-    return fitted, report(d, gpu, fitted, dp, held_out_prefixes)
-
-
-def report(
-    d: dict[str, np.ndarray],
-    gpu: GpuSpec,
-    p: SparseGemmParams,
-    dense: GemmParams | None = None,
-    held_out_prefixes=HELD_OUT_PREFIXES,
-) -> dict[str, Any]:
-    """Train / held-out error per kind, and the 2:4 speedup over dense by token count
-    (measured, and predicted with and without the per-call floor)."""
-    dp = dense if dense is not None else dense_gemm_params(gpu)
-    held = held_out_mask(d["family"], held_out_prefixes)
-    pred = predict_measured(d, gpu, p, dp)
-    out: dict[str, Any] = {"held_out_families": [f"{x}*" for x in held_out_prefixes]}
-    for name, mask in _kind_masks(d).items():
-        out[name] = {
-            "train": _ape_stats(pred[mask & ~held], d["measured_s"][mask & ~held]),
-            "held_out": _ape_stats(pred[mask & held], d["measured_s"][mask & held]),
-        }
-    out["speedup_2:4"] = speedup_table(d, gpu, p, dp)
-    return out
-
-
-def speedup_table(
-    d: dict[str, np.ndarray], gpu: GpuSpec, p: SparseGemmParams, dense: GemmParams
-) -> dict[int, dict[str, float]]:
-    """Median over layer shapes (bf16, cuSPARSELt) of dense / 2:4 time, per token count."""
-    key = {
-        (dt, mm, nn, kk): t
-        for dt, mm, nn, kk, t, pat in zip(
-            d["dtype"], d["m"], d["n"], d["k"], d["measured_s"], d["pattern"], strict=True
+    def work_columns(self, cols: Columns) -> Work:
+        """Time, FLOPs and HBM bytes for every row of a column dict (``gemm`` rows only)."""
+        other = cols["op"] != "gemm"
+        if other.any():
+            raise ValueError(f"op {cols['op'][other][0]!r} is not priced here; allowed: gemm")
+        return sparse_gemm_work(
+            cols["m"],
+            cols["n"],
+            cols["k"],
+            cols["batch"],
+            cols["dtype"],
+            self.sparsity,
+            self.gpu,
+            self.params,
+            dense=self.dense,
+            cats_kernel=self.cats_kernel,
         )
-        if pat == "dense"
-    }
-    sel = _kind_masks(d)["2:4"] & (d["dtype"] == "bf16") & (d["family"] != "square")
-    no_floor = p.model_copy(
-        update={"semi_structured": p.semi_structured.model_copy(update={"call_floor_s": 0.0})}
-    )
-    table: dict[int, dict[str, float]] = {}
-    for mm in np.unique(d["m"][sel]):
-        s = sel & (d["m"] == mm)
-        cols = zip(d["dtype"][s], d["n"][s], d["k"][s], d["measured_s"][s], strict=True)
-        pairs = [(key[(dt, mm, nn, kk)], t) for dt, nn, kk, t in cols if (dt, mm, nn, kk) in key]
-        if not pairs:
-            continue
-        args = (np.full(int(s.sum()), mm), d["n"][s], d["k"][s], None, "bf16")
-        dn = sparse_gemm_work(*args, "dense", gpu, p, dense=dense).time_s
-        sw = sparse_gemm_work(*args, "2:4", gpu, p, dense=dense).time_s
-        sk = sparse_gemm_work(*args, "2:4", gpu, no_floor, dense=dense).time_s
-        ratios = [a / b for a, b in pairs]
-        table[int(mm)] = {
-            "measured": round(float(np.median(ratios)), 3),
-            "measured_max": round(float(np.max(ratios)), 3),
-            "model": round(float(np.median(dn / sw)), 3),
-            "model_kernel_only": round(float(np.median(dn / sk)), 3),
-            "shapes": len(pairs),
-        }
-    return table
 
+    def work_many(self, frame: pd.DataFrame, *, validated: bool = False) -> Work:
+        if not validated:
+            frame = normalise_frame(frame)
+        return self.work_columns(frame_columns(frame))
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m costmodels.ops.sparse_gemm")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fit", help="refit on a sparse_gemm CSV and print held-out error")
-    f.add_argument("csv")
-    f.add_argument("--gpu", default="h100-sxm")
-    e = sub.add_parser("eval", help="held-out error of the shipped parameters on a CSV")
-    e.add_argument("csv")
-    e.add_argument("--gpu", default="h100-sxm")
-    args = ap.parse_args(argv)
-    from hardware_specs.registry import builtin_catalog
+    def predict_many(self, frame: pd.DataFrame, *, validated: bool = False) -> np.ndarray:
+        """Seconds per row of an ops frame (validated first unless ``validated``)."""
+        return self.work_many(frame, validated=validated).time_s
 
-    gpus = builtin_catalog().gpus
-    if args.gpu not in gpus:
-        print(f"unknown --gpu {args.gpu!r}; known: {', '.join(sorted(gpus))}", file=sys.stderr)
-        return 2
-    gpu = gpus[args.gpu]
-    d = read_measured(args.csv)
-    if args.cmd == "fit":
-        p, rep = fit(d, gpu)
-        semi = ("compute_efficiency", "call_floor_s")
-        cats = ("gather_memory_efficiency", "gather_launch_s")
-        fitted = {
-            "semi_structured": {k: getattr(p.semi_structured, k) for k in semi},
-            "cats": {k: getattr(p.cats, k) for k in cats},
-        }
-        print(yaml.safe_dump(fitted, sort_keys=False))
-    else:
-        rep = report(d, gpu, sparse_params(gpu.architecture))
-    print(yaml.safe_dump(rep, sort_keys=False))
-    return 0
+    def work(self, op: Op) -> Work:
+        return self.work_columns(op_columns(op))
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def predict(self, op: Op) -> float:
+        """Seconds for one op."""
+        return float(self.work(op).time_s[0])

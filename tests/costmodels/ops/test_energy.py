@@ -2,9 +2,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodels.ops.energy import PowerModel
+from costmodels.ops.energy import EnergyModel, PowerModel
+from costmodels.ops.learned import NotFittedError
 from costmodels.ops.select import get_cost_model
-from workloads.ops import Op
+from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, Op, ops_frame
 
 
 def test_fit_recovers_power_model_and_respects_the_cap():
@@ -79,3 +80,46 @@ def test_energy_in_single_op_output(run):
         ).stdout
     )
     assert "energy_j" not in a100  # no power model for an uncalibrated GPU
+
+
+def _power_rows(gpu: str) -> pd.DataFrame:
+    rows = pd.read_csv(f"calibrate/data/{gpu}/power.csv")
+    rows = rows[rows["status"] == "ok"].copy()
+    rows["measured_s"] = rows["measured_ms"] / 1e3
+    keep = [*CSV_COLUMNS, *EXTRA_COLUMNS, "measured_s", "avg_power_w"]
+    return rows[[c for c in rows.columns if c in keep]]
+
+
+def test_energy_model_fit_reproduces_the_shipped_power_model():
+    """EnergyModel.fit on the power suite's rows, with the profile's fitted analytical
+    model and the board's idle and cap, gives the PowerModel the profile ships."""
+    model = get_cost_model("h100-sxm")
+    shipped = model.power
+    fitted = EnergyModel(model.base, idle_w=shipped.idle_w, cap_w=shipped.cap_w)
+    assert fitted.fit(_power_rows("h100-sxm")) is fitted
+    assert fitted.power_.compute_w == pytest.approx(shipped.compute_w, rel=1e-9)
+    assert fitted.power_.memory_w == pytest.approx(shipped.memory_w, rel=1e-9)
+
+
+def test_energy_model_predicts_what_predict_reports(run):
+    import json
+
+    model = get_cost_model("h100-sxm")
+    energy = EnergyModel.from_power(model, model.power)
+    size = ["--m", "4096", "--n", "4096", "--k", "4096"]
+    out = json.loads(run("predict", "gemm", *size, "--gpu", "h100-sxm", "--format", "json").stdout)
+    ops = [Op(op="gemm", m=4096, n=4096, k=4096), Op(op="copy", bytes=2**30)]
+    assert energy.predict(ops[0]) == pytest.approx(out["energy_j"], rel=1e-9)
+    one_by_one = [energy.predict(o) for o in ops]
+    np.testing.assert_allclose(energy.predict_many(ops_frame(ops)), one_by_one)
+
+
+def test_energy_model_needs_fit_and_its_inputs():
+    model = get_cost_model("h100-sxm")
+    unfitted = EnergyModel(model.base)
+    with pytest.raises(NotFittedError, match="not fitted"):
+        unfitted.predict(Op(op="copy", bytes=2**20))
+    with pytest.raises(ValueError, match="idle_w and cap_w"):
+        unfitted.fit(_power_rows("h100-sxm"))
+    with pytest.raises(ValueError, match="avg_power_w"):
+        unfitted.fit(_power_rows("h100-sxm").drop(columns=["avg_power_w"]))

@@ -1,22 +1,18 @@
-"""Tile-table block-sparse attention (costmodels/ops/sparse_attention.py): invariants, the
-NSA/FSA choice against the published direction, and held-out fidelity by pattern family."""
+"""Tile-table block-sparse attention (costmodels/ops/sparse_attention.py): invariants and the
+NSA/FSA choice against the published direction. The fit and its held-out fidelity by
+pattern family: tests/calibrate/test_sparse_attention_fit.py."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from costmodels.ops import sparse_attention as sa
 from workloads.sparsity import parse_pattern
 
-ROOT = Path(__file__).resolve().parents[3]
-HELD_OUT = ["nsa/l2n4", "nsa/l4n8", "s2/l2s8", "topk/k2", "topk/k32"]  # the profiles' split
 GPUS = ["h100-sxm", "h200-sxm"]
 
 
@@ -276,74 +272,19 @@ def test_nsa_fsa_kernel_level_speedups_have_the_published_size():
     assert (ratios[np.array(groups) == 8] < 1.5).all()
 
 
-# --------------------------------------------------------------------------- fidelity
+# --------------------------------------------------------------------------- cost model
 
 
-@pytest.fixture(scope="module")
-def rows():
-    out = {}
-    for gpu in GPUS:
-        frame = pd.read_csv(ROOT / "calibrate" / "data" / gpu / "blocksparse.csv")
-        out[gpu] = (frame, sa.calibration_rows(frame))
-    return out
-
-
-@pytest.mark.parametrize("gpu", GPUS)
-def test_held_out_families_mape(rows, gpu):
-    """Fit on 15 pattern families, predict the 5 the shipped profile held out: <= 12%
-    per family, and better than the density-only model (learned profile) overall."""
-    frame, all_rows = rows[gpu]
-    fit, test = sa.split_rows(all_rows, HELD_OUT)
-    assert {r.family for r in fit}.isdisjoint(HELD_OUT) and len(test) == 53
-    params = sa.fit_tile_params(fit, gpu)
-    pred = sa.predict_rows(test, gpu, params)
-    by_family = sa.mape_by_family(test, pred)
-    for fam in HELD_OUT:
-        assert by_family[fam]["mape"] <= 12.0, (fam, by_family[fam])
-    assert by_family["all"]["mape"] <= 5.0
-    # the shipped parameters are these (benchmarks/sparse_attention_fit.py --write)
-    shipped = sa.kernel_params(gpu)
-    assert shipped.fwd_efficiency[128] == pytest.approx(params.fwd_efficiency[128], rel=1e-3)
-    assert shipped.bwd_cta_s == pytest.approx(params.bwd_cta_s, rel=1e-3)
-    # the density-only model with the calibrated profile, same held-out rows
-    from costmodels.ops.select import get_cost_model
-    from workloads.ops import CSV_COLUMNS, normalise_frame
-
-    ok = frame[frame["status"] == "ok"]
-    held = ok[ok["family"].isin(HELD_OUT)]
-    ops = normalise_frame(held[[c for c in CSV_COLUMNS if c in held.columns]].copy())
-    dens = get_cost_model(gpu).predict_many(ops)
-    dens_mape = float(np.mean(np.abs(dens / (held["measured_ms"].to_numpy() / 1e3) - 1)) * 100)
-    assert by_family["all"]["mape"] < dens_mape
-
-
-def test_leave_the_hardest_pattern_out(rows):
-    """All top-k families held out at once (the smallest CTAs: k=2 is the worst case)."""
-    for gpu in GPUS:
-        _, all_rows = rows[gpu]
-        fit, test = sa.split_rows(all_rows, ["topk"])
-        pred = sa.predict_rows(test, gpu, sa.fit_tile_params(fit, gpu))
-        by_family = sa.mape_by_family(test, pred)
-        assert by_family["all"]["mape"] <= 6.0
-        assert max(v["mape"] for v in by_family.values()) <= 12.0
-
-
-def test_calibration_tables_mirror_the_benchmark_layouts(rows):
-    frame, all_rows = rows["h100-sxm"]
-    ok = frame[frame["status"] == "ok"].reset_index(drop=True)
-    dens = np.array([r.tiles.density for r in all_rows])
-    exact = ~ok["pattern"].isin(["nsa"]).to_numpy()  # nsa: random overlaps, in distribution
-    np.testing.assert_allclose(dens[exact], ok["density"].to_numpy()[exact], atol=1e-6)
-    np.testing.assert_allclose(dens, ok["density"].to_numpy(), atol=2e-3)
-
-
-def test_fit_returns_finite_positive_parameters(rows):
-    _, all_rows = rows["h100-sxm"]
-    p = sa.fit_tile_params(all_rows, "h100-sxm")
-    d = p.to_dict()
-    for direction in ("fwd", "bwd"):
-        assert all(0 < v <= 1 for v in d[direction]["efficiency"].values())
-        assert all(v >= 0 for v in d[direction]["mask_s"].values())
-        assert d[direction]["cta_s"] > 0
-    back = sa.TileKernelParams.from_dict(d)
-    assert replace(back, source="") == replace(p, source="")
+def test_model_predicts_block_sparse_time_per_direction():
+    table = parse_pattern("window:1024").tiles(8192, 4)
+    res = sa.block_sparse_time(table, heads_q=16, heads_kv=4, batch=2)
+    model = sa.SparseAttentionModel("h100-sxm")
+    calls = [
+        sa.SparseAttentionCall(table, direction=d, batch=2, heads_q=16, heads_kv=4)
+        for d in sa.DIRECTIONS
+    ]
+    want = [res.fwd_s, res.bwd_s, res.fwdbwd_s]
+    assert [model.predict(c) for c in calls] == want
+    np.testing.assert_array_equal(model.predict_many(calls), want)
+    with pytest.raises(sa.SparseAttentionError, match="allowed: fwd, bwd, fwdbwd"):
+        model.predict(sa.SparseAttentionCall(table, direction="both"))

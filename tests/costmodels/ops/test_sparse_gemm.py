@@ -37,11 +37,6 @@ def h100(gpus):
     return gpus["h100-sxm"]
 
 
-@pytest.fixture(scope="module")
-def measured():
-    return S.read_measured(DATA)
-
-
 @pytest.mark.parametrize("gpu_id", ["h100-sxm", "a100-sxm-80gb", "h200-sxm", "b200"])
 @pytest.mark.parametrize(
     "sparsity", ["2:4", "unstructured:0.5", "unstructured:0.9", "cats:0.1", "cats:0.5"]
@@ -71,31 +66,6 @@ def test_2_4_bytes_are_half_the_weights_plus_metadata(h100) -> None:
     # 8 x k activations, n x k / 2 bf16 values, 2 bits per kept value, 8 x n outputs
     want = 8 * k * 2 + n * k / 2 * 2 + n * k / 2 * 2 / 8 + 8 * n * 2
     assert w.bytes[0] == pytest.approx(want)
-
-
-def test_2_4_faster_than_dense_only_where_compute_bound_as_measured(h100, measured) -> None:
-    d = measured
-    dense = {
-        (dt, m, n, k): t
-        for dt, m, n, k, t, pat in zip(
-            d["dtype"], d["m"], d["n"], d["k"], d["measured_s"], d["pattern"], strict=True
-        )
-        if pat == "dense"
-    }
-    sel = (d["pattern"] == "2:4") & (d["backend"] == "cusparselt")
-    m, n, k, dt, t = (d[c][sel] for c in ("m", "n", "k", "dtype", "measured_s"))
-    td = np.array([dense[key] for key in zip(dt, m, n, k, strict=True)])
-    faster = t < td
-    # measured: 2:4 wins only at >= 1024 tokens, and does win on big layers there
-    assert faster.any() and m[faster].min() >= 1024
-    # the model agrees on the direction for nearly every measured pair
-    ps = S.sparse_gemm_work(m, n, k, None, dt, "2:4", h100).time_s
-    pd = S.sparse_gemm_work(m, n, k, None, dt, "dense", h100).time_s
-    assert np.mean((ps < pd) == faster) >= 0.95
-    # and predicts a win only where the dense GEMM is compute-bound-ish
-    intensity = 2 * m * n * k / (2 * (m * k + n * k + m * n))
-    ridge = h100.peak_flops_per_s("bf16") / h100.hbm_bytes_per_s
-    assert np.all(intensity[ps < pd] >= ridge / 2)
 
 
 def test_2_4_kernel_alone_gains_at_most_the_byte_ratio_when_memory_bound(h100) -> None:
@@ -155,39 +125,6 @@ def test_cats_gains_at_batch_one_and_vanish_with_batch(h100) -> None:
     assert g.time_s[0] > dense
 
 
-def test_held_out_mape_bound(h100, measured) -> None:
-    """``python3 -m costmodels.ops.sparse_gemm eval calibrate/data/h100-sxm/sparse_gemm.csv``."""
-    rep = S.report(measured, h100, S.sparse_params("hopper"))
-    assert rep["2:4"]["held_out"]["rows"] >= 30
-    assert rep["2:4"]["held_out"]["mape"] < 0.25
-    assert rep["cats/fused"]["held_out"]["mape"] < 0.10
-    assert rep["cats/gather"]["held_out"]["mape"] < 0.10
-    assert rep["dense"]["held_out"]["mape"] < 0.10
-    # the 2:4 speedup at large token counts is reproduced
-    big = rep["speedup_2:4"][16384]
-    assert abs(big["model"] / big["measured"] - 1) < 0.1
-
-
-def test_shipped_parameters_are_the_fit(h100, measured) -> None:
-    fitted, rep = S.fit(measured, h100)
-    shipped = S.sparse_params("hopper")
-    ss, fs = shipped.semi_structured, fitted.semi_structured
-    assert fs.compute_efficiency == pytest.approx(ss.compute_efficiency, abs=1e-9)
-    assert fs.call_floor_s == pytest.approx(ss.call_floor_s, abs=1e-9)
-    assert fitted.cats.gather_memory_efficiency == pytest.approx(
-        shipped.cats.gather_memory_efficiency, abs=1e-9
-    )
-    assert fitted.cats.gather_launch_s == pytest.approx(shipped.cats.gather_launch_s, abs=1e-12)
-    recorded = shipped.fit["held_out"]["2:4"]["mape"]
-    assert rep["2:4"]["held_out"]["mape"] == pytest.approx(recorded, abs=1e-3)
-
-
-def test_held_out_split_is_by_family(measured) -> None:
-    held = S.held_out_mask(measured["family"])
-    assert held.any() and (~held).any()
-    assert {f.split("/")[0] for f in measured["family"][held]} == {"qwen2.5-7b"}
-
-
 def test_scalar_and_vector_agree(h100) -> None:
     for sp in ("2:4", "unstructured:0.8", "cats:0.4", "dense"):
         v = S.sparse_gemm_work([1, 64, 4096], [4096] * 3, [14336] * 3, None, "bf16", sp, h100)
@@ -243,3 +180,19 @@ def test_tile_time_mirrors_the_dense_gemm_model(gpus, gpu_id) -> None:
         hbm = gpu.hbm_bytes_per_s * dp.memory_efficiency
         got = dp.launch_s + np.maximum(S._compute_only_s(m, n, k, b, d, gpu, dp), floor / hbm)
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_model_prices_gemm_ops_as_sparse_gemm_work(h100) -> None:
+    from workloads.ops import Op, ops_frame
+
+    ops = [Op(op="gemm", m=m, n=4096, k=14336, batch=b) for m, b in ((1, 1), (4096, 2))]
+    for sparsity in ("2:4", "unstructured:0.8", "cats:0.4", "dense"):
+        model = S.SparseGemmModel(h100, sparsity)
+        shapes = ([1, 4096], [4096] * 2, [14336] * 2, [1, 2])
+        want = S.sparse_gemm_work(*shapes, "bf16", sparsity, h100)
+        np.testing.assert_array_equal(model.predict_many(ops_frame(ops)), want.time_s)
+        assert [model.predict(o) for o in ops] == list(want.time_s)
+    with pytest.raises(ValueError, match="allowed: gemm"):
+        S.SparseGemmModel(h100).predict(Op(op="copy", bytes=1024))
+    with pytest.raises(ValueError, match="allowed: dense, 2:4"):
+        S.SparseGemmModel(h100, "3:4")

@@ -14,6 +14,10 @@ ELEMENT_BYTES: dict[str, float] = {d.value: float(b) for d, b in DTYPE_BYTES.ite
 GEMM_OUT_BYTES: dict[str, float] = {**ELEMENT_BYTES, Dtype.fp8: 2, Dtype.int8: 4}
 
 
+class NotFittedError(RuntimeError):
+    """Predicting with a fittable model (learned corrections, energy) before ``fit``."""
+
+
 @dataclass(frozen=True)
 class Work:
     """Per-row results of an analytical model: time and the algorithmic work behind it."""

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodels.ops.common import Work, peak_flops
+from costmodels.ops.common import NotFittedError, Work, peak_flops
 from hardware_specs.schema import GpuSpec
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, Op, normalise_frame
 
@@ -134,8 +134,6 @@ class EnergyModel:
 
     def _check_fitted(self) -> PowerModel:
         if not hasattr(self, "power_"):
-            from costmodels.ops.learned import NotFittedError
-
             raise NotFittedError("EnergyModel is not fitted: call fit() or use from_power()")
         return self.power_
 

@@ -18,15 +18,11 @@ import numpy as np
 import pandas as pd
 
 from costmodels.ops.analytical import AnalyticalCostModel, frame_columns, op_columns
-from costmodels.ops.common import Work
+from costmodels.ops.common import NotFittedError, Work
 from costmodels.ops.features import FEATURE_NAMES, feature_matrix, kernel_family, op_class
 from workloads.ops import Op, normalise_frame
 
 FAMILIES = ("none", "linear", "shallow", "trees")
-
-
-class NotFittedError(RuntimeError):
-    """Predicting with a learned model before ``fit``."""
 
 
 def _depth(lefts: list[np.ndarray], rights: list[np.ndarray]) -> int:

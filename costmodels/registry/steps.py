@@ -122,18 +122,28 @@ class TrainingMicroBatch:
     def __init__(self, model: Any, cost_model: Any, framework: str = "megatron"):
         self.model, self.cost_model, self.framework = model, cost_model, framework
 
+    def _total_s(self, c: Any) -> float:
+        layer = c.layer_fwd.total_s + c.layer_bwd.total_s + c.layer_recompute.total_s
+        stages = c.first_fwd.total_s + c.first_bwd.total_s + c.last_fwd.total_s
+        return float(self.model.num_layers * layer + stages + c.last_bwd.total_s)
+
     def predict(self, plan: Any) -> float:
         from costmodels.steps.training import step_costs
 
         c = step_costs(
             self.model, plan, self.cost_model, self.cost_model.system, framework=self.framework
         )
-        layer = c.layer_fwd.total_s + c.layer_bwd.total_s + c.layer_recompute.total_s
-        stages = c.first_fwd.total_s + c.first_bwd.total_s + c.last_fwd.total_s
-        return float(self.model.num_layers * layer + stages + c.last_bwd.total_s)
+        return self._total_s(c)
 
     def predict_many(self, plans: Sequence[Any]) -> np.ndarray:
-        return np.array([self.predict(p) for p in plans])
+        """Megatron plans through the batched :func:`step_costs_many` (every distinct op
+        priced once); other frameworks one plan at a time."""
+        if self.framework != "megatron":
+            return np.array([self.predict(p) for p in plans])
+        from costmodels.steps.training_many import step_costs_many
+
+        costs = step_costs_many(self.model, list(plans), self.cost_model, self.cost_model.system)
+        return np.array([self._total_s(c) for c in costs])
 
 
 class TrainingMemory:

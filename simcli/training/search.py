@@ -14,7 +14,7 @@ at once, by :func:`~costmodels.steps.memory.memory_bytes_many`).
 
 Speed: a plan's per-micro-batch costs depend only on (tp, sp, micro-batch, cp, cp kind,
 ep, recompute), never on pp, dp or the schedule, so
-:func:`~simcli.training.search_pricing.step_costs_many` prices every distinct key with one
+:func:`~costmodels.steps.training_many.step_costs_many` prices every distinct key with one
 ``predict_many`` call, and the iteration time of all plans is then evaluated with numpy in
 closed form (:mod:`simcli.training.search_estimate`: the pipeline, the DP-gradient tail,
 ZeRO-3 exposure, the optimizer step), mirroring the discrete-event simulator for even
@@ -44,6 +44,7 @@ import numpy as np
 
 from costmodels.steps.memory import estimate_memory
 from costmodels.steps.training import CostModel, StepCosts
+from costmodels.steps.training_many import step_costs_many
 from hardware_specs.prices import GpuPrice
 from hardware_specs.registry import System
 from simcli.training.search_estimate import (
@@ -54,7 +55,6 @@ from simcli.training.search_estimate import (
     memory_capacity_bytes,
     plan_memory_bytes,
 )
-from simcli.training.search_pricing import step_costs_many
 from simcli.training.search_space import (
     COLUMNS,
     COMPUTE_DTYPE,

@@ -2,7 +2,7 @@
 
 A plan's per-micro-batch costs depend only on (tp, sp, micro-batch, cp, cp kind, ep,
 recompute), never on pp, dp or the schedule, so they are priced once per distinct key
-(:func:`~simcli.training.search_pricing.step_costs_many`), and the iteration time of all
+(:func:`~costmodels.steps.training_many.step_costs_many`), and the iteration time of all
 plans is then evaluated with numpy (:func:`pipeline_times`, the DP-gradient tail, ZeRO-3
 exposure, the optimizer step), mirroring the discrete-event simulator for even stages.
 Also here: every plan's peak memory and the Galvatron-BMW stage balancing.
@@ -20,13 +20,13 @@ import numpy as np
 
 from costmodels.steps.memory import DRIVER_RESERVED_BYTES, memory_bytes_many
 from costmodels.steps.training import CostModel
-from hardware_specs.registry import System
-from simcli.training.search_pricing import (
+from costmodels.steps.training_many import (
     collectives_s,
     optimizer_s,
     step_costs_many,
     unique_rows,
 )
+from hardware_specs.registry import System
 from simcli.training.simulator import interference, schedule, task_dependency
 from workloads.models import ModelConfig
 from workloads.plan import CP_KINDS, PP_SCHEDULES, RECOMPUTE, TrainPlan

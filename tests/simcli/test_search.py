@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from costmodels.steps.memory import estimate_memory
 from costmodels.steps.training import step_costs
+from costmodels.steps.training_many import step_costs_many
 from hardware_specs.registry import builtin_catalog
 from simcli.commands import plan as plan_cmd
 from simcli.errors import set_debug
@@ -27,7 +28,6 @@ from simcli.training.search_estimate import (
     pipeline_times,
     plan_memory_bytes,
 )
-from simcli.training.search_pricing import step_costs_many
 from simcli.training.search_space import SearchSpace, enumerate_plans, plan_from_row
 from simcli.training.simulator import _Durations, _run_pipeline, simulate_iteration
 from workloads.models import load_model

@@ -1,4 +1,4 @@
-"""Batched step costs for the plan search: every distinct op of many plans priced in one
+"""Step costs of many training plans at once (the plan search): every distinct op priced in one
 ``predict_many`` call.
 
 :func:`step_costs_many` is :func:`~costmodels.steps.training.step_costs` (framework

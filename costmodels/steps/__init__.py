@@ -5,6 +5,7 @@ one decomposition (:mod:`workloads.decompose`) with the op models of :mod:`costm
   first and last stage, TP/CP/EP communication, pipeline sends).
 - :mod:`.training_many`: the same for many plans at once (the plan search), every distinct
   op priced in one call.
+- :mod:`.varlen`: price tables of variable-length (packed-document) micro-batches.
 - :mod:`.memory`: training memory (ZeRO, precision, activations by recompute/SP/TP/CP,
   in-flight micro-batches, framework buffers), scalar and vectorised over plans.
 - :mod:`.serving` (with :mod:`.serving_grid`): one serving-engine iteration (prefill,

@@ -62,25 +62,25 @@ wider TP in Hydraulis, rebuilding communicators) is free; every strategy's repli
 part in the same gradient reduction, which is therefore left out of the comparison.
 
 Modules: :mod:`~simcli.training.varlen.config` (what is simulated),
-:mod:`~simcli.training.varlen.costs` (the price tables), :mod:`~simcli.training.varlen.packing`
+:mod:`~costmodels.steps.varlen` (the price tables), :mod:`~simcli.training.varlen.packing`
 (document sampling, packing, lanes and their pricing), :mod:`~simcli.training.varlen.strategies`
 (static, ByteScale, Hydraulis), :mod:`~simcli.training.varlen.flexsp` (the FlexSP program)
 and :mod:`~simcli.training.varlen.simulate` (steps, results).
 """
 
+from costmodels.steps.varlen import (
+    ACT_BYTES,
+    ATTENTION,
+    ATTN_PACK_TOKENS,
+    COLLECTIVES,
+    VarlenCoster,
+)
 from simcli.training.varlen.config import (
     STRATEGIES,
     Strategy,
     VarlenConfig,
     VarlenError,
     make_varlen_config,
-)
-from simcli.training.varlen.costs import (
-    ACT_BYTES,
-    ATTENTION,
-    ATTN_PACK_TOKENS,
-    COLLECTIVES,
-    VarlenCoster,
 )
 from simcli.training.varlen.flexsp import (
     FlexSPSolution,

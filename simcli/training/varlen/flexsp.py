@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from costmodels.steps.varlen import VarlenCoster
 from simcli.training.varlen.config import VarlenError
-from simcli.training.varlen.costs import VarlenCoster
 from simcli.training.varlen.packing import Lane, eft
 
 

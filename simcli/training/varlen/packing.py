@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from costmodels.steps.varlen import VarlenCoster
 from simcli.training.varlen.config import VarlenError
-from simcli.training.varlen.costs import VarlenCoster
 from workloads.lengths import LengthDist
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodels.steps.training import CostModel, model_flops
+from costmodels.steps.varlen import VarlenCoster
 from simcli.training.varlen.config import VarlenConfig, VarlenError
-from simcli.training.varlen.costs import VarlenCoster
 from simcli.training.varlen.flexsp import flexsp_lanes
 from simcli.training.varlen.packing import StepOutcome, evaluate, sample_steps
 from simcli.training.varlen.strategies import (

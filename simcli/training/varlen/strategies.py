@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodels.steps.varlen import VarlenCoster
 from simcli.training.varlen.config import VarlenError
-from simcli.training.varlen.costs import VarlenCoster
 from simcli.training.varlen.packing import Lane, eft, ffd
 from workloads.decompose import valid_tp_degrees
 

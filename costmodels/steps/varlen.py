@@ -1,6 +1,6 @@
 """Price tables of the variable-length simulation: :class:`VarlenCoster` prices token-linear
 work, per-document attention, ring exchanges and the optimizer step from one vectorised
-``predict_many`` call (see :mod:`simcli.training.varlen` for the cost model)."""
+``predict_many`` call (the strategies that use them: :mod:`simcli.training.varlen`)."""
 
 from __future__ import annotations
 

@@ -14,29 +14,15 @@ import numpy as np
 import pandas as pd
 
 from workloads.decompose import OpTemplate
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
+from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, INT_COLUMNS, normalise_frame
 
 
 class StepError(ValueError):
     """A step-model input that cannot be priced; the message is one line for users."""
 
 
-_NUMERIC = (
-    "m",
-    "n",
-    "k",
-    "batch",
-    "seq_q",
-    "seq_kv",
-    "heads_q",
-    "heads_kv",
-    "head_dim",
-    "density",
-    "block_size",
-    "bytes",
-    "ranks",
-    "nodes",
-)
+# numeric op columns: the integer ones and the block-sparse density
+_NUMERIC = (*INT_COLUMNS, "density")
 
 
 def frame_of(

@@ -4,7 +4,7 @@ training memory, each through a thin adapter over :mod:`costmodels.steps`' publi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -159,31 +159,9 @@ class TrainingMemory:
         return float(estimate_memory(self.model, plan, self.gpu, self.framework).total_bytes)
 
     def predict_many(self, plans: Sequence[Any]) -> np.ndarray:
-        from costmodels.steps.memory import memory_bytes_many
+        from costmodels.steps.memory import memory_bytes_of_plans
 
-        def col(get: Callable[[Any], Any]) -> np.ndarray:
-            return np.array([get(p) for p in plans])
-
-        return memory_bytes_many(
-            self.model,
-            self.gpu,
-            tp=col(lambda p: p.tp),
-            pp=col(lambda p: p.pp),
-            cp=col(lambda p: p.cp),
-            dp=col(lambda p: p.data_parallel),
-            vpp=col(lambda p: p.vpp),
-            ep=col(lambda p: p.ep),
-            zero=col(lambda p: p.zero),
-            micro_batch=col(lambda p: p.micro_batch),
-            num_microbatches=col(lambda p: p.num_microbatches),
-            seq_len=col(lambda p: p.seq_len),
-            recompute=col(lambda p: p.recompute),
-            sp=col(lambda p: p.sp),
-            precision=col(lambda p: p.precision),
-            pp_schedule=col(lambda p: p.pp_schedule),
-            framework=self.framework,
-            grad_bucket_bytes=col(lambda p: p.grad_bucket_bytes),
-        )
+        return memory_bytes_of_plans(self.model, self.gpu, list(plans), self.framework)
 
 
 @lru_cache(maxsize=1)

@@ -39,7 +39,7 @@ imbalance, the memory of the optimizer step's temporaries (fused, in place).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -493,23 +493,7 @@ def estimate_memory(
     """
     check_plan(plan, model)
     fw = _framework_key(framework)
-    a = _arrays(
-        tp=plan.tp,
-        pp=plan.pp,
-        cp=plan.cp,
-        dp=plan.data_parallel,
-        vpp=plan.vpp,
-        ep=plan.ep,
-        zero=plan.zero,
-        micro_batch=plan.micro_batch,
-        num_microbatches=plan.num_microbatches,
-        seq_len=plan.seq_len,
-        recompute=plan.recompute,
-        sp=plan.sp,
-        precision=plan.precision,
-        pp_schedule=plan.pp_schedule,
-        grad_bucket_bytes=plan.grad_bucket_bytes,
-    )
+    a = _arrays(**plan_memory_fields(plan))
     sh = _shard(model, a["tp"])
     chunks = plan.layers_per_chunk(model.num_layers)
     unfused = framework == "megatron-unfused"
@@ -530,6 +514,39 @@ def estimate_memory(
         capacity_bytes=capacity,
         fits=total <= capacity,
     )
+
+
+def plan_memory_fields(plan: TrainPlan) -> dict[str, Any]:
+    """The fields of ``plan`` that memory depends on, named as :func:`memory_bytes_many`
+    takes them."""
+    return {
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "cp": plan.cp,
+        "dp": plan.data_parallel,
+        "vpp": plan.vpp,
+        "ep": plan.ep,
+        "zero": plan.zero,
+        "micro_batch": plan.micro_batch,
+        "num_microbatches": plan.num_microbatches,
+        "seq_len": plan.seq_len,
+        "recompute": plan.recompute,
+        "sp": plan.sp,
+        "precision": plan.precision,
+        "pp_schedule": plan.pp_schedule,
+        "grad_bucket_bytes": plan.grad_bucket_bytes,
+    }
+
+
+def memory_bytes_of_plans(
+    model: ModelConfig, gpu: GpuSpec, plans: list[TrainPlan], framework: Framework = "megatron"
+) -> np.ndarray:
+    """:func:`memory_bytes_many` of a list of plans (one vectorised evaluation)."""
+    if not plans:
+        return np.zeros(0)
+    rows = [plan_memory_fields(p) for p in plans]
+    cols = {k: np.array([r[k] for r in rows]) for k in rows[0]}
+    return memory_bytes_many(model, gpu, framework=framework, **cols)
 
 
 def memory_bytes_many(

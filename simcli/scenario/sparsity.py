@@ -60,7 +60,7 @@ class SparsityConfig(BaseModel):
     kernels_only: bool = Field(False, description="Skip prefill, decode-step and training columns.")
 
 
-def parse_ints(text: str | None, flag: str) -> list[int] | None:
+def comma_ints(text: str | None, flag: str) -> list[int] | None:
     """A comma list of integers >= 1 (``8192,32768``); None or blank text is None."""
     if text is None or not text.strip():
         return None
@@ -112,12 +112,12 @@ def resolve_sparsity(config: SparsityConfig) -> SparsityScenario:
     c = config
     if (c.seq_len is None) == (c.seq_lens is None):
         raise WhatIfError("give exactly one of --seq-len N or --seq-lens N1,N2,...")
-    seqs = [c.seq_len] if c.seq_len is not None else parse_ints(c.seq_lens, "--seq-lens")
+    seqs = [c.seq_len] if c.seq_len is not None else comma_ints(c.seq_lens, "--seq-lens")
     if not seqs:
         raise WhatIfError(
             f"--seq-lens {c.seq_lens!r} is not a comma list of integers; allowed: e.g. 8192,32768"
         )
-    groups = parse_ints(c.gqa_groups, "--gqa-groups")
+    groups = comma_ints(c.gqa_groups, "--gqa-groups")
     model = load_model(c.model)
     gpu = c.gpu
     pricer = SparsityPricer(gpu, cost_models=lambda n: resolve_hardware(gpu, n).cost_model)
@@ -196,7 +196,7 @@ __all__ = [
     "SparsityConfig",
     "SparsityRun",
     "SparsityScenario",
-    "parse_ints",
+    "comma_ints",
     "resolve_sparsity",
     "run_sparsity",
 ]

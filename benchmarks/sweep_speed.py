@@ -3,8 +3,9 @@
     python benchmarks/sweep_speed.py [--workers 2] [--points 10000] [--train-points 400]
 
 For a 10,000-point ``predict gemm`` sweep and a smaller ``train`` sweep it prints points/s
-through ``simcli sweep`` (process pool, SQLite store) and the time of the same commands
-called directly in one process (``target.invoke``, no pool, no store). The overhead per
+through ``simcli sweep`` (process pool, SQLite store) and the time of the same points
+run directly in one process (``Target.run``: the command's library call, no pool, no
+store). The overhead per
 point is ``sweep wall x workers / points - direct time per point``: what the pool, IPC and
 store add per point on one worker. Not a timed test.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 from simcli.sweep.runner import run_sweep
 from simcli.sweep.spec import expand, parse_spec
 from simcli.sweep.store import open_store
-from simcli.sweep.target import invoke, resolve
+from simcli.sweep.target import resolve
 
 
 def gemm_spec(n_points: int) -> dict:
@@ -56,10 +57,10 @@ def bench(name: str, doc: dict, workers: int, direct_sample: int) -> None:
     target = resolve(spec.command)
     sample = points[:: max(1, len(points) // direct_sample)][:direct_sample]
     for p in sample[:3]:  # warm caches, as a long-lived worker has them
-        invoke(target.argv(p.params))
+        target.run(p.params)
     start = time.perf_counter()
     for p in sample:
-        invoke(target.argv(p.params))
+        target.run(p.params)
     direct_s = (time.perf_counter() - start) / len(sample)
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(Path(tmp) / "bench.sqlite", "sqlite", create=True)

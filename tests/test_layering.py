@@ -1,10 +1,6 @@
 """Imports flow one way: hardware_specs -> workloads -> costmodels -> calibrate -> simcli,
 and one way inside simcli and costmodels too (:data:`INNER_LAYERS`); no import cycles between
 modules; no module over 800 lines, no function of ``simcli/commands/`` over 100 lines.
-
-Violations that exist today and are being removed are listed in :data:`KNOWN_VIOLATIONS`;
-a test fails on any other violation and on a listed one that no longer exists, so the list
-can only shrink and always tells the truth.
 """
 
 import ast
@@ -59,41 +55,13 @@ def test_device_runner_needs_no_project_packages_or_pydantic():
             assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
-# --------------------------------------------------------------------------- known violations
-
-# (file, kind): kind is "layer" (an import against INNER_LAYERS), "cycle" (the module is on
-# an import cycle), "lines" (module over MAX_MODULE_LINES) or "function:NAME" (a function of
-# simcli/commands/ over MAX_COMMAND_FUNCTION_LINES). Remove an entry when its fix lands.
-KNOWN_VIOLATIONS: set[tuple[str, str]] = {
-    ("simcli/sweep/target.py", "layer"),  # root_command imports simcli.cli: sweeps drive argv
-    # cli -> commands/sweep -> sweep/{runner,spec,store,executors} -> sweep/target -> cli
-    ("simcli/cli.py", "cycle"),  # imports commands/sweep
-    ("simcli/commands/sweep.py", "cycle"),  # imports sweep runner, spec, store
-    ("simcli/sweep/executors.py", "cycle"),  # imports sweep/target
-    ("simcli/sweep/runner.py", "cycle"),  # imports sweep/target and executors
-    ("simcli/sweep/spec.py", "cycle"),  # imports sweep/target
-    ("simcli/sweep/store.py", "cycle"),  # imports sweep/target
-    ("simcli/sweep/target.py", "cycle"),  # imports simcli.cli
-}
-
 MAX_MODULE_LINES = 800
 MAX_COMMAND_FUNCTION_LINES = 100
 
 
-def _check_known(found: dict[tuple[str, str], str], kind: str) -> None:
-    """Fail on a violation of ``kind`` not in KNOWN_VIOLATIONS, and on a listed one that is
-    gone. ``found`` maps (file, kind) to a message; ``kind`` ending in ':' is a prefix."""
-
-    def of_kind(k: str) -> bool:
-        return k.startswith(kind) if kind.endswith(":") else k == kind
-
-    new = sorted(v for v in found if v not in KNOWN_VIOLATIONS)
-    assert not new, "new violations:\n" + "\n".join(found[v] for v in new)
-    stale = sorted(v for v in KNOWN_VIOLATIONS if of_kind(v[1]) and v not in found)
-    assert not stale, (
-        "listed in KNOWN_VIOLATIONS but no longer found (fixed?), remove them: "
-        + ", ".join(map(str, stale))
-    )
+def _check_none(found: dict[tuple[str, str], str]) -> None:
+    """Fail listing every violation found (``found`` maps (file, kind) to a message)."""
+    assert not found, "violations:\n" + "\n".join(found[v] for v in sorted(found))
 
 
 # --------------------------------------------------------------------------- module graph
@@ -165,7 +133,7 @@ def test_module_graph_sees_imports():
     assert "simcli.training.varlen" in graph["simcli.commands.varlen"]
     assert "workloads.sparsity" in graph["simcli.sparsity.whatif"]
     assert "calibrate.bench.common" in graph["calibrate.bench.gemm"]
-    assert "simcli.cli" in graph["simcli.sweep.target"]  # imported inside a function
+    assert "simcli.reports.predict" in graph["simcli.commands.predict"]  # inside a function
     assert "numpy" not in graph["workloads.sparsity.grid"]
 
 
@@ -232,7 +200,7 @@ def test_imports_flow_one_way_inside_packages():
                 )
                 key = (_file(module), "layer")
                 found[key] = f"{found[key]}\n{message}" if key in found else message
-    _check_known(found, "layer")
+    _check_none(found)
 
 
 def test_costmodel_ops_do_not_import_steps():
@@ -274,7 +242,7 @@ def test_no_import_cycles():
             found[(_file(module), "cycle")] = (
                 f"{_file(module)} is on an import cycle: " + " -> ".join([*steps, cycle[-1]])
             )
-    _check_known(found, "cycle")
+    _check_none(found)
 
 
 def test_cycle_finder_reports_the_shortest_cycle():
@@ -294,7 +262,7 @@ def test_no_module_over_800_lines():
         if lines > MAX_MODULE_LINES:
             name = path.relative_to(ROOT).as_posix()
             found[(name, "lines")] = f"{name}: {lines} lines (at most {MAX_MODULE_LINES})"
-    _check_known(found, "lines")
+    _check_none(found)
 
 
 def test_no_command_function_over_100_lines():
@@ -309,4 +277,4 @@ def test_no_command_function_over_100_lines():
                         f"{name}:{node.lineno} {node.name}: {lines} lines "
                         f"(at most {MAX_COMMAND_FUNCTION_LINES})"
                     )
-    _check_known(found, "function:")
+    _check_none(found)

@@ -3,6 +3,23 @@
 that the simulators and searches consume. Commands parse, build a scenario, run, emit."""
 
 from simcli.scenario.hardware import Hardware, resolve_hardware
+from simcli.scenario.predict import (
+    AttentionConfig,
+    BlocksparseConfig,
+    CollectiveConfig,
+    DecodeConfig,
+    ElementwiseConfig,
+    GemmConfig,
+    LayerConfig,
+    PredictBatchConfig,
+    resolve_layer,
+    resolve_op,
+    resolve_predict_batch,
+    run_layer,
+    run_op,
+    run_predict_batch,
+)
+from simcli.scenario.registry import COMMANDS, ScenarioCommand, scenario_command
 from simcli.scenario.serving import (
     ServeOptions,
     ServePlanOptions,
@@ -14,6 +31,7 @@ from simcli.scenario.serving import (
     run_serve_plan,
     run_step,
 )
+from simcli.scenario.sparsity import SparsityConfig, resolve_sparsity, run_sparsity
 from simcli.scenario.training import (
     PlanConfig,
     PlanScenario,
@@ -27,6 +45,26 @@ from simcli.scenario.training import (
 )
 
 __all__ = [
+    "AttentionConfig",
+    "BlocksparseConfig",
+    "COMMANDS",
+    "CollectiveConfig",
+    "DecodeConfig",
+    "ElementwiseConfig",
+    "GemmConfig",
+    "LayerConfig",
+    "PredictBatchConfig",
+    "ScenarioCommand",
+    "SparsityConfig",
+    "resolve_layer",
+    "resolve_op",
+    "resolve_predict_batch",
+    "resolve_sparsity",
+    "run_layer",
+    "run_op",
+    "run_predict_batch",
+    "run_sparsity",
+    "scenario_command",
     "Hardware",
     "ServeOptions",
     "ServePlanOptions",

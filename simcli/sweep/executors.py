@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from simcli import __version__
-from simcli.sweep.target import SweepError, invoke, resolve
+from simcli.sweep.errors import SweepError
+from simcli.sweep.target import resolve
 
 Chunk = list[tuple[int, str, dict[str, Any]]]  # (seq, point_id, params)
 Row = dict[str, Any]
@@ -58,7 +59,7 @@ def run_chunk(command: str, chunk: Chunk) -> list[Row]:
     target = resolve(command)
     rows = []
     for seq, pid, params in chunk:
-        outcome = invoke(target.argv(params))
+        outcome = target.run(params)
         rows.append(
             {
                 "point_id": pid,
@@ -66,9 +67,7 @@ def run_chunk(command: str, chunk: Chunk) -> list[Row]:
                 "command": target.command,
                 "params_json": json.dumps(params, sort_keys=True),
                 "ok": outcome.ok,
-                "outputs_json": None
-                if outcome.outputs is None
-                else json.dumps(outcome.outputs, separators=(",", ":")),
+                "outputs_json": outcome.outputs_json,
                 "error": outcome.error,
                 "simcli_version": __version__,
                 "profile_id": profile_id(target.command, params, outcome.outputs),

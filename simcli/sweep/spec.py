@@ -1,7 +1,7 @@
 """The sweep spec (YAML), validated, and its expansion into points.
 
 ```yaml
-command: train                  # or plan, serve, step, sparsity, predict, predict gemm, ...
+command: train                  # or plan, serve, serve plan, step, sparsity, predict gemm, ...
 fixed: {model: llama3-8b, seq-len: 4096, global-batch: 64}
 grid:                           # cartesian product (last name varies fastest)
   gpu: [h100-sxm, a100-sxm-80gb]
@@ -17,8 +17,9 @@ seed: 0                         # passed as --seed to commands that take one
 ```
 
 Parameter names are the command's long option names (``global-batch`` or
-``global_batch``); each is checked against the real command, so a typo is one line naming
-the field, the bad name and the allowed names. Filters use a small expression language:
+``global_batch``); each is checked against the fields of the command's config (the options
+the command line has), so a typo is one line naming the field, the bad name, the closest
+option and the allowed names. Filters use a small expression language:
 numbers, strings, parameter names (``-`` written ``_``), arithmetic, comparisons, ``and``
 ``or`` ``not``, ``in`` over a literal list, and ``min max abs`` -- nothing else is
 evaluated.
@@ -39,7 +40,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from simcli.sweep.target import SweepError, Target, normalise_name, resolve
+from simcli.sweep.errors import SweepError
+from simcli.sweep.target import Target, normalise_name, resolve
 
 Scalar = str | int | float | bool | None
 Value = Scalar | list[Scalar]

@@ -35,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-from simcli.sweep.target import SweepError
+from simcli.sweep.errors import SweepError
 
 COLUMNS = (
     "point_id",

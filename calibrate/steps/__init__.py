@@ -171,6 +171,12 @@ def add_common_args(ap) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device-kind", default="", help="label stored in the meta JSON")
     ap.add_argument("--list", action="store_true", help="print the planned configs; run none")
+    ap.add_argument(
+        "--trace-dir",
+        default="",
+        help="also write a trimmed torch.profiler trace of each config there (after timing)",
+    )
+    ap.add_argument("--trace-steps", type=int, default=2, help="steps per trace (default 2)")
 
 
 class _NoSkip(Exception):

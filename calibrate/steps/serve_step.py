@@ -51,6 +51,7 @@ from calibrate.steps import (
     rope_table,
     run_guarded,
     sdpa_choice,
+    tracing,
 )
 
 COLUMNS = (
@@ -74,6 +75,12 @@ GiB = 1 << 30
 
 LLAMA3_8B = Arch(32, 4096, 32, 8, 14336, 128256, head_dim=128)
 TINY = Arch(2, 64, 4, 2, 128, 256, head_dim=16)
+#: --model choices: Llama-3-8B (the default, fitted on) and a Qwen2.5-7B-shaped model
+#: (GQA 28/4, 152k vocabulary; no QKV bias here), held out of every fit.
+MODELS = {
+    "llama3-8b": LLAMA3_8B,
+    "qwen2.5-7b-like": Arch(28, 3584, 28, 4, 18944, 152064, head_dim=128, rope_theta=1e6),
+}
 
 PREFILL_BATCHES = (1, 2, 4, 8, 16)
 PROMPT_LENS = (512, 1024, 2048, 4096, 8192)
@@ -208,7 +215,10 @@ def decode_step(arch: Arch, w: dict, cache, tokens, context_len: int, rope, gqa:
 # --------------------------------------------------------------------------- timing
 
 
-def time_eager(fn, ctx: C.Context, warmup: int, reps: int) -> tuple[float, int]:
+def time_eager(
+    fn, ctx: C.Context, warmup: int, reps: int, trace: Path | None = None
+) -> tuple[float, int]:
+    """Median of ``reps`` timed eager runs; then, if asked, a profiler trace of ``fn``."""
     for _ in range(warmup):
         fn()
     times = []
@@ -218,11 +228,16 @@ def time_eager(fn, ctx: C.Context, warmup: int, reps: int) -> tuple[float, int]:
         fn()
         m.mark()
         times.append(m.intervals_ms()[0])
+    if trace is not None:
+        tracing.capture(fn, trace, steps=2, cuda=ctx.is_cuda)
     return median(times), reps
 
 
-def time_graph(fn, ctx: C.Context, warmup: int, reps: int) -> tuple[float, int]:
-    """Capture ``fn`` once in a CUDA graph; median of ``reps`` timed replays."""
+def time_graph(
+    fn, ctx: C.Context, warmup: int, reps: int, trace: Path | None = None
+) -> tuple[float, int]:
+    """Capture ``fn`` once in a CUDA graph; median of ``reps`` timed replays; then, if
+    asked, a profiler trace of two replays."""
     import torch
 
     s = torch.cuda.Stream()
@@ -245,6 +260,8 @@ def time_graph(fn, ctx: C.Context, warmup: int, reps: int) -> tuple[float, int]:
         ends[i].record()
     torch.cuda.synchronize()
     ms = median([a.elapsed_time(b) for a, b in zip(starts, ends, strict=True)])
+    if trace is not None:
+        tracing.capture(graph.replay, trace, steps=2, cuda=True)
     del graph
     return ms, reps
 
@@ -300,7 +317,8 @@ def run_prefill(arch, w, rope, batch, prompt, args, ctx, dtype) -> dict[str, Any
         logits = fn()
         if not bool(torch.isfinite(logits).all()):
             raise RuntimeError("non-finite logits")
-        ms, reps = time_eager(fn, ctx, args.warmup, args.reps)
+        trace = _trace_path(args, "prefill", batch, prompt)
+        ms, reps = time_eager(fn, ctx, args.warmup, args.reps, trace)
     return {
         "step_ms": ms,
         "tokens": tokens_n,
@@ -337,10 +355,11 @@ def run_decode(arch, w, rope, batch, context, args, ctx, dtype) -> dict[str, Any
         if not bool(torch.isfinite(logits).all()):
             raise RuntimeError("non-finite logits")
         del logits
+        trace = _trace_path(args, f"decode-{args.decode_mode}", batch, context)
         if use_graph:
-            ms, reps = time_graph(fn, ctx, args.warmup, args.reps)
+            ms, reps = time_graph(fn, ctx, args.warmup, args.reps, trace)
         else:
-            ms, reps = time_eager(fn, ctx, args.warmup, args.reps)
+            ms, reps = time_eager(fn, ctx, args.warmup, args.reps, trace)
     return {
         "step_ms": ms,
         "tokens": batch,
@@ -374,6 +393,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="output folder (created)")
     ap.add_argument("--tiny", action="store_true", help="tiny model and shapes (CPU tests)")
     ap.add_argument("--phases", default="prefill,decode", help="prefill, decode or both")
+    ap.add_argument(
+        "--model",
+        default="llama3-8b",
+        choices=tuple(MODELS),
+        help="model shape (default llama3-8b)",
+    )
     ap.add_argument("--prefill-batches", default="")
     ap.add_argument("--prompt-lens", default="")
     ap.add_argument("--decode-batches", default="")
@@ -447,7 +472,8 @@ def plan(args) -> list[tuple[str, int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    arch = TINY if args.tiny else LLAMA3_8B
+    arch = TINY if args.tiny else MODELS[args.model]
+    args.model_name = "tiny" if args.tiny else args.model
     cfgs = plan(args)
     if args.list:
         print(f"model: {asdict(arch)} params={arch.params():,}")
@@ -466,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = base_meta(ctx, args, "calibrate.steps.serve_step")
     meta["model"] = {
         **asdict(arch),
-        "name": "tiny" if args.tiny else "llama3-8b-shaped",
+        "name": "tiny" if args.tiny else f"{args.model}-shaped",
         "params": arch.params(),
         "dtype": str(dtype).replace("torch.", ""),
         "weights": "random N(0, 0.02), norm weights 1; fused QKV and fused gate-up",
@@ -549,6 +575,13 @@ def main(argv: list[str] | None = None) -> int:
     C.write_json_atomic(meta_path, meta)
     print(f"[serve_step] {sink.counts()} not_run={len(not_run)} -> {sink.path}", flush=True)
     return 3 if fatal else 0
+
+
+def _trace_path(args: argparse.Namespace, phase: str, batch: int, n: int) -> Path | None:
+    """Where this config's profiler trace goes (``--trace-dir``), or None."""
+    if not args.trace_dir:
+        return None
+    return Path(args.trace_dir) / tracing.trace_name(args.model_name, phase, f"{batch}x{n}")
 
 
 def _with(args: argparse.Namespace, **kw: Any) -> argparse.Namespace:

@@ -3,6 +3,7 @@
     python3 -m calibrate.steps.train_step --out DIR [--tiny] [--models a,b]
         [--shapes 1x2048,4x2048] [--warmup 3] [--steps 6] [--time-budget-s S]
         [--device auto|cuda|cpu] [--gqa auto|native|repeat] [--seed 0]
+        [--modes eager,compile,fp8] [--recompute none,full] [--trace-dir DIR]
 
 The model: token embedding, N blocks of (RMSNorm, attention with RoPE and grouped
 KV heads through ``F.scaled_dot_product_attention(is_causal=True)`` with PyTorch's
@@ -10,8 +11,10 @@ default backend choice, RMSNorm, SwiGLU MLP), final RMSNorm, untied LM head,
 cross-entropy over the full vocabulary. The step is the common "bf16 mixed precision"
 recipe: fp32 parameters (the master weights), forward under
 ``torch.autocast(dtype=bfloat16)``, backward, ``AdamW(fused=True).step()``,
-``zero_grad(set_to_none=True)``. Eager, no ``torch.compile``, no activation recompute,
-random token ids.
+``zero_grad(set_to_none=True)``. Random token ids. By default eager with no activation
+recompute; ``--modes eager,compile,fp8`` and ``--recompute none,full`` add the compiled,
+torchao-float8 and recomputed variants, and ``--trace-dir DIR`` keeps a trimmed profiler
+trace of each config (``calibrate/steps/tracing.py``).
 
 Each (model, micro-batch, sequence length) gives one row of ``train_step.csv``: the
 median step time over ``--steps`` steps after ``--warmup`` steps (CUDA events around
@@ -47,6 +50,7 @@ from calibrate.steps import (
     rope_table,
     run_guarded,
     sdpa_choice,
+    tracing,
 )
 
 COLUMNS = (
@@ -74,6 +78,9 @@ COLUMNS = (
     "loss",
     "status",
     "error",
+    "mode",
+    "recompute",
+    "trace",
 )
 
 
@@ -86,6 +93,9 @@ MODELS: dict[str, Arch] = {
     "llama3.2-3b-like": Arch(28, 3072, 24, 8, 8192, 128256),
     # a small Llama-2-style model with full multi-head attention: ~1.3e9 params
     "llama2-small-mha": Arch(24, 2048, 16, 16, 5504, 32000, rope_theta=10000.0),
+    # Qwen/Qwen2.5-1.5B shapes (untied; no QKV bias here): GQA 12/2, head_dim 128,
+    # a 151,936-token vocabulary: ~1.78e9 params. Held out of every fit.
+    "qwen2.5-1.5b-like": Arch(28, 1536, 12, 2, 8960, 151936, rope_theta=1e6),
 }
 SHAPES: tuple[tuple[int, int], ...] = ((1, 2048), (4, 2048), (2, 4096), (1, 8192))
 
@@ -179,15 +189,50 @@ def build_model(arch: Arch, device: str, gqa_mode: str, max_seq: int):
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 
+        recompute = False  # full activation recompute: each block re-run in backward
+
         def forward(self, tokens):
             s = tokens.shape[1]
             cos, sin = self.cos[:s], self.sin[:s]
             x = self.embed(tokens)
             for blk in self.blocks:
-                x = blk(x, cos, sin)
+                if self.recompute and torch.is_grad_enabled():
+                    x = checkpoint(blk, x, cos, sin, use_reentrant=False)
+                else:
+                    x = blk(x, cos, sin)
             return self.lm_head(self.norm(x))
 
+    from torch.utils.checkpoint import checkpoint
+
     return Decoder()
+
+
+MODES = ("eager", "compile", "fp8")
+
+
+def prepare(model, mode: str):
+    """Make ``model`` run in ``mode`` (in place); parameters stay the same tensors.
+
+    - ``eager``: as built.
+    - ``compile``: each transformer block ``torch.compile``d (``dynamic=False``), as
+      torchtitan does: identical blocks share one compiled graph, so compiling costs
+      seconds, not minutes; embedding, final norm, LM head and loss stay eager.
+    - ``fp8``: torchao float8 training (tensorwise scaling, the default recipe) on every
+      ``nn.Linear`` but the LM head, as torchtitan does, then the blocks compiled; the
+      casts, amax reductions and transposes are what the trace is for."""
+    import torch
+
+    if mode == "fp8":
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "lm_head")
+    if mode in ("compile", "fp8"):
+        # All blocks of all models share Block.forward's code object, so dynamo's
+        # recompile limit (8 graphs) would silently send later models back to eager.
+        torch._dynamo.reset()
+        for i, blk in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(blk, dynamic=False)
+    return model
 
 
 def make_optimizer(model) -> tuple[Any, str]:
@@ -209,18 +254,24 @@ def make_optimizer(model) -> tuple[Any, str]:
 
 def train_step(model, opt, tokens, targets, device_type: str, marks: Marks):
     """One optimizer step; marks before forward, after the loss, after backward, after
-    the optimizer step and zero_grad. Returns the loss (not synchronized)."""
+    the optimizer step and zero_grad. Returns the loss (not synchronized).
+
+    The phases are also ``record_function`` ranges (``forward``, ``backward``,
+    ``optimizer``), so a profiler trace of the step names them (free when not tracing)."""
     import torch
     import torch.nn.functional as F
+    from torch.profiler import record_function
 
     marks.mark()
-    with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+    with record_function("forward"), torch.autocast(device_type=device_type, dtype=torch.bfloat16):
         loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
     marks.mark()
-    loss.backward()
+    with record_function("backward"):
+        loss.backward()
     marks.mark()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    with record_function("optimizer"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     marks.mark()
     return loss.detach()
 
@@ -250,7 +301,9 @@ def resolve_gqa(mode: str, arch: Arch, device: str, batch: int, seq: int) -> tup
     return "native", native
 
 
-def measure(model, opt, arch: Arch, batch: int, seq: int, args, ctx: C.Context) -> dict:
+def measure(
+    model, opt, arch: Arch, batch: int, seq: int, args, ctx: C.Context, trace: Path | None = None
+) -> dict:
     import torch
 
     C.maybe_inject_failure("train_step")
@@ -270,6 +323,14 @@ def measure(model, opt, arch: Arch, batch: int, seq: int, args, ctx: C.Context) 
         runs.append(m)
     parts = [m.intervals_ms() for m in runs]  # synchronizes
     alloc, reserved = peaks(cuda)
+    if trace is not None:  # after the timed steps: profiling never touches their times
+        tracing.capture(
+            lambda: train_step(model, opt, tokens, targets, dev_type, Marks(cuda)),
+            trace,
+            steps=args.trace_steps,
+            cuda=cuda,
+            extra={"batch": batch, "seq_len": seq, "arch": asdict(arch)},
+        )
     step_ms = median([sum(p) for p in parts])
     loss_v = float(loss) if loss is not None else math.nan
     if not math.isfinite(loss_v):
@@ -321,10 +382,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shapes", default="", help="comma list of BATCHxSEQ (default: built-in)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     ap.add_argument("--steps", type=int, default=6, help="timed steps (default 6)")
+    ap.add_argument(
+        "--modes", default="eager", help=f"comma list of {', '.join(MODES)} (default eager)"
+    )
+    ap.add_argument("--recompute", default="none", help="comma list of none, full (default none)")
     add_common_args(ap)
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
+    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.recompute_list = [r.strip() for r in args.recompute.split(",") if r.strip()]
+    if not args.mode_list or set(args.mode_list) - set(MODES):
+        ap.error(f"--modes {args.modes!r}: allowed {', '.join(MODES)} (comma list)")
+    if not args.recompute_list or set(args.recompute_list) - {"none", "full"}:
+        ap.error(f"--recompute {args.recompute!r}: allowed none, full (comma list)")
     return args
 
 
@@ -373,7 +444,12 @@ def main(argv: list[str] | None = None) -> int:
         "precision": "fp32 parameters (master weights), forward under torch.autocast bf16",
         "optimizer": "torch.optim.AdamW(lr=1e-4, weight_decay=0.1, fused=True)",
         "step": "forward + cross-entropy, backward, optimizer.step, zero_grad(set_to_none)",
-        "execution": "eager (no torch.compile), no activation recompute, one GPU",
+        "execution": "one GPU; column mode: eager, compile (torch.compile(dynamic=False)) or "
+        "fp8 (torchao convert_to_float8_training, tensorwise, every Linear but the LM head, "
+        "then compiled); column recompute: none or full (torch.utils.checkpoint per block, "
+        "use_reentrant=False)",
+        "trace": "column trace: a trimmed torch.profiler trace of --trace-steps steps taken "
+        "after the timed steps (calibrate/steps/tracing.py)",
         "attention": "F.scaled_dot_product_attention(is_causal=True), default backend "
         "choice (column sdpa_backend: what torch._fused_sdp_choice returned)",
         "timing": f"median of {args.steps} steps after {args.warmup} warm-up steps, CUDA "
@@ -395,57 +471,15 @@ def main(argv: list[str] | None = None) -> int:
     deadline = t0 + (args.time_budget_s if args.time_budget_s is not None else math.inf)
     not_run: list[str] = []
     fatal = ""
+    trace_dir = Path(args.trace_dir) if args.trace_dir else None
     for name, arch, shapes in configs:
-        if fatal or time.monotonic() > deadline:
-            not_run += [f"{name} {b}x{s}" for b, s in shapes]
-            continue
-        record: dict[str, Any] = {"model": name, "clocks_before": C.clocks_snapshot(ctx)}
-        model = opt = None
-        build_error = None
-        try:
-            tb = time.monotonic()
-            model = build_model(arch, ctx.device, "native", max(s for _, s in shapes))
-            opt, opt_name = make_optimizer(model)
-            record.update(
-                build_s=round(time.monotonic() - tb, 2),
-                params=sum(p.numel() for p in model.parameters()),
-                optimizer=opt_name,
-            )
-        except Exception as exc:
-            build_error = C.classify(exc)
-            record["build_error"] = build_error[1]
-        for b, s in shapes:
-            if fatal or time.monotonic() > deadline:
-                not_run.append(f"{name} {b}x{s}")
-                continue
-            row: dict[str, Any] = {
-                **arch_fields(name, arch),
-                "batch": b,
-                "seq_len": s,
-                "params": record.get("params", arch.params()),
-            }
-            if build_error is not None:
-                row["status"], row["error"] = build_error[0], "model build: " + build_error[1]
-                sink.write(row)
-                continue
-
-            def one(arch=arch, model=model, opt=opt, b=b, s=s, row=row) -> dict[str, Any]:
-                gqa_mode, backend = resolve_gqa(args.gqa, arch, ctx.device, b, s)
-                row.update(gqa_mode=gqa_mode, sdpa_backend=backend)
-                set_gqa_mode(model, gqa_mode)
-                return measure(model, opt, arch, b, s, args, ctx)
-
-            fatal = run_guarded(row, one, ctx) or fatal
-            if opt is not None:
-                opt.zero_grad(set_to_none=True)
-            free_memory(ctx.is_cuda)
-            sink.write(row)
-            print(_line(row), flush=True)
-        del model, opt
-        free_memory(ctx.is_cuda)
-        record["clocks_after"] = C.clocks_snapshot(ctx)
-        meta["runs"].append(record)
-        C.write_json_atomic(meta_path, meta)
+        for mode in args.mode_list:
+            for recompute in args.recompute_list:
+                group = (name, arch, shapes, mode, recompute)
+                fatal = _run_group(
+                    group, args, ctx, sink, meta, deadline, not_run, trace_dir, fatal
+                )
+                C.write_json_atomic(meta_path, meta)
     meta.update(
         counts=sink.counts(),
         not_run=not_run,
@@ -458,14 +492,84 @@ def main(argv: list[str] | None = None) -> int:
     return 3 if fatal else 0
 
 
+def _run_group(group, args, ctx, sink, meta, deadline, not_run, trace_dir, fatal) -> str:
+    """Build one (model, mode, recompute) and measure its shapes; the first fatal error."""
+    name, arch, shapes, mode, recompute = group
+    label = f"{name} {mode}" + (" recompute" if recompute == "full" else "")
+    if fatal or time.monotonic() > deadline:
+        not_run += [f"{label} {b}x{s}" for b, s in shapes]
+        return fatal
+    record: dict[str, Any] = {
+        "model": name,
+        "mode": mode,
+        "recompute": recompute,
+        "clocks_before": C.clocks_snapshot(ctx),
+    }
+    model = run_model = opt = None
+    build_error = None
+    try:
+        tb = time.monotonic()
+        model = build_model(arch, ctx.device, "native", max(s for _, s in shapes))
+        model.recompute = recompute == "full"
+        run_model = prepare(model, mode)
+        opt, opt_name = make_optimizer(model)
+        record.update(
+            build_s=round(time.monotonic() - tb, 2),
+            params=sum(p.numel() for p in model.parameters()),
+            optimizer=opt_name,
+        )
+    except Exception as exc:
+        build_error = C.classify(exc)
+        record["build_error"] = build_error[1]
+    for b, s in shapes:
+        if fatal or time.monotonic() > deadline:
+            not_run.append(f"{label} {b}x{s}")
+            continue
+        row: dict[str, Any] = {
+            **arch_fields(name, arch),
+            "batch": b,
+            "seq_len": s,
+            "params": record.get("params", arch.params()),
+            "mode": mode,
+            "recompute": recompute,
+        }
+        if build_error is not None:
+            row["status"], row["error"] = build_error[0], "model build: " + build_error[1]
+            sink.write(row)
+            continue
+        trace = None
+        if trace_dir is not None:
+            fname = tracing.trace_name(name, mode, recompute, f"{b}x{s}")
+            trace, row["trace"] = trace_dir / fname, fname
+
+        def one(b=b, s=s, row=row, trace=trace, m=model, run=run_model, o=opt) -> dict[str, Any]:
+            gqa_mode, backend = resolve_gqa(args.gqa, arch, ctx.device, b, s)
+            row.update(gqa_mode=gqa_mode, sdpa_backend=backend)
+            set_gqa_mode(m, gqa_mode)
+            return measure(run, o, arch, b, s, args, ctx, trace)
+
+        fatal = run_guarded(row, one, ctx) or fatal
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        free_memory(ctx.is_cuda)
+        sink.write(row)
+        print(_line(row), flush=True)
+    del model, run_model, opt
+    free_memory(ctx.is_cuda)
+    record["clocks_after"] = C.clocks_snapshot(ctx)
+    meta["runs"].append(record)
+    return fatal
+
+
 def set_gqa_mode(model, mode: str) -> None:
     """Set how every attention layer passes grouped KV heads (read at call time)."""
     for blk in model.blocks:
-        blk.attn.gqa_mode = mode
+        getattr(blk, "_orig_mod", blk).attn.gqa_mode = mode
 
 
 def _line(row: dict[str, Any]) -> str:
-    base = f"[train_step] {row['model']} b={row['batch']} s={row['seq_len']} {row['status']}"
+    tag = f"{row.get('mode', 'eager')}{'+rc' if row.get('recompute') == 'full' else ''}"
+    base = f"[train_step] {row['model']} {tag} b={row['batch']} s={row['seq_len']} {row['status']}"
     if row["status"] != "ok":
         return f"{base} {row.get('error', '')[:120]}"
     return (

@@ -13,6 +13,7 @@ from workloads.decompose import (
     layer_backward_ops,
     layer_forward_ops,
     model_step_ops,
+    op_groups,
     optimizer_ops,
     params_per_tp_rank,
     prefill_ops,
@@ -23,6 +24,7 @@ from workloads.decompose import (
 from workloads.flops import op_flops, total_flops
 from workloads.models import ModelError, get_model, list_models
 from workloads.ops import COLLECTIVE_KINDS, Op, OpKind, ops_frame
+from workloads.plan import make_plan
 
 
 def gemm_flops(ops: list[LayerOp]) -> float:
@@ -353,10 +355,52 @@ def test_bad_phase_and_stage():
 
 
 def test_dtype_and_backend_propagate():
-    ops = layer_forward_ops(get_model("llama3-8b"), 1, 256, tp=2, dtype="fp8", attn_backend="cudnn")
-    assert all(o.op.dtype == "fp8" for o in ops)
+    ops = layer_forward_ops(
+        get_model("llama3-8b"), 1, 256, tp=2, dtype="fp16", attn_backend="cudnn"
+    )
+    assert all(o.op.dtype == "fp16" for o in ops)
     assert by_name(ops)["attn"].op.backend == "cudnn"
-    assert by_name(ops)["tp_allreduce_attn"].op.bytes == 256 * 4096 * DTYPE_BYTES["fp8"]
+    assert by_name(ops)["tp_allreduce_attn"].op.bytes == 256 * 4096 * DTYPE_BYTES["fp16"]
+
+
+def test_fp8_runs_only_the_layer_gemms_in_fp8():
+    """Transformer Engine and torchao float8 quantise the Linear GEMMs only: attention,
+    norms, activations, the loss, the LM head (fwd and bwd) and TP collectives stay bf16."""
+    model = get_model("llama3-8b")
+    for ops in (
+        layer_forward_ops(model, 1, 256, tp=2, dtype="fp8"),
+        layer_backward_ops(model, 1, 256, tp=2, dtype="fp8"),
+    ):
+        for o in ops:
+            assert o.op.dtype == ("fp8" if o.op.op == OpKind.gemm else "bf16"), o.name
+    fwd = layer_forward_ops(model, 1, 256, tp=2, dtype="fp8")
+    assert by_name(fwd)["tp_allreduce_attn"].op.bytes == 256 * 4096 * DTYPE_BYTES["bf16"]
+    for phase in ("forward", "backward"):
+        head = model_step_ops(model, 1, 256, phase=phase, dtype="fp8", stage="last")
+        gemms = [o for o in head if o.op.op == OpKind.gemm]
+        assert gemms and all(o.op.dtype == "bf16" for o in gemms)
+
+
+def test_fp8_weight_casts_amortise_over_microbatches():
+    model = get_model("llama3-8b")
+
+    def weight_cast_bytes(global_batch: int) -> int:
+        plan = make_plan(
+            model,
+            num_gpus=1,
+            global_batch=global_batch,
+            micro_batch=1,
+            seq_len=2048,
+            precision="fp8",
+        )
+        fwd = op_groups(model, plan)[0]
+        return by_name(fwd)["fp8_weight_cast"].op.bytes
+
+    # 6 bytes per layer parameter per iteration, a copy op moving 2x its bytes
+    assert weight_cast_bytes(1) == pytest.approx(
+        6 * params_per_tp_rank(model, 1)["layer"] / 2, 1e-6
+    )
+    assert weight_cast_bytes(4) == pytest.approx(weight_cast_bytes(1) / 4, rel=1e-6)
 
 
 # --- property: any valid configuration expands into valid ops ----------------------------------

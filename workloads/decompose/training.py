@@ -96,12 +96,30 @@ class _Ctx:
         return self.sequence_parallel and self.tp > 1
 
     @property
+    def act_dtype(self) -> Dtype:
+        """The dtype of everything but the layers' GEMMs. FP8 training (Transformer Engine,
+        torchao float8) runs only the Linear GEMMs in fp8: activations, norms, attention,
+        the loss, the LM head and TP collectives stay bf16."""
+        return Dtype.bf16 if self.dtype == Dtype.fp8 else self.dtype
+
+    @property
     def bytes_per_token(self) -> int:
         """One token's hidden vector: what a TP collective moves per token."""
-        return self.model.hidden_size * DTYPE_BYTES[self.dtype]
+        return self.model.hidden_size * DTYPE_BYTES[self.act_dtype]
 
     def collective(self, kind: OpKind, nbytes: int) -> Op:
-        return Op(op=kind, dtype=self.dtype, bytes=nbytes, ranks=self.tp)
+        return Op(op=kind, dtype=self.act_dtype, bytes=nbytes, ranks=self.tp)
+
+    def act(self, ops: list[LayerOp]) -> list[LayerOp]:
+        """``ops`` with every non-GEMM op in :attr:`act_dtype`."""
+        if self.act_dtype == self.dtype:
+            return ops
+        return [
+            o
+            if o.op.op == OpKind.gemm or o.op.dtype != self.dtype
+            else LayerOp(o.name, o.op.model_copy(update={"dtype": self.act_dtype}), o.count)
+            for o in ops
+        ]
 
 
 def _make_ctx(
@@ -142,13 +160,13 @@ def check_backend(attn_backend: str, attn_kind: OpKind) -> None:
 
 def _forward(ctx: _Ctx, steps: list[OpTemplate], attn: Op | None = None) -> list[LayerOp]:
     out: list[LayerOp] = []
-    for t in expand_forward(steps, ctx.tp, ctx.sp, ctx.bytes_per_token, ctx.dtype.value):
+    for t in expand_forward(steps, ctx.tp, ctx.sp, ctx.bytes_per_token, ctx.act_dtype.value):
         if t.is_attention:
             assert attn is not None
             out.append(LayerOp(t.name, attn))
         else:
             out.append(t.layer_op(ctx.tokens, ctx.dtype.value))
-    return out
+    return ctx.act(out)
 
 
 def _backward_op(op: Op) -> Op:
@@ -179,25 +197,27 @@ def _backward(ctx: _Ctx, steps: list[OpTemplate], attn: Op | None = None) -> lis
             m, k, n = op.m, op.k, op.n
             assert m is not None and k is not None and n is not None
             # dgrad: dX[m,k] = dY[m,n] . W^T[n,k]; wgrad: dW[k,n] = X^T[k,m] . dY[m,n]
-            out.append(LayerOp(f"{lo.name}_dgrad", _gemm(ctx, m, n, k), lo.count))
+            # the backward GEMMs run in the forward GEMM's dtype (a bf16 LM head under fp8)
+            dt = op.dtype
+            out.append(LayerOp(f"{lo.name}_dgrad", _gemm(ctx, m, n, k, dt), lo.count))
             if step.regather and ctx.sp:
                 gather = ctx.collective(OpKind.all_gather, nbytes)
                 out.append(LayerOp(f"tp_allgather_{lo.name}_input", gather))
-            out.append(LayerOp(f"{lo.name}_wgrad", _gemm(ctx, k, m, n), lo.count))
+            out.append(LayerOp(f"{lo.name}_wgrad", _gemm(ctx, k, m, n, dt), lo.count))
         elif op.op in ELEMENTWISE_KINDS:
             out.append(LayerOp(f"{lo.name}_bwd", _backward_op(op), lo.count))
         else:  # pragma: no cover - every forward step kind is handled above
             raise AssertionError(f"no backward for {op.op}")
-    return out
+    return ctx.act(out)
 
 
-def _gemm(ctx: _Ctx, m: int, k: int, n: int) -> Op:
-    return Op(op=OpKind.gemm, dtype=ctx.dtype, m=m, k=k, n=n)
+def _gemm(ctx: _Ctx, m: int, k: int, n: int, dtype: Dtype | None = None) -> Op:
+    return Op(op=OpKind.gemm, dtype=dtype or ctx.dtype, m=m, k=k, n=n)
 
 
 def _region(ctx: _Ctx, step: OpTemplate, backward: bool) -> list[OpTemplate]:
     return region_collective(
-        step, ctx.tp, ctx.sp, backward, ctx.bytes_per_token, ctx.dtype.value
+        step, ctx.tp, ctx.sp, backward, ctx.bytes_per_token, ctx.act_dtype.value
     )
 
 
@@ -205,7 +225,7 @@ def _attn_fwd(ctx: _Ctx, causal: bool, attn_backend: str) -> Op:
     m, sh = ctx.model, ctx.shard
     return Op(
         op=OpKind.attn_fwd,
-        dtype=ctx.dtype,
+        dtype=ctx.act_dtype,
         batch=ctx.batch,
         seq_q=ctx.seq_len,
         seq_kv=ctx.seq_len,
@@ -276,7 +296,11 @@ def _stage_steps(ctx: _Ctx, stage: Stage) -> tuple[list[OpTemplate], list[OpTemp
             last.append(sharded_elementwise(norm, norm_kind(m), h, dt, ctx.tp))
         else:
             last.append(elementwise(norm, norm_kind(m), h, dt))
-        last += [region("lm_head", "enter"), gemm("lm_head", h, sh.vocab, dt, regather=True)]
+        # FP8 recipes keep the output layer in bf16: Megatron-LM's output_layer is a plain
+        # ColumnParallelLinear (not a Transformer Engine module) and torchao/torchtitan
+        # filter it out of float8 conversion; its logits feed a softmax over the vocabulary.
+        head_dt = Dtype.bf16.value if dt == Dtype.fp8.value else dt
+        last += [region("lm_head", "enter"), gemm("lm_head", h, sh.vocab, head_dt, regather=True)]
     return first, last
 
 
@@ -493,8 +517,13 @@ def _fp8_casts(model: ModelConfig, plan: TrainPlan, phase: str) -> list[LayerOp]
     deep learning"; Transformer Engine): each GEMM input is read in bf16 and written in
     fp8 plus, on Hopper, a transposed fp8 copy for the other GEMMs of the backward (4
     bytes of traffic per element). Forward: the inputs of QKV, output, up and down
-    projections; backward: the gradients of their outputs. Weights are cast once per
-    iteration (negligible next to activations at training batch sizes)."""
+    projections; backward: the gradients of their outputs.
+
+    Weights too: the fp32 master weights are read (4 B) and written as fp8 and as its
+    transpose (1 + 1 B), 6 bytes per parameter per iteration; Transformer Engine casts
+    them on the first micro-batch and reuses them, so each micro-batch carries
+    1/num_microbatches of it. At 1-2B parameters and a few thousand tokens per micro-batch
+    this is as much traffic as the activation casts."""
     tp = plan.tp
     t = plan.micro_batch * plan.seq_len // plan.cp
     h = model.hidden_size
@@ -503,4 +532,8 @@ def _fp8_casts(model: ModelConfig, plan: TrainPlan, phase: str) -> list[LayerOp]
     f = model.ffn_hidden_size / tp * (2 if model.activation == "swiglu" else 1)
     fwd_widths = [h, q, h, model.ffn_hidden_size / tp]
     widths = fwd_widths if phase == "fwd" else [q + 2 * kv, h, f, h]
-    return [_traffic(f"fp8_cast_{phase}", 4.0 * t * sum(widths), len(widths))]
+    casts = [_traffic(f"fp8_cast_{phase}", 4.0 * t * sum(widths), len(widths))]
+    if phase == "fwd":
+        weights = params_per_tp_rank(model, tp)["layer"]
+        casts.append(_traffic("fp8_weight_cast", 6.0 * weights / plan.num_microbatches))
+    return casts

@@ -16,7 +16,11 @@ import time
 
 import numpy as np
 
-from calibrate.validate_serving import derive_host_dispatch_s, h100_validation_rows
+from calibrate.validate_serving import (
+    derive_host_dispatch_s,
+    h100_validation_rows,
+    traced_validation_rows,
+)
 from costmodels.steps.serving import EAGER_HOST_DISPATCH_S, StepModel
 
 
@@ -56,6 +60,20 @@ def main() -> None:
         f"\nhost dispatch per torch call (eager engine), solved from each eager decode row: "
         f"{values} us; median {1e6 * median:.2f} us (constant {1e6 * EAGER_HOST_DISPATCH_S:.2f})"
     )
+
+    print("\nLater H100 / H200 leases with traces (calibrate/data/steps2-*), engine pytorch-eager")
+    traced = traced_validation_rows()
+    for r in traced:
+        print(
+            f"{r['gpu']:9s} {r['model']:11s} {r['phase']:8s} {r['batch']:3d} x {r['length']:5d} "
+            f"{r['measured_ms']:8.2f} {r['predicted_ms']:8.2f} {r['error_pct']:+6.1f}%"
+        )
+    for gpu in ("h100-sxm", "h200-sxm"):
+        for phase in ("prefill", "decode"):
+            errs = np.array(
+                [abs(r["error_pct"]) for r in traced if r["gpu"] == gpu and r["phase"] == phase]
+            )
+            print(f"{gpu} {phase:8s} MAPE {errs.mean():4.1f}%  max {errs.max():4.1f}%")
 
     sm = StepModel("llama3-8b", "h100-sxm")
     rng = np.random.default_rng(0)

@@ -32,6 +32,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = Path(__file__).resolve().parent / "data" / "megatron_published.yaml"
 STEPS_CSV = ROOT / "calibrate" / "data" / "steps-h100" / "train_step.csv"
 DIST_DIR = ROOT / "calibrate" / "data" / "steps-h200-x4"
+#: whole steps with profiler traces (calibrate/steps/suite.sh), one folder per GPU
+TRACED_DIRS = {
+    "h100-sxm": ROOT / "calibrate" / "data" / "steps2-h100-sxm",
+    "h200-sxm": ROOT / "calibrate" / "data" / "steps2-h200-sxm",
+}
+#: how each measured mode is simulated: eager PyTorch is the pytorch engine; compiled
+#: blocks (fused elementwise) and torchao float8 (+compile) are the fused megatron engine
+MODE_ENGINE = {"eager": ("pytorch", "bf16-mixed"), "compile": ("megatron", "bf16-mixed"),
+               "fp8": ("megatron", "fp8")}  # fmt: skip
 
 
 def _simulate(model: ModelConfig, plan: TrainPlan, gpu: str, **kw: Any) -> TrainResult:
@@ -167,6 +176,54 @@ def h200_dist_rows(folder: Path = DIST_DIR) -> list[dict]:
     return out
 
 
+def traced_step_rows(dirs: dict[str, Path] = TRACED_DIRS) -> list[dict]:
+    """Every ok training row of the traced suites (eager, compiled, fp8, full recompute),
+    simulated. Nothing was fitted on these runs: every row is held out."""
+    out = []
+    for gpu, folder in dirs.items():
+        for csv in sorted(folder.glob("train-*/train_step.csv")):
+            df = pd.read_csv(csv)
+            for _, row in df[df.status == "ok"].iterrows():
+                model = step_model(row)
+                framework, precision = MODE_ENGINE[str(row["mode"])]
+                plan = make_plan(
+                    model,
+                    num_gpus=1,
+                    global_batch=int(row.batch),
+                    micro_batch=int(row.batch),
+                    seq_len=int(row.seq_len),
+                    precision=precision,
+                    recompute=str(row.recompute),
+                )
+                res = _simulate(model, plan, gpu, attn_backend="cudnn", framework=framework)
+                ms = res.iteration_s * 1e3
+                out.append(
+                    {
+                        "gpu": gpu,
+                        "model": str(row.model),
+                        "mode": str(row["mode"]) + ("+rc" if row.recompute == "full" else ""),
+                        "shape": f"{int(row.batch)}x{int(row.seq_len)}",
+                        "tokens": int(row.batch) * int(row.seq_len),
+                        "measured_ms": float(row.step_ms),
+                        "simulated_ms": ms,
+                        "error_pct": 100.0 * (ms / float(row.step_ms) - 1.0),
+                    }
+                )
+    return out
+
+
+def _traced_summary(rows: list[dict]) -> None:
+    df = pd.DataFrame(rows)
+    for r in df.itertuples():
+        print(f"{r.gpu:9s} {r.model:18s} {r.mode:8s} {r.shape:>7s} "
+              f"{r.measured_ms:8.1f} {r.simulated_ms:8.1f} {r.error_pct:6.1f}%")  # fmt: skip
+    df["abs"] = df.error_pct.abs()
+    df["size"] = ["8k tokens" if t >= 8192 else "2k tokens" for t in df.tokens]
+    mean = df.groupby(["gpu", "mode", "size"])["abs"].agg(["mean", "max", "count"])
+    print("\nmean |error| by GPU, mode and tokens per step (2k: host-bound in eager PyTorch)")
+    print(mean.round(1).to_string())
+
+
 def main() -> None:
     rows = megatron_rows()
     print("Megatron-LM, Korthikanti et al. 2022 Table 4 (DGX A100 80GB)")
@@ -192,7 +249,9 @@ def main() -> None:
         print(f"{r['mode']:6s} x{r['gpus']} {r['shape']:>8s} {r['measured_ms']:8.1f} "
               f"{r['simulated_ms']:8.1f} {r['error_pct']:6.1f}%{tag}")  # fmt: skip
     errs = [abs(r["error_pct"]) for r in dist if not r["fitted"]]
-    print(f"not fitted: mean |error| {sum(errs) / len(errs):.1f}%  max {max(errs):.1f}%")
+    print(f"not fitted: mean |error| {sum(errs) / len(errs):.1f}%  max {max(errs):.1f}%\n")
+    print("Single H100 / H200 with traces, eager / compiled / fp8 (calibrate/data/steps2-*)")
+    _traced_summary(traced_step_rows())
 
 
 if __name__ == "__main__":

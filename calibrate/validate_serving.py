@@ -20,6 +20,12 @@ from costmodels.steps.serving import EAGER_HOST_DISPATCH_S, StepModel
 
 STEPS_DIR = Path(__file__).resolve().parent / "data" / "steps-h100"
 SERVE_STEP_CSV = STEPS_DIR / "serve_step.csv"
+#: later traced suites (calibrate/steps/suite.sh): GPU id -> folder; model id -> subfolder
+TRACED_DIRS = {
+    "h100-sxm": STEPS_DIR.parent / "steps2-h100-sxm",
+    "h200-sxm": STEPS_DIR.parent / "steps2-h200-sxm",
+}
+TRACED_MODELS = {"llama3-8b": "serve-llama3-8b", "qwen2.5-7b": "serve-qwen2.5-7b-like"}
 EAGER_DECODE_CSV = STEPS_DIR / "eager-decode" / "serve_step_eager.csv"
 
 # Notes on the H100 validation (benchmarks/validate_serving_step.py prints the table):
@@ -130,4 +136,37 @@ def h100_validation_rows(model_id: str = "llama3-8b") -> list[dict[str, Any]]:
                 "used_for": "host constant",
             }
         )
+    return out
+
+
+def traced_validation_rows() -> list[dict[str, Any]]:
+    """Every ok prefill / graph-decode row of the traced suites on H100 and H200 (Llama-3-8B
+    and the Qwen2.5-7B shape, which no constant was derived from), engine pytorch-eager."""
+    none = np.zeros(0, np.int64)
+    out: list[dict[str, Any]] = []
+    for gpu, folder in TRACED_DIRS.items():
+        for model_id, sub in TRACED_MODELS.items():
+            sm = cached_step_model(model_id, gpu, "pytorch-eager")
+            df = pd.read_csv(folder / sub / "serve_step.csv")
+            for r in df[df["status"] == "ok"].itertuples():
+                b = int(r.batch)
+                if r.phase == "prefill":
+                    n = int(r.prompt_len)
+                    args = (np.full(b, n), np.zeros(b, np.int64), none)
+                else:
+                    n = int(r.context_len)
+                    args = (none, none, np.full(b, n))
+                pred_ms = 1e3 * sm.step_s(*args)
+                out.append(
+                    {
+                        "gpu": gpu,
+                        "model": model_id,
+                        "phase": str(r.phase),
+                        "batch": b,
+                        "length": n,
+                        "measured_ms": float(r.step_ms),
+                        "predicted_ms": pred_ms,
+                        "error_pct": 100.0 * (pred_ms / float(r.step_ms) - 1.0),
+                    }
+                )
     return out

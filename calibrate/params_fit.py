@@ -9,7 +9,7 @@ learned correction then fits what the physics still misses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -160,6 +160,24 @@ def _set(tree: dict[str, Any], path: tuple[str, ...], value: float) -> None:
     node[path[-1]] = value
 
 
+_FACTORS = (
+    "fwd_head_dim_factor",
+    "bwd_head_dim_factor",
+    "decode_head_dim_factor",
+    "decode_nosplit_head_dim_factor",
+)
+_FACTOR_POINTS = (64.0, 128.0, 256.0)  # 128 is the reference (factor 1)
+
+
+def _factor_informed(head_dim: np.ndarray, point: float) -> bool:
+    """Whether rows can fit the head-dim factor at ``point`` (64 or 256): some rows on its
+    side of 128 (any head dim there, not only ``point``: 32 and 96 are priced through it)
+    and some not, else the factor and the efficiency are the same unknown."""
+    d = head_dim[np.isfinite(head_dim)]
+    side = d < 128 if point < 128 else d > 128
+    return bool(side.any() and (~side).any())
+
+
 def _relevant(cols: Columns, mask: np.ndarray, params: list[Param]) -> list[Param]:
     """Drop parameters the rows cannot inform (e.g. fp8 efficiency without fp8 rows)."""
     per_dtype = ("gemm", "mma_efficiency")
@@ -170,13 +188,9 @@ def _relevant(cols: Columns, mask: np.ndarray, params: list[Param]) -> list[Para
             continue
         if prm.path[:2] in per_op and not np.any(mask & (cols["op"] == prm.path[2])):
             continue
-        factor = prm.path[-2] in (
-            "fwd_head_dim_factor",
-            "bwd_head_dim_factor",
-            "decode_head_dim_factor",
-            "decode_nosplit_head_dim_factor",
-        )
-        if factor and not np.any(mask & (cols["head_dim"] == float(prm.path[-1]))):
+        if prm.path[-2] in _FACTORS and not _factor_informed(
+            cols["head_dim"][mask], float(prm.path[-1])
+        ):
             continue
         if prm.path[:2] == ("gemm", "misaligned_efficiency"):
             elt = np.where(
@@ -192,6 +206,42 @@ def _relevant(cols: Columns, mask: np.ndarray, params: list[Param]) -> list[Para
     return keep
 
 
+def _head_dim_notes(group: Group, head_dim: np.ndarray, params: list[Param]) -> list[str]:
+    """Say which head-dim factor points the rows could not fit (all on one side of 128)."""
+    if not any(p.path[-2] in _FACTORS for p in group.params):
+        return []
+    d = np.unique(head_dim[np.isfinite(head_dim)])
+    kept = {float(p.path[-1]) for p in params if p.path[-2] in _FACTORS}
+    notes = []
+    for point in (64.0, 256.0):
+        side = d < 128 if point < 128 else d > 128
+        if side.any() and point not in kept:
+            notes.append(
+                f"{group.name}: every row is on one side of head_dim 128, so the factor at "
+                f"{point:g} keeps its default and the efficiency carries the level"
+            )
+    return notes
+
+
+def unseen_head_dims(cols: Columns) -> list[str]:
+    """One note per op class with head dims the factor tables (64, 128, 256) lack: those
+    are priced with the factor pooled over their side of 128, interpolated in log2 between
+    the points and held flat outside 64-256."""
+    notes = []
+    attn = np.char.startswith(cols["op"].astype(str), "attn_")
+    for label, rows in (("attention", attn & (cols["op"] != "attn_decode")),
+                        ("decode", cols["op"] == "attn_decode")):  # fmt: skip
+        d = np.unique(cols["head_dim"][rows & np.isfinite(cols["head_dim"])])
+        unseen = [str(int(x)) for x in d if x not in _FACTOR_POINTS]
+        if unseen:
+            notes.append(
+                f"{label}: head_dim {', '.join(unseen)} not in the factor table (64, 128, "
+                "256): priced with the factor pooled over its side of 128 (interpolated in "
+                "log2 between the points, held flat outside 64-256)"
+            )
+    return notes
+
+
 @dataclass
 class GroupFit:
     name: str
@@ -199,6 +249,7 @@ class GroupFit:
     values: dict[str, float]
     train_mape_before: float
     train_mape_after: float
+    notes: list[str] = field(default_factory=list)  # fallbacks taken, one line each
 
 
 def _fit_group(
@@ -232,8 +283,14 @@ def fit_params(
     for group in GROUPS:
         mask = group.rows(cols)
         if mask.sum() < 3:
+            if mask.any():
+                note = f"{group.name}: only {int(mask.sum())} row(s), defaults kept (3 needed)"
+                report.append(GroupFit(group.name, int(mask.sum()), {}, np.nan, np.nan, [note]))
             continue
         params = _relevant(cols, mask, list(group.params))
+        notes = _head_dim_notes(group, cols["head_dim"][mask], params)
+        if not params:
+            continue
         sub = {k: v[mask] for k, v in cols.items()}
         x, before, after = _fit_group(system, tree, params, sub, np.log(measured_s[mask]))
         values = {}
@@ -242,7 +299,8 @@ def fit_params(
                 _set(tree, prm.path, float(np.exp(v)))
                 _set(overrides, prm.path, float(np.exp(v)))
                 values[".".join(prm.path)] = float(np.exp(v))
-        report.append(GroupFit(group.name, int(mask.sum()), values, before, min(before, after)))
+        fit = GroupFit(group.name, int(mask.sum()), values, before, min(before, after), notes)
+        report.append(fit)
     return overrides, report
 
 

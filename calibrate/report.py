@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 
 from calibrate.dataset import OP_COLUMNS, Dataset
-from calibrate.fit import error_stats
+from calibrate.fit import error_stats, priceable, with_reference_node
 from costmodels.ops.analytical import AnalyticalCostModel, frame_columns
 from costmodels.ops.features import OP_CLASSES, op_class
 from costmodels.ops.profile import Profile
 from costmodels.ops.select import get_cost_model
-from hardware_specs.registry import load_catalog
+from hardware_specs.registry import Catalog, load_catalog
 
 FIDELITY_COLUMNS = [
     "op_class",
@@ -37,20 +37,25 @@ FIDELITY_COLUMNS = [
 ]
 
 
-def evaluate(profile: Profile, datasets: list[Dataset]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(fidelity per op class, per-row predictions) of ``profile`` against the datasets."""
+def evaluate(
+    profile: Profile, datasets: list[Dataset], *, catalog: Catalog | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fidelity per op class, per-row predictions) of ``profile`` against the datasets.
+    ``catalog``: where the profile's GPU is described, when it is not a built-in. Rows the
+    GPU cannot price (a dtype without a rate) are left out, as the fit left them out."""
     frame = pd.concat([ds.frame for ds in datasets], ignore_index=True)
-    fitted_groups = set(profile.held_out_groups)
+    cat, _ = with_reference_node(catalog if catalog is not None else load_catalog(), profile.gpu)
+    model = get_cost_model(profile.gpu, profile=profile, catalog=cat, use_shipped=False)
+    default = AnalyticalCostModel(cat.system(profile.gpu))
+    keep, _ = priceable(default, frame_columns(frame))
     # a dataset the profile was fitted on: same folder name and row count
     seen = {(Path(d["path"]).name, d.get("rows")) for d in profile.datasets}
     in_fit_data = np.concatenate(
         [np.full(len(ds.frame), (ds.path.name, len(ds.frame)) in seen) for ds in datasets]
-    )
-    held = frame["group"].isin(fitted_groups).to_numpy() | ~in_fit_data
+    )[keep]
+    frame = frame.loc[keep].reset_index(drop=True)
+    held = frame["group"].isin(set(profile.held_out_groups)).to_numpy() | ~in_fit_data
     cols = frame_columns(frame)
-    cat = load_catalog()
-    model = get_cost_model(profile.gpu, profile=profile, catalog=cat, use_shipped=False)
-    default = AnalyticalCostModel.for_gpu(profile.gpu, catalog=cat)
     measured = frame["measured_s"].to_numpy()
     pred_profile = model.work_columns(cols).time_s
     pred_default = default.work_columns(cols).time_s

@@ -8,7 +8,9 @@
 
 One CSV per suite (``DIR/<suite>.csv``, or ``<suite>.shard<i>of<n>.csv``) in the
 ``simcli predict`` op columns plus measured_ms, suite, family, pattern, status,
-error, avg_power_w, energy_j; ``meta.json`` beside it. Rows are flushed one by one
+error, avg_power_w, energy_j; ``meta.json`` beside it, with what the device reports
+about itself under ``device`` (so ``simcli calibrate fit`` can derive a spec for a GPU
+it does not know). Rows are flushed one by one
 and a re-run skips rows already present, so an interrupted run resumes.
 
 Runs on the device machine, where this project is not installed: imports only the
@@ -158,6 +160,59 @@ def ops_file_cases(path: Path) -> dict[str, list[C.Case]]:
     return out
 
 
+# torch.cuda.get_device_properties attribute -> meta.json key (those the build has)
+_CUDA_PROPS = {
+    "L2_cache_size": "l2_bytes",
+    "shared_memory_per_multiprocessor": "shared_memory_per_sm_bytes",
+    "memory_bus_width": "memory_bus_width_bits",
+    "memory_clock_rate": "memory_clock_khz",
+    "clock_rate": "sm_clock_khz",
+    "max_threads_per_multi_processor": "max_threads_per_sm",
+    "warp_size": "warp_size",
+}
+
+
+def device_properties(ctx: C.Context) -> dict[str, Any]:
+    """What the device says about itself: CUDA properties and NVML limits (each only when
+    available). ``calibrate fit`` builds a spec from it for a GPU simcli does not know;
+    peak FLOP/s are not among them (it derives those from the GEMMs measured)."""
+    if not ctx.is_cuda:
+        return {"type": "cpu"}
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    out: dict[str, Any] = {
+        "type": "cuda",
+        "vendor": "amd" if getattr(torch.version, "hip", None) else "nvidia",
+        "name": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "sm_count": int(props.multi_processor_count),
+        "memory_bytes": int(props.total_memory),
+    }
+    for attr, key in _CUDA_PROPS.items():
+        value = getattr(props, attr, None)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            out[key] = value
+    nv, h = C._nvml_handle()
+    if nv is None or h is None:
+        return out
+    readers = {
+        "power_default_limit_w": lambda: nv.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1e3,
+        "power_max_limit_w": lambda: nv.nvmlDeviceGetPowerManagementLimitConstraints(h)[1] / 1e3,
+        "max_sm_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+        "max_memory_clock_mhz": lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
+        "nvml_memory_bus_width_bits": lambda: nv.nvmlDeviceGetMemoryBusWidth(h),
+        "pcie_max_generation": lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
+        "pcie_max_width": lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
+    }
+    for key, read in readers.items():
+        try:
+            out[key] = read()
+        except Exception:  # NVML builds differ in what they expose; absent is fine
+            continue
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
@@ -204,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError:
             meta = {}
     meta["environment"] = C.environment(ctx, args.device_kind)
+    meta["device"] = device_properties(ctx)
     meta.setdefault("runs", [])
     meta["columns"] = list(C.COLUMNS)
     C.write_json_atomic(meta_path, meta)

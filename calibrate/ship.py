@@ -53,9 +53,13 @@ def main() -> int:
     for name, folder, gpu, scope in SHIPPED:
         prof = build(name, folder, gpu, scope)
         figures = ", ".join(
-            f"{cls} {f['learned_mape']:.1f}%" for cls, f in prof.fidelity.items() if cls != "all"
+            f"{cls} {f['learned_mape']:.1f}%"
+            for cls, f in prof.fidelity.items()
+            if cls != "all" and f.get("learned_mape") is not None  # None: nothing held out
         )
         print(f"{name}: held-out MAPE {figures}")
+        for note in prof.measured_on.get("fit_notes", []):
+            print(f"  note: {note}")
     return 0
 
 

@@ -6,6 +6,10 @@ HBM bandwidth; energy = P x time. Compute-bound kernels on an H100 sit at the po
 (measured: a sustained bf16 GEMM draws 696 W of 700), a device copy well below it (496 W).
 Fitted from the calibration runner's NVML power samples (``power`` suite).
 
+A power model belongs to one board: a 350 W H100 PCIe cannot draw what a 700 W H100 SXM
+does, so a model is never carried to another GPU. A GPU without its own measured model
+gets :func:`datasheet_power_model`, an estimate scaled to and bounded by its own TDP.
+
 :class:`EnergyModel` is the op-level estimator: a cost model's time, FLOPs and bytes and
 a fitted :class:`PowerModel` give ``predict(op)`` / ``predict_many(frame)`` in joules,
 with scikit-learn's contract (``fit(frame) -> self``, fitted state in ``power_``,
@@ -83,6 +87,42 @@ class PowerModel(BaseModel):
                 break
             rows = rows | short
         return cls(idle_w=idle_w, compute_w=float(coef[0]), memory_w=float(coef[1]), cap_w=cap_w)
+
+
+# Datasheet-only power model, as fractions of the board's own TDP, from the NVML power
+# suites of the H100 SXM and H200 SXM (calibrate/data/*/power.csv, both 700 W boards):
+# - idle: 69 and 76 W (0.10-0.11 TDP) -> 0.10;
+# - compute: FlashAttention-2 forward at 32-35% of dense tensor peak already drew 97-101%
+#   of the limit on both, GEMMs at 61-68% sat at it -> 2.7 TDP per unit of tensor
+#   utilisation (a kernel at a third of peak reaches the cap);
+# - memory: a 2 GiB copy at 89% of HBM peak drew 0.71 and 0.79 TDP -> 0.68 (the lower).
+# Every estimate is then capped at this GPU's own TDP.
+DATASHEET_IDLE_FRACTION = 0.10
+DATASHEET_COMPUTE_FRACTION = 2.7
+DATASHEET_MEMORY_FRACTION = 0.68
+
+
+def datasheet_power_model(gpu: GpuSpec) -> PowerModel:
+    """Board power estimated from the spec alone (no NVML samples of this GPU): the shape
+    of the measured Hopper boards as fractions of TDP, scaled to ``gpu.tdp_w`` and capped
+    at it. Never exceeds the GPU's own TDP, unlike a model borrowed from a sibling."""
+    tdp_w = float(gpu.tdp_w)
+    return PowerModel(
+        idle_w=DATASHEET_IDLE_FRACTION * tdp_w,
+        compute_w=DATASHEET_COMPUTE_FRACTION * tdp_w,
+        memory_w=DATASHEET_MEMORY_FRACTION * tdp_w,
+        cap_w=tdp_w,
+    )
+
+
+def datasheet_power_note(gpu: GpuSpec) -> str:
+    """The label a datasheet-only power model carries wherever it is shown."""
+    return (
+        f"datasheet estimate (not measured on {gpu.id}): "
+        f"P = min({gpu.tdp_w:g} W TDP, {DATASHEET_IDLE_FRACTION:g} + "
+        f"{DATASHEET_COMPUTE_FRACTION:g} x tensor util + {DATASHEET_MEMORY_FRACTION:g} x HBM "
+        "util, in TDPs)"
+    )
 
 
 class EnergyModel:

@@ -14,13 +14,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hardware_specs.schema import Dtype
 
 
 class _P(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# The head-dim points the attention models interpolate between (128 is the reference, 1.0).
+HEAD_DIM_POINTS = (64, 256)
+
+
+def _complete_head_dims(factors: dict[int, float]) -> dict[int, float]:
+    """A factor table with both interpolation points: a fit that saw only one side of 128
+    (or a profile that overrides one point) leaves the other at 1.0, the neutral value
+    that the defaults use, instead of a table the attention models cannot index."""
+    return {**{d: 1.0 for d in HEAD_DIM_POINTS}, **factors}
 
 
 class GemmParams(_P):
@@ -78,6 +89,8 @@ class AttentionBackendParams(_P):
         "before and after the main one (dO.O, fp32 dQ accumulator zero, accumulate, convert)",
     )
 
+    _head_dims = field_validator("fwd_head_dim_factor", "bwd_head_dim_factor")(_complete_head_dims)
+
 
 class AttentionParams(_P):
     backends: dict[str, AttentionBackendParams]
@@ -116,6 +129,10 @@ class AttentionParams(_P):
         description="backends whose decode kernels split the KV cache over CTAs (Flash-Decoding)",
     )
     memory_efficiency: float = Field(gt=0, le=1)
+
+    _head_dims = field_validator("decode_nosplit_head_dim_factor", "decode_head_dim_factor")(
+        _complete_head_dims
+    )
 
 
 class ElementwiseParams(_P):

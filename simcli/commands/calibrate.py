@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from simcli.output import (
     atomic_write_json,
     atomic_write_text,
     emit_records,
+    jsonable,
 )
 from simcli.reports.bundle import check_output_path, output_is_dir
 
@@ -123,6 +125,14 @@ def run(
             raise fail(f"the benchmark runner stopped with status {code}")
 
 
+HardwareOpt = typer.Option(
+    None,
+    "--hardware",
+    help="GPU spec file (YAML/JSON, the format of hardware_specs/data) for a GPU simcli "
+    "does not know; without it an unknown --gpu is derived from the device the data records.",
+)
+
+
 @app.command("fit")
 def fit(
     data: list[Path] = DataOpt,
@@ -138,6 +148,7 @@ def fit(
         help="Also write the fidelity report into this folder: fidelity.csv, predictions.csv, "
         "config.json, report.html.",
     ),
+    hardware: Path | None = HardwareOpt,
     fmt: Format = FormatOpt,
     quiet: bool = QuietOpt,
 ) -> None:
@@ -146,22 +157,21 @@ def fit(
         from calibrate.dataset import load_dataset
         from calibrate.fit import fit_profile
         from costmodels.ops.profile import Profile
-        from hardware_specs.registry import load_catalog
 
         progress.set_quiet(quiet)
         if scope not in ("gpu", "collectives"):
             raise fail(f"unknown --scope {scope!r}; allowed: gpu, collectives")
         check_output_path(out, "--out", kind="file")
         check_output_path(report_dir, "--report", kind="folder")
-        cat = load_catalog()
-        cat.gpu(gpu)
         with _stages("calibrate fit", len(data) + 1 + (report_dir is not None)) as step:
             datasets = []
             for d in data:
                 step(f"loading {d.name}")
-                datasets.append(load_dataset(d, expect_gpu=gpu))
+                datasets.append(load_dataset(d))
+            cat, spec_file, spec_notes = _fit_catalog(gpu, hardware, datasets, out)
             step("fitting")
-            result = fit_profile(datasets, gpu, name=name)
+            result = fit_profile(datasets, gpu, name=name, catalog=cat)
+            result.notes[:0] = spec_notes
             if scope == "collectives":
                 result.profile["scope"] = "collectives"
                 result.profile["link"] = cat.reference_node(gpu).intra_node_link
@@ -169,6 +179,7 @@ def fit(
                     "collectives": result.profile["params"].get("collectives", {})
                 }
             profile = Profile.model_validate(result.profile)  # validate before writing
+            prov = _provenance(profile, cat)  # the profile loads and predicts, or we stop here
             if report_dir is not None:
                 step("report")
                 inputs = {
@@ -177,14 +188,98 @@ def fit(
                     "out": str(out.resolve()),
                     "name": name,
                     "scope": scope,
+                    "hardware": str(hardware.resolve()) if hardware else None,
                 }
-                _write_report(report_dir, profile, datasets, "calibrate fit", inputs)
-        atomic_write_text(out, json.dumps(result.profile, indent=1) + "\n")
-        headline = ["default_mape", "fitted_mape", "learned_mape", "learned_p50", "learned_p90"]
-        rows = _compact(result.fidelity, fmt, headline)
-        title = f"held-out fidelity of {profile.name} (written to {out})"
-        wrapper = {"profile": str(out), "gpu": gpu}
-        emit_records(rows, fmt, title=title, json_wrapper=wrapper, json_key="fidelity")
+                _write_report(report_dir, profile, datasets, "calibrate fit", inputs, cat, prov)
+        if spec_file is not None:
+            atomic_write_text(spec_file[0], spec_file[1])
+            result.notes.append(f"GPU spec written to {spec_file[0]}: pass it as --hardware")
+        atomic_write_text(out, json.dumps(jsonable(result.profile), indent=1) + "\n")
+        _emit_fit(result, profile, prov, out, fmt, quiet)
+
+
+def _fit_catalog(gpu: str, hardware: Path | None, datasets, out: Path):
+    """(catalog with ``gpu`` and a node for it, (spec file path, YAML) to write beside the
+    profile when the spec was derived or completed here, notes). An unknown ``gpu`` is
+    derived from the device the data records, unless that device is a built-in GPU."""
+    import yaml
+
+    from calibrate.dataset import DatasetError, derive_gpu_spec, gpu_id_from_name, recorded_device
+    from calibrate.fit import with_reference_node
+    from hardware_specs.registry import load_catalog
+    from hardware_specs.schema import HardwareFile
+
+    cat = load_catalog(hardware)
+    notes: list[str] = []
+    derived = gpu not in cat.gpus
+    if derived:
+        for ds in datasets:
+            dev = recorded_device(ds.meta)
+            known = gpu_id_from_name(str(dev.get("name", "")))
+            if known in cat.gpus and _same_device(dev, cat.gpus[known]):
+                raise fail(
+                    f"unknown GPU {gpu!r}; the data was measured on {dev['name']!r}, built in "
+                    f"as {known}: use --gpu {known}"
+                )
+        try:
+            spec, notes = derive_gpu_spec(gpu, datasets)
+        except DatasetError as exc:
+            raise fail(
+                f"unknown GPU {gpu!r} and {exc}; pass --hardware FILE with its spec "
+                f"(format: hardware_specs/data/gpus.yaml) or use one of: {', '.join(cat.gpus)}"
+            ) from None
+        cat = cat.merged(HardwareFile(gpus=[spec]), "derived spec")
+    cat, node = with_reference_node(cat, gpu)
+    if not derived and node is None:
+        return cat, None, notes
+    doc = HardwareFile(gpus=[cat.gpu(gpu)], nodes=[node] if node else [])
+    text = "# written by simcli calibrate fit: the GPU this profile was fitted for\n"
+    text += yaml.safe_dump(doc.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+    return cat, (out.with_name(f"{out.stem}.hardware.yaml"), text), notes
+
+
+def _same_device(dev: dict, spec) -> bool:
+    """Whether a recorded device is the built-in ``spec`` (SMs and memory within 3%), not
+    a variant that shares its name (an H100 NVL is not an H100 SXM)."""
+    sms, mem = dev.get("sm_count"), dev.get("memory_bytes")
+    if isinstance(sms, int) and sms != spec.sm_count:
+        return False
+    return not isinstance(mem, int | float) or abs(mem / spec.memory_bytes - 1) < 0.03
+
+
+def _provenance(profile, catalog):
+    """How predictions from ``profile`` are obtained on its GPU (loading it as the CLI's
+    ``--profile`` does), and the error to expect."""
+    from costmodels.ops.select import get_cost_model
+
+    model = get_cost_model(profile.gpu, profile=profile, catalog=catalog, use_shipped=False)
+    return model.provenance
+
+
+def _emit_fit(result, profile, prov, out: Path, fmt: Format, quiet: bool) -> None:
+    """Table (then the held-out line and provenance) or one JSON object; warnings and
+    notes on stderr, one line each."""
+    for line in result.warnings:
+        sys.stderr.write(f"warning: {line}\n")
+    for line in [] if quiet else result.notes:
+        sys.stderr.write(f"note: {line}\n")
+    headline = ["default_mape", "fitted_mape", "learned_mape", "learned_p50", "learned_p90"]
+    rows = _compact(result.fidelity, fmt, headline)
+    title = f"held-out fidelity of {profile.name} (written to {out})"
+    wrapper = {
+        "profile": str(out),
+        "gpu": profile.gpu,
+        "held_out_split": profile.measured_on.get("held_out_split"),
+        "provenance": prov.as_dict(),
+        "warnings": result.warnings,
+        "notes": result.notes,
+    }
+    emit_records(rows, fmt, title=title, json_wrapper=wrapper, json_key="fidelity")
+    if fmt == Format.table:
+        typer.echo(result.held_out_line())
+        typer.echo(f"provenance: {prov}")
+    elif fmt == Format.csv:
+        sys.stderr.write(f"{result.held_out_line()}\nprovenance: {prov}\n")
 
 
 @app.command("report")
@@ -197,18 +292,33 @@ def report(
         help="Folder for fidelity.csv, predictions.csv, config.json and report.html (a name "
         "ending in .csv or .json writes only the fidelity table there).",
     ),
+    hardware: Path | None = typer.Option(
+        None, "--hardware", help="GPU spec file, for a profile of a GPU simcli does not know."
+    ),
     fmt: Format = FormatOpt,
     quiet: bool = QuietOpt,
 ) -> None:
     """MAPE, p50 and p90 error per op class on held-out data; CSV and HTML with plots."""
     with user_errors():
         from calibrate.dataset import load_dataset
+        from calibrate.fit import with_reference_node
         from calibrate.report import evaluate
         from costmodels.ops.profile import load_profile
+        from hardware_specs.registry import load_catalog
 
         progress.set_quiet(quiet)
         check_output_path(output)
         prof = load_profile(profile)
+        cat = load_catalog(hardware)
+        if prof.gpu not in cat.gpus:
+            beside = profile.with_name(f"{profile.stem}.hardware.yaml")
+            hint = f" ({beside} was written beside it)" if beside.exists() else ""
+            raise fail(
+                f"unknown GPU {prof.gpu!r} of profile {prof.name!r}; pass --hardware FILE "
+                f"with its spec{hint}; known: {', '.join(cat.gpus)}"
+            )
+        cat, _ = with_reference_node(cat, prof.gpu)
+        prov = _provenance(prof, cat)
         bundle = output is not None and output_is_dir(output)
         with _stages("calibrate report", len(data) + 1 + bundle) as step:
             datasets = []
@@ -216,15 +326,15 @@ def report(
                 step(f"loading {d.name}")
                 datasets.append(load_dataset(d, expect_gpu=prof.gpu))
             step("evaluating")
-            fidelity, predictions = evaluate(prof, datasets)
-            wrapper = {"profile": str(profile), "gpu": prof.gpu}
+            fidelity, predictions = evaluate(prof, datasets, catalog=cat)
+            wrapper = {"profile": str(profile), "gpu": prof.gpu, "provenance": prov.as_dict()}
             if bundle:
                 step("report")
                 inputs = {
                     "profile": str(profile.resolve()),
                     "data": [str(d.resolve()) for d in data],
                 }
-                _write_bundle(output, prof, fidelity, predictions, "calibrate report", inputs)
+                _write_bundle(output, prof, fidelity, predictions, "calibrate report", inputs, prov)
             elif output is not None and output.suffix.lower() == ".csv":
                 atomic_write_csv(fidelity, output)
             elif output is not None:
@@ -236,6 +346,10 @@ def report(
         emit_records(
             rows, fmt, title=f"fidelity of {prof.name}", json_wrapper=wrapper, json_key="fidelity"
         )
+        if fmt == Format.table:
+            typer.echo(f"provenance: {prov}")
+        elif fmt == Format.csv:
+            sys.stderr.write(f"provenance: {prov}\n")
 
 
 def _compact(fidelity, fmt: Format, errors: list[str]) -> list[dict]:
@@ -249,14 +363,26 @@ def _compact(fidelity, fmt: Format, errors: list[str]) -> list[dict]:
     )
 
 
-def _write_report(folder: Path, profile, datasets, command: str, inputs: dict) -> None:
+def _write_report(
+    folder: Path, profile, datasets, command: str, inputs: dict, catalog, provenance
+) -> None:
     from calibrate.report import evaluate
 
-    fidelity, predictions = evaluate(profile, datasets)
-    _write_bundle(folder, profile, fidelity, predictions, command, inputs)
+    fidelity, predictions = evaluate(profile, datasets, catalog=catalog)
+    _write_bundle(folder, profile, fidelity, predictions, command, inputs, provenance)
 
 
-def _write_bundle(folder: Path, profile, fidelity, predictions, command: str, inputs) -> None:
+def _write_bundle(
+    folder: Path, profile, fidelity, predictions, command: str, inputs, provenance
+) -> None:
     from simcli.reports.calibration import write_calibration_bundle
 
-    write_calibration_bundle(folder, profile, fidelity, predictions, command=command, inputs=inputs)
+    write_calibration_bundle(
+        folder,
+        profile,
+        fidelity,
+        predictions,
+        command=command,
+        inputs=inputs,
+        provenance=provenance,
+    )

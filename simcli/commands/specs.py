@@ -89,4 +89,20 @@ def show_spec(
             raise SpecError(f"unknown spec id {spec_id!r}; known: {', '.join(known)}")
         if spec_id in cat.gpus:
             data["reference_node"] = cat.reference_node(spec_id).id
+            data["cost_model"] = _provenance(spec_id, cat)
         emit_object(data, fmt, title=spec_id)
+
+
+def _provenance(gpu_id: str, catalog) -> dict:
+    """How ``simcli`` prices ops on this GPU by default (calibrated, transferred or
+    datasheet) and the error to expect: what a user should know before trusting it."""
+    from costmodels.ops.select import get_cost_model
+
+    prov = get_cost_model(gpu_id, catalog=catalog).provenance
+    return {
+        "provenance": prov.kind,
+        "source": prov.source,
+        "expected_error_pct": round(prov.expected_error * 100, 1),
+        "error_basis": prov.error_basis,
+        "power": prov.power,
+    }

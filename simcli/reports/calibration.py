@@ -115,9 +115,16 @@ def _class_figure(pred: pd.DataFrame, cls: str):
 
 
 def render_calibration_report(
-    profile: Any, fidelity: pd.DataFrame, predictions: pd.DataFrame, *, data: Sequence[Path] = ()
+    profile: Any,
+    fidelity: pd.DataFrame,
+    predictions: pd.DataFrame,
+    *,
+    data: Sequence[Path] = (),
+    provenance: Any = None,
 ) -> str:
-    """Summary, MAPE per class, the fidelity table, a scatter and histogram per op class."""
+    """Summary, MAPE per class, the fidelity table, a scatter and histogram per op class.
+    ``provenance`` (costmodels.ops.select.Provenance): how predictions from this profile
+    are obtained and the error to expect, shown in the summary."""
     env = profile.measured_on
     rep = Report(
         f"Calibration profile {profile.name} ({profile.gpu})",
@@ -138,7 +145,16 @@ def render_calibration_report(
             f"{row['default_mape']:.1f}% -> {row['profile_mape']:.1f}% "
             f"(p90 {row['profile_p90']:.1f}%)"
         )
+    if provenance is not None:
+        summary["provenance"] = f"{provenance.kind} ({provenance.source})"
+        summary["expected error"] = (
+            f"{provenance.expected_error * 100:.1f}% MAPE: {provenance.error_basis}"
+        )
+        summary["power"] = provenance.power
     rep.summary(summary)
+    fit_notes = [str(n) for n in env.get("fit_notes") or []]
+    if fit_notes:
+        rep.note("What the fit fell back on: " + "; ".join(fit_notes) + ".")
     rep.note(
         "Errors are absolute percentage errors on held-out rows: shape families (models, head "
         "configurations, mask patterns, size decades) never used for fitting. default is the "
@@ -168,17 +184,24 @@ def write_calibration_bundle(
     *,
     command: str,
     inputs: dict[str, Any],
+    provenance: Any = None,
 ) -> list[Path]:
     """fidelity.csv, predictions.csv, config.json and report.html, all or nothing."""
     page = render_calibration_report(
-        profile, fidelity, predictions, data=[Path(d) for d in inputs.get("data", [])]
+        profile,
+        fidelity,
+        predictions,
+        data=[Path(d) for d in inputs.get("data", [])],
+        provenance=provenance,
     )
+    extra = {"provenance": provenance.as_dict()} if provenance is not None else {}
     config = config_document(
         command,
         inputs,
         profile_name=profile.name,
         gpu=profile.gpu,
         measured_on=profile.measured_on,
+        **extra,
     )
     return write_output_dir(
         folder,

@@ -203,8 +203,6 @@ def test_cli_bad_datasets_write_no_profile(run, dataset_dir, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no meta.json" in _one_line(fit(empty))
-    h200 = write_dataset(tmp_path / "h200", gpu_name="NVIDIA H200")
-    assert "measured on 'NVIDIA H200' (h200-sxm), not h100-sxm" in _one_line(fit(h200))
     corrupt = write_dataset(tmp_path / "corrupt")
     (corrupt / "gemm.csv").write_text('op,measured_ms,status\n"gemm,1\n')
     assert "corrupt" in _one_line(fit(corrupt))
@@ -221,6 +219,24 @@ def test_cli_bad_datasets_write_no_profile(run, dataset_dir, tmp_path):
     assert "unknown GPU" in _one_line(fit(dataset_dir, gpu="h900"))
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".p.json")] == []
+
+
+def test_cli_fit_on_another_gpus_data_warns_and_marks_the_profile(run, tmp_path):
+    """Data from another device is a warning (one stderr line), not a failure; the profile
+    says so, gets no power model, and its predictions count as transferred."""
+    h200 = write_dataset(tmp_path / "h200", gpu_name="NVIDIA H200")
+    out = tmp_path / "p.json"
+    result = run("calibrate", "fit", "--data", str(h200), "--gpu", "h100-sxm", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    warnings = [x for x in result.stderr.splitlines() if x.startswith("warning: ")]
+    assert warnings == [
+        f"warning: dataset {h200} was measured on 'NVIDIA H200' (h200-sxm), not h100-sxm"
+    ]
+    prof = json.loads(out.read_text())
+    assert prof["measured_on"]["device_matches_gpu"] is False and prof["power"] is None
+    model = get_cost_model("h100-sxm", profile=out, use_shipped=False)
+    assert model.provenance.kind == "transferred"
+    assert model.power.cap_w == 700.0  # the datasheet estimate of the H100's own TDP
 
 
 def test_cli_bad_profile(run, dataset_dir, tmp_path):

@@ -14,6 +14,7 @@ from simcli.commands import sparsity as sparsity_cmd
 from simcli.commands import specs as specs_cmd
 from simcli.commands import step as step_cmd
 from simcli.commands import sweep as sweep_cmd
+from simcli.commands import trace as trace_cmd
 from simcli.commands import train as train_cmd
 from simcli.commands import varlen as varlen_cmd
 from simcli.errors import set_debug
@@ -37,6 +38,7 @@ app.add_typer(step_cmd.app, name="step")
 app.add_typer(serve_cmd.app, name="serve")
 app.add_typer(sparsity_cmd.app, name="sparsity")
 app.add_typer(sweep_cmd.app, name="sweep")
+app.add_typer(trace_cmd.app, name="trace")
 
 
 def _version(flag: bool) -> None:

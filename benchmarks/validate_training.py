@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from costmodels.steps.composition import shipped_composition
 from simcli.scenario import resolve_hardware
 from simcli.training.simulator import TrainResult, simulate_iteration
 from workloads.models import ModelConfig, load_model
@@ -39,15 +40,18 @@ TRACED_DIRS = {
 }
 #: how each measured mode is simulated: eager PyTorch is the pytorch engine; compiled
 #: blocks (fused elementwise) and torchao float8 (+compile) are the fused megatron engine
-MODE_ENGINE = {"eager": ("pytorch", "bf16-mixed"), "compile": ("megatron", "bf16-mixed"),
-               "fp8": ("megatron", "fp8")}  # fmt: skip
+MODE_ENGINE = {"eager": ("pytorch", "bf16-mixed"), "compile": ("pytorch-compile", "bf16-mixed"),
+               "fp8": ("pytorch-compile", "fp8")}  # fmt: skip
 
 
 def _simulate(model: ModelConfig, plan: TrainPlan, gpu: str, **kw: Any) -> TrainResult:
     """One iteration of ``plan`` on ``plan.num_gpus`` GPUs of ``gpu`` (reference nodes,
     the shipped calibration)."""
     hw = resolve_hardware(gpu, plan.num_gpus)
-    return simulate_iteration(model, plan, system=hw.system, cost_model=hw.cost_model, **kw)
+    comp = shipped_composition(gpu)  # as `simcli train` resolves it
+    return simulate_iteration(
+        model, plan, system=hw.system, cost_model=hw.cost_model, composition=comp, **kw
+    )
 
 
 def megatron_rows() -> list[dict]:

@@ -48,8 +48,8 @@ from workloads.decompose.shard import shard_sizes
 from workloads.models import ModelConfig
 from workloads.plan import PP_SCHEDULES, PRECISIONS, RECOMPUTE, PlanError, TrainPlan, check_plan
 
-Framework = Literal["megatron", "megatron-unfused", "pytorch"]
-FRAMEWORKS: tuple[str, ...] = ("megatron", "megatron-unfused", "pytorch")
+Framework = Literal["megatron", "megatron-unfused", "pytorch", "pytorch-compile"]
+FRAMEWORKS: tuple[str, ...] = ("megatron", "megatron-unfused", "pytorch", "pytorch-compile")
 
 # --------------------------------------------------------------------------- constants
 
@@ -190,7 +190,9 @@ class MemoryEstimate:
 def _framework_key(framework: str) -> str:
     if framework not in FRAMEWORKS:
         raise PlanError(f"unknown framework {framework!r}; allowed: {', '.join(FRAMEWORKS)}")
-    return "pytorch" if framework == "pytorch" else "megatron"
+    # torch.compile'd blocks keep eager PyTorch's state (fp32 masters, fp32 grads, AdamW)
+    # and save no more than its activations: the eager estimate is their upper bound
+    return "pytorch" if framework in ("pytorch", "pytorch-compile") else "megatron"
 
 
 def _shard(model: ModelConfig, tp):

@@ -29,6 +29,7 @@ import numpy as np
 
 from costmodels.ops.analytical import AnalyticalCostModel
 from costmodels.ops.learned import LearnedCostModel
+from costmodels.steps.composition import Composition
 from hardware_specs.registry import System
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import LayerOp, op_groups, params_per_tp_rank
@@ -126,12 +127,15 @@ def step_costs(
     system: System,
     attn_backend: str = "",
     framework: Framework = "megatron",
+    composition: Composition | None = None,
 ) -> StepCosts:
     """Price one micro-batch of ``plan`` on one rank (see the module docstring).
 
     ``framework``: the engine whose ops :func:`workloads.decompose.op_groups` lists
     (``megatron`` fused kernels, ``megatron-unfused`` pre-FlashAttention core attention,
-    ``pytorch`` eager PyTorch under autocast)."""
+    ``pytorch`` eager PyTorch under autocast, ``pytorch-compile`` compiled blocks).
+    ``composition``: per-group factors fitted from whole-step traces
+    (:mod:`costmodels.steps.composition`), applied to every op but collectives."""
     gpn = system.node.gpus_per_node
     tp, cp, mb = plan.tp, plan.cp, plan.micro_batch
     seq_local = plan.seq_len // cp
@@ -141,6 +145,8 @@ def step_costs(
     tp_nodes = group_nodes(tp, 1, gpn)
     ops = [with_nodes(o.op, tp_nodes) for g in groups for o in g]
     times = cost_model.predict_many(ops_frame(ops))
+    if composition is not None:
+        times = times * composition.factors_for(framework, [o.op.value for o in ops])
     parts: list[np.ndarray] = []
     start = 0
     for g in groups:

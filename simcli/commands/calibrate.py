@@ -1,4 +1,5 @@
-"""``simcli calibrate run|fit|report``: measure a GPU, fit a profile, show its fidelity."""
+"""``simcli calibrate run|fit|report|from-trace``: measure a GPU, fit a profile, show its
+fidelity; fit composition factors from whole-step traces."""
 
 from __future__ import annotations
 
@@ -280,6 +281,73 @@ def _emit_fit(result, profile, prov, out: Path, fmt: Format, quiet: bool) -> Non
         typer.echo(f"provenance: {prov}")
     elif fmt == Format.csv:
         sys.stderr.write(f"{result.held_out_line()}\nprovenance: {prov}\n")
+
+
+@app.command("from-trace")
+def from_trace(
+    traces: list[Path] = typer.Option(
+        ..., "--trace", help="Profiler trace of a training step (repeatable, one per --config)."
+    ),
+    configs: list[Path] = typer.Option(
+        ..., "--config", help="Trace config (YAML/JSON) of the --trace in the same position."
+    ),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU id; default: each config's gpu."),
+    out: Path = typer.Option(..., "--out", help="Composition file to write (JSON)."),
+    held_out: list[str] = typer.Option(
+        [],
+        "--held-out-model",
+        help="Model id kept out of the fit and reported (a split by model; repeatable).",
+    ),
+    fmt: Format = FormatOpt,
+) -> None:
+    """Fit composition factors (per engine and kernel group: GEMM, attention,
+    memory-bound, optimizer, and the idle share of GPU-bound steps) from whole-step
+    traces; `simcli train --composition FILE` applies them."""
+    with user_errors():
+        from calibrate.trace.fit import fit_suite, write_composition
+        from simcli.scenario.trace import traced_step
+
+        if len(traces) != len(configs):
+            raise fail(
+                f"{len(traces)} --trace but {len(configs)} --config; allowed: one --config "
+                "per --trace, in the same order"
+            )
+        check_output_path(out, "--out", kind="file")
+        steps = [traced_step(t, c, gpu=gpu) for t, c in zip(traces, configs, strict=True)]
+        gpus = {gpu} if gpu else {_config_gpu(c) for c in configs}
+        if len(gpus) != 1:
+            raise fail(f"traces of several GPUs ({', '.join(sorted(gpus))}); allowed: one GPU")
+        fit_models = tuple(sorted({s.model for s in steps} - set(held_out)))
+        if not fit_models:
+            raise fail("every trace's model is held out; allowed: at least one model to fit on")
+        comp = fit_suite(
+            gpus.pop(), steps, fit_models, tuple(held_out), source=", ".join(map(str, traces))
+        )
+        write_composition(comp, out)
+        rows = [
+            {"engine": fw, "group": g, "factor": v}
+            for fw, groups in comp.factors.items()
+            for g, v in groups.items()
+        ]
+        if fmt == Format.json:
+            typer.echo(json.dumps(jsonable(comp.to_dict())))
+            return
+        emit_records(rows, fmt, title=f"composition factors -> {out}")
+        for fw, e in comp.meta["held_out_error"].items():
+            typer.echo(
+                f"held out {fw}: kernel-sum MAPE {100 * e['kernel_sum_mape_before']:.1f}% -> "
+                f"{100 * e['kernel_sum_mape_after']:.1f}% over {e['steps']} steps",
+                err=True,
+            )
+
+
+def _config_gpu(path: Path) -> str:
+    from simcli.scenario.trace import load_trace_config
+
+    gpu = load_trace_config(path).gpu
+    if gpu is None:
+        raise fail(f"config {path}: no gpu; allowed: gpu in the config or --gpu")
+    return gpu
 
 
 @app.command("report")

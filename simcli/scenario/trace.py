@@ -33,6 +33,7 @@ from calibrate.trace import (
     predict_serving,
     predict_train,
 )
+from calibrate.trace.fit import TracedStep, group_sums
 from simcli.scenario.hardware import Hardware, resolve_hardware
 from simcli.training.simulator import simulate_iteration
 from workloads.decompose.training import Framework
@@ -40,10 +41,10 @@ from workloads.models import ModelConfig, load_model
 from workloads.plan import PRECISIONS, Recompute, make_plan
 
 Kind = Literal["train", "prefill", "decode"]
-Engine = Literal["megatron", "megatron-unfused", "pytorch-eager", "vllm"]
+Engine = Literal["megatron", "megatron-unfused", "pytorch-eager", "pytorch-compile", "vllm"]
 PhaseName = Literal["forward", "backward", "optimizer"]
 ENGINES_FOR: dict[str, tuple[str, ...]] = {
-    "train": ("megatron", "megatron-unfused", "pytorch-eager"),
+    "train": ("megatron", "megatron-unfused", "pytorch-eager", "pytorch-compile"),
     "prefill": ("vllm", "pytorch-eager"),
     "decode": ("vllm", "pytorch-eager"),
 }
@@ -53,6 +54,7 @@ FRAMEWORK: dict[str, Framework] = {
     "megatron": "megatron",
     "megatron-unfused": "megatron-unfused",
     "pytorch-eager": "pytorch",
+    "pytorch-compile": "pytorch-compile",
 }
 TRAIN_ONLY = ("micro_batch", "global_batch", "seq_len", "recompute", "pp", "pp_rank", "dp",
               "zero", "sequence_parallel")  # fmt: skip
@@ -73,7 +75,7 @@ class TraceConfig(BaseModel):
     gpu: str | None = Field(None, description="GPU id (see `simcli specs list`); or --gpu.")
     engine: Engine = Field(
         description="Software that ran the step: megatron | megatron-unfused | pytorch-eager "
-        "(train); vllm | pytorch-eager (prefill, decode)."
+        "| pytorch-compile (train); vllm | pytorch-eager (prefill, decode)."
     )
     precision: str | None = Field(
         None,
@@ -399,6 +401,33 @@ def run_trace(scenario: TraceScenario) -> TraceRun:
     return TraceRun(scenario, result)
 
 
+def traced_step(
+    trace: str | Path, config_path: str | Path, *, gpu: str | None = None
+) -> TracedStep:
+    """One training trace measured and priced without composition, by kernel group: an
+    input of :func:`calibrate.trace.fit.fit_suite` (``simcli calibrate from-trace``)."""
+    s = resolve_trace(trace, config_path, gpu=gpu)
+    w, c = s.workload, s.config
+    if not isinstance(w, TrainWorkload):
+        raise TraceConfigError(
+            f"config {s.config_path}: kind {c.kind}; allowed: train (composition factors are "
+            "fitted from training steps)"
+        )
+    timeline = build_timeline(
+        load_trace(s.trace_path), step_marker=c.step_marker, phase_markers=c.phase_markers
+    )
+    result = compare(timeline, predict_train(w, s.hardware.cost_model, s.hardware.system))
+    label = f"{s.trace_path.name}"
+    return TracedStep(
+        w.framework,
+        s.model.id,
+        label,
+        group_sums(result.classes, "measured_s"),
+        group_sums(result.classes, "predicted_s"),
+        step_s=timeline.wall_s,
+    )
+
+
 __all__ = [
     "GAP_KINDS",
     "TraceConfig",
@@ -408,4 +437,5 @@ __all__ = [
     "load_trace_config",
     "resolve_trace",
     "run_trace",
+    "traced_step",
 ]

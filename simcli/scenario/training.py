@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from costmodels.steps.composition import Composition, load_composition, shipped_composition
 from costmodels.steps.memory import MemoryEstimate, estimate_memory
 from costmodels.steps.training import step_costs
 from hardware_specs.prices import gpu_price
@@ -43,7 +44,7 @@ from workloads.plan import (
 from workloads.sparsity import Pattern, parse_pattern
 
 GIB = 1024**3
-TrainFramework = Literal["megatron", "pytorch"]
+TrainFramework = Literal["megatron", "pytorch", "pytorch-compile"]
 
 
 def parse_int_list(text: str, example: str) -> tuple[int, ...] | None:
@@ -112,7 +113,9 @@ class TrainConfig(BaseModel):
         None, description="Layers per pipeline stage (model chunk), e.g. 7,9; default: even."
     )
     framework: TrainFramework = Field(
-        "megatron", description="Training software: megatron (fused kernels) or pytorch (eager)."
+        "megatron",
+        description="Training software: megatron (fused kernels), pytorch (eager) or "
+        "pytorch-compile (torch.compile'd blocks; fp8 = torchao float8).",
     )
     attn_backend: str = Field(
         "", description="Attention kernel family: flash | cudnn | flex | efficient; '': default."
@@ -123,6 +126,11 @@ class TrainConfig(BaseModel):
         "hybrid:dense_every=4,inner=nsa; see `simcli sparsity compare`).",
     )
     profile: Path | None = Field(None, description="Calibration profile (JSON).")
+    composition: Path | None = Field(
+        None,
+        description="Composition factors from `simcli calibrate from-trace` (JSON); default: "
+        "the ones shipped for the GPU (pytorch and pytorch-compile engines, H100/H200).",
+    )
     hardware: Path | None = Field(None, description="Extra hardware spec file (YAML/JSON).")
     cluster: Path | None = Field(
         None,
@@ -209,6 +217,8 @@ class TrainScenario:
     # with a sparsity pattern: plan.tp GPUs of the same kind, which price the dense
     # attention the pattern is scaled against (SparsityPricer)
     tp_hardware: Hardware | None = None
+    # per-engine kernel-group factors fitted from whole-step traces (or none)
+    composition: Composition | None = None
 
     def cost_model(self, num_gpus: int) -> CostModel:
         """The resolved cost model of ``num_gpus`` GPUs of this scenario's type."""
@@ -284,6 +294,11 @@ def resolve_train(config: TrainConfig) -> TrainScenario:
         attn_backend=config.attn_backend,
         attn_pattern=pattern,
         tp_hardware=tp_hardware,
+        composition=(
+            load_composition(config.composition)
+            if config.composition is not None
+            else shipped_composition(config.gpu)
+        ),
     )
 
 
@@ -367,7 +382,9 @@ def run_train(scenario: TrainScenario, *, keep_spans: bool = False) -> TrainRun:
     s, hw = scenario, scenario.hardware
     costs = None
     if s.attn_pattern is not None:
-        base = step_costs(s.model, s.plan, hw.cost_model, hw.system, s.attn_backend, s.framework)
+        base = step_costs(
+            s.model, s.plan, hw.cost_model, hw.system, s.attn_backend, s.framework, s.composition
+        )
         pricer = SparsityPricer(hw.gpu_id, cost_models=s.cost_model, seed=0)
         costs = sparse_step_costs(
             s.model, s.plan, s.attn_pattern, hw.gpu_id, base=base, pricer=pricer
@@ -383,6 +400,7 @@ def run_train(scenario: TrainScenario, *, keep_spans: bool = False) -> TrainRun:
         attn_backend=s.attn_backend,
         framework=s.framework,
         keep_spans=keep_spans,
+        composition=s.composition,
     )
     memory = estimate_memory(s.model, s.plan, hw.gpu, framework=s.framework)
     if not memory.fits and not s.config.ignore_memory:

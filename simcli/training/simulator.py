@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from costmodels.steps.composition import Composition
 from costmodels.steps.training import (
     CostModel,
     Framework,
@@ -285,6 +286,7 @@ def simulate_iteration(
     attn_backend: str = "",
     framework: Framework = "megatron",
     keep_spans: bool = False,
+    composition: Composition | None = None,
 ) -> TrainResult:
     """Simulate one iteration of ``plan`` for ``model`` on ``system`` (reference nodes or a
     described cluster, at least ``plan.num_gpus`` GPUs), its ops priced by ``cost_model``.
@@ -297,8 +299,9 @@ def simulate_iteration(
         raise PlanError(f"the plan needs {plan.num_gpus} GPUs; the cluster has {system.num_gpus}")
     c = costs
     if c is None:
-        c = step_costs(model, plan, cost_model, system, attn_backend, framework)
-    return _simulate(model, plan, system, cost_model, c, keep_spans)
+        c = step_costs(model, plan, cost_model, system, attn_backend, framework, composition)
+    opt_factor = 1.0 if composition is None else composition.factor(framework, "adamw")
+    return _simulate(model, plan, system, cost_model, c, keep_spans, opt_factor)
 
 
 def _simulate(
@@ -308,6 +311,7 @@ def _simulate(
     cm: CostModel,
     c: StepCosts,
     keep_spans: bool,
+    opt_factor: float = 1.0,
 ) -> TrainResult:
     gpn = system.node.gpus_per_node
     dp = plan.data_parallel
@@ -408,7 +412,7 @@ def _simulate(
         n_opt = max(1, math.ceil(params / shard))
         ops = [o.op for o in optimizer_ops(model, n_opt, Dtype(plan.master_dtype))]
         if ("adamw", n_opt) not in priced:
-            priced[("adamw", n_opt)] = float(cm.predict_many(ops_frame(ops)).sum())
+            priced[("adamw", n_opt)] = opt_factor * float(cm.predict_many(ops_frame(ops)).sum())
         opt_s = priced[("adamw", n_opt)]
         if plan.zero in (1, 2) and dp > 1 and not plan.overlap_grad_reduce:
             param_gather[r] = dp_slow[r] * once_s(

@@ -162,6 +162,23 @@ def test_single_h100_steps():
     assert errs[-2] <= 10.0 and errs[-1] <= 20.0
 
 
+def test_traced_single_gpu_steps():
+    """The traced H100/H200 suites (eager, compiled, fp8, full recompute) at 8k tokens per
+    step, with the shipped composition: mean error <= 5% per GPU and mode, and the
+    held-out Qwen-shaped model (no factor saw it) within 6% everywhere."""
+    from benchmarks.validate_training import traced_step_rows
+
+    rows = [r for r in traced_step_rows() if r["tokens"] >= 8192]
+    assert len(rows) == 28
+    by: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        by.setdefault((r["gpu"], r["mode"]), []).append(abs(r["error_pct"]))
+    for key, errs in by.items():
+        assert sum(errs) / len(errs) <= 5.0, (key, errs)
+    held = [abs(r["error_pct"]) for r in rows if r["model"] == "qwen2.5-1.5b-like"]
+    assert len(held) == 10 and max(held) <= 6.0
+
+
 HETERO = """
 nodes:
   - id: dgx-h100-roce100

@@ -450,3 +450,47 @@ def test_bad_backend_and_serving_argument_names():
         decode_step_ops(m, 1, 0)
     with pytest.raises(ModelError, match="prompt_len must be a positive integer"):
         prefill_ops(m, 1, 0)
+
+
+def test_pytorch_compile_keeps_only_stage_extras_and_weight_casts():
+    """Compiled blocks are the fused layer plus autocast's weight casts; the embedding,
+    LM head and loss stay eager (the eager extras of the first and last stage)."""
+    model = get_model("llama3-8b")
+    plan = make_plan(model, num_gpus=1, global_batch=1, micro_batch=1, seq_len=2048)
+    eager = op_groups(model, plan, framework="pytorch")
+    comp = op_groups(model, plan, framework="pytorch-compile")
+    fused = op_groups(model, plan, framework="megatron")
+    extra = {o.name for o in comp[0]} - {o.name for o in fused[0]}
+    assert extra == {"eager_weight_cast"}
+    assert {o.name for o in comp[1]} - {o.name for o in fused[1]} == {"eager_wgrad_cast"}
+    for g in (2, 3, 4, 5):  # stage extras as in eager
+        assert {o.name for o in comp[g]} == {o.name for o in eager[g]}
+
+
+def test_fp8_scaling_follows_the_engine():
+    """Transformer Engine (megatron): fused cast-transpose, 4 B/element, weights cached
+    across micro-batches; torchao (pytorch engines): an amax pass first, 5 B/element
+    forward, 8 B per gradient element + 3 B per input element backward, 14 B/parameter."""
+    model = get_model("llama3-8b")
+    plan = make_plan(model, num_gpus=1, global_batch=2, micro_batch=1, seq_len=2048,
+                     precision="fp8")  # fmt: skip
+    t, h, f = 2048, 4096, 14336
+    q, kv = 32 * 128, 8 * 128
+    fwd_el = t * (h + q + h + f)
+    grad_el = t * ((q + 2 * kv) + h + 2 * f + h)
+    layer = params_per_tp_rank(model, 1)["layer"]
+
+    def bytes_of(framework: str, group: int, name: str) -> float:
+        op = by_name(op_groups(model, plan, framework=framework)[group])[name]
+        return 2.0 * op.op.bytes * op.count  # a copy op moves 2x its bytes
+
+    assert bytes_of("megatron", 0, "fp8_cast_fwd") == pytest.approx(4 * fwd_el, rel=1e-4)
+    assert bytes_of("megatron", 0, "fp8_weight_cast") == pytest.approx(6 * layer / 2, rel=1e-4)
+    assert bytes_of("pytorch-compile", 0, "fp8_cast_fwd") == pytest.approx(5 * fwd_el, rel=1e-4)
+    assert bytes_of("pytorch-compile", 0, "fp8_weight_cast") == pytest.approx(14 * layer, rel=1e-4)
+    assert bytes_of("pytorch-compile", 1, "fp8_cast_bwd") == pytest.approx(
+        8 * grad_el + 3 * fwd_el, rel=1e-4
+    )
+    # torchao's float8 weight casts replace autocast's bf16 ones
+    names = {o.name for o in op_groups(model, plan, framework="pytorch")[0]}
+    assert "eager_weight_cast" not in names and "fp8_weight_cast" in names

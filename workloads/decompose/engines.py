@@ -11,6 +11,10 @@ One decomposition serves every engine; an engine only picks variants of it:
   traffic of the eager kernels; serving (``calibrate/steps/serve_step.py``: bf16 weights)
   is the eager kernels one by one (RMSNorm as 8 kernels, RoPE as 6, SiLU and mul as 2,
   strided KV-cache copies).
+- ``pytorch-compile``: the same PyTorch training step with each transformer block
+  ``torch.compile``d (Inductor fuses the layer's norms, RoPE, SwiGLU and casts, like the
+  fused layer) while the embedding, LM head, loss and optimizer stay eager; fp8 means
+  torchao float8 (dynamic tensorwise scaling: an amax pass before every cast).
 - ``vllm``: vLLM's fused serving kernels (fused residual-add + RMSNorm, in-place rotary,
   ``reshape_and_cache``, ``silu_and_mul``), every step replayed from CUDA graphs.
 """
@@ -35,6 +39,10 @@ class Engine:
     kernels: dict[Phase, LayerKernels]
     unfused_attention: bool = False  # megatron-unfused: attention as GEMMs + softmax
     eager_training_traffic: bool = False  # pytorch-eager training: autocast casts, fp32 stream
+    compiled_layers: bool = False  # pytorch-compile: layers fused, only stage extras eager
+    # FP8 scaling: Transformer Engine's delayed scaling (amax history, fused cast-transpose)
+    # or torchao's dynamic tensorwise scaling (an amax reduction before every cast)
+    fp8_scaling: Literal["delayed", "dynamic"] = "delayed"
     summary: str = ""
 
 
@@ -54,7 +62,17 @@ ENGINES: dict[str, Engine] = {
         ("train", "serve"),
         {"train": "fused", "serve": "eager"},
         eager_training_traffic=True,
+        fp8_scaling="dynamic",
         summary="plain eager PyTorch (autocast training, bf16 inference)",
+    ),
+    "pytorch-compile": Engine(
+        "pytorch-compile",
+        ("train",),
+        {"train": "fused"},
+        eager_training_traffic=True,
+        compiled_layers=True,
+        fp8_scaling="dynamic",
+        summary="PyTorch with torch.compile'd blocks (torchao float8 for fp8)",
     ),
     "vllm": Engine(
         "vllm", ("serve",), {"serve": "vllm"}, summary="vLLM fused kernels in CUDA graphs"

@@ -70,7 +70,8 @@ BACKWARD_TRAFFIC_RATIO: dict[OpKind, tuple[int, int]] = {
 
 Phase = Literal["forward", "backward"]
 Stage = Literal["all", "first", "last"]
-Framework = Literal["megatron", "megatron-unfused", "pytorch"]
+Framework = Literal["megatron", "megatron-unfused", "pytorch", "pytorch-compile"]
+FRAMEWORKS: tuple[str, ...] = ("megatron", "megatron-unfused", "pytorch", "pytorch-compile")
 ATTENTION = {"attn_fwd", "attn_bwd", "attn_fwdbwd"}
 
 
@@ -360,10 +361,8 @@ def op_groups(
     scales them by 1/cp). ``framework`` picks the engine: ``megatron`` (the fused layer
     as it is), ``megatron-unfused`` (:func:`_unfused_attention`) or ``pytorch`` (eager
     PyTorch under autocast: :func:`eager_extra_ops` on top)."""
-    if framework not in ("megatron", "megatron-unfused", "pytorch"):
-        raise ValueError(
-            f"unknown framework {framework!r}; allowed: megatron, megatron-unfused, pytorch"
-        )
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {framework!r}; allowed: {', '.join(FRAMEWORKS)}")
     engine = get_engine(framework, "train")
     tp, cp, mb = plan.tp, plan.cp, plan.micro_batch
     seq_local = plan.seq_len // cp
@@ -383,8 +382,15 @@ def op_groups(
     first_b = model_step_ops(model, mb, seq_local, phase="backward", stage="first", **stage_args)
     last_f = model_step_ops(model, mb, seq_local, phase="forward", stage="last", **stage_args)
     last_b = model_step_ops(model, mb, seq_local, phase="backward", stage="last", **stage_args)
+    fp8 = plan.compute_dtype == "fp8"
     if engine.eager_training_traffic:
         extra = eager_extra_ops(model, plan)
+        if engine.compiled_layers:  # Inductor fuses the layer; its weight casts remain
+            keep = ("eager_wgrad_cast",) if fp8 else ("eager_weight_cast", "eager_wgrad_cast")
+            extra["layer_fwd"] = [o for o in extra["layer_fwd"] if o.name in keep]
+            extra["layer_bwd"] = [o for o in extra["layer_bwd"] if o.name in keep]
+        elif fp8:  # the float8 casts below replace autocast's bf16 weight casts
+            extra["layer_fwd"] = [o for o in extra["layer_fwd"] if o.name != "eager_weight_cast"]
         fwd, bwd = fwd + extra["layer_fwd"], bwd + extra["layer_bwd"]
         first_f, first_b = first_f + extra["first_fwd"], first_b + extra["first_bwd"]
         last_f, last_b = last_f + extra["last_fwd"], last_b + extra["last_bwd"]
@@ -392,8 +398,10 @@ def op_groups(
         if cp > 1:
             raise ValueError("framework megatron-unfused does not model context parallelism")
         fwd, bwd = _unfused_attention(model, plan, fwd, bwd)
-    if plan.compute_dtype == "fp8":
-        fwd, bwd = fwd + _fp8_casts(model, plan, "fwd"), bwd + _fp8_casts(model, plan, "bwd")
+    if fp8:
+        scaling = engine.fp8_scaling
+        fwd = fwd + _fp8_casts(model, plan, "fwd", scaling)
+        bwd = bwd + _fp8_casts(model, plan, "bwd", scaling)
     return [fwd, bwd, first_f, first_b, last_f, last_b]
 
 
@@ -512,18 +520,27 @@ def _unfused_attention(
     return out_f, out_b
 
 
-def _fp8_casts(model: ModelConfig, plan: TrainPlan, phase: str) -> list[LayerOp]:
+def _fp8_casts(
+    model: ModelConfig, plan: TrainPlan, phase: str, scaling: str = "delayed"
+) -> list[LayerOp]:
     """FP8 GEMMs need their operands quantised (Micikevicius et al. 2022, "FP8 formats for
-    deep learning"; Transformer Engine): each GEMM input is read in bf16 and written in
-    fp8 plus, on Hopper, a transposed fp8 copy for the other GEMMs of the backward (4
-    bytes of traffic per element). Forward: the inputs of QKV, output, up and down
-    projections; backward: the gradients of their outputs.
+    deep learning"). Forward: the inputs of the QKV, output, up and down projections;
+    backward: the gradients of their outputs; and the weights.
 
-    Weights too: the fp32 master weights are read (4 B) and written as fp8 and as its
-    transpose (1 + 1 B), 6 bytes per parameter per iteration; Transformer Engine casts
-    them on the first micro-batch and reuses them, so each micro-batch carries
-    1/num_microbatches of it. At 1-2B parameters and a few thousand tokens per micro-batch
-    this is as much traffic as the activation casts."""
+    ``delayed`` (Transformer Engine): the scale comes from an amax history, so one fused
+    cast-transpose reads bf16 and writes fp8 and its transpose (4 bytes per element).
+    Weights: fp32 masters read (4 B) and written as fp8 and its transpose (1 + 1 B), 6
+    bytes per parameter per iteration, cast on the first micro-batch and reused, so each
+    micro-batch carries 1/num_microbatches of it.
+
+    ``dynamic`` (torchao float8, tensorwise): every cast first reduces the tensor's amax
+    (a read), then casts (read + write), and the transposed operands of the backward GEMMs
+    are cast separately: inputs 5 B per element forward (amax 2, cast 2 + 1) and 3 B
+    again in the backward (the transposed copy for the weight gradient); output
+    gradients 8 B (amax 2, cast 3, transposed cast 3); weights 14 B per parameter on
+    every micro-batch (amax 4, cast 4 + 1, transposed cast 4 + 1), nothing cached.
+    At 1-2B parameters and a few thousand tokens per micro-batch the weights cost as much
+    as the activations."""
     tp = plan.tp
     t = plan.micro_batch * plan.seq_len // plan.cp
     h = model.hidden_size
@@ -531,9 +548,18 @@ def _fp8_casts(model: ModelConfig, plan: TrainPlan, phase: str) -> list[LayerOp]
     kv = max(1, model.num_kv_heads // tp) * model.head_dim
     f = model.ffn_hidden_size / tp * (2 if model.activation == "swiglu" else 1)
     fwd_widths = [h, q, h, model.ffn_hidden_size / tp]
-    widths = fwd_widths if phase == "fwd" else [q + 2 * kv, h, f, h]
+    grad_widths = [q + 2 * kv, h, f, h]
+    weights = params_per_tp_rank(model, tp)["layer"]
+    if scaling == "dynamic":
+        if phase == "fwd":
+            return [
+                _traffic("fp8_cast_fwd", 5.0 * t * sum(fwd_widths), 2 * len(fwd_widths)),
+                _traffic("fp8_weight_cast", 14.0 * weights, 3 * len(fwd_widths)),
+            ]
+        acts = 8.0 * t * sum(grad_widths) + 3.0 * t * sum(fwd_widths)
+        return [_traffic("fp8_cast_bwd", acts, 3 * len(grad_widths) + len(fwd_widths))]
+    widths = fwd_widths if phase == "fwd" else grad_widths
     casts = [_traffic(f"fp8_cast_{phase}", 4.0 * t * sum(widths), len(widths))]
     if phase == "fwd":
-        weights = params_per_tp_rank(model, tp)["layer"]
         casts.append(_traffic("fp8_weight_cast", 6.0 * weights / plan.num_microbatches))
     return casts

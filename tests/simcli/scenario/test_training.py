@@ -116,7 +116,7 @@ def test_bad_field_is_one_line_naming_flag_value_and_choices():
     ("args", "needle"),
     [
         (["train", "--zero", "5"], "--zero 5: Input should be 0, 1, 2 or 3"),
-        (["train", "--framework", "jax"], "--framework jax: Input should be 'megatron' or"),
+        (["train", "--framework", "jax"], "--framework jax: Input should be 'megatron', 'p"),
         (["train", "--tp", "0"], "--tp 0: Input should be greater than or equal to 1"),
         (["plan", "--objective", "speed"], "--objective speed: Input should be 'time' or 'cost'"),
         (["plan", "--pp", "2,x"], "--pp 2,x: not a comma list of integers; allowed: e.g."),

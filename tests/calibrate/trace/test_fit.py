@@ -1,0 +1,67 @@
+"""Composition fit: ratio-of-sums factors, the idle factor from GPU-bound steps only, the
+held-out report, and the shipped files reproduced from the committed traces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calibrate.trace.fit import (
+    SUITES,
+    TracedStep,
+    fit_factors,
+    fit_suite,
+    gpu_bound_step_errors,
+    kernel_sum_errors,
+    suite_steps,
+)
+from costmodels.steps.composition import GROUPS, SHIPPED_DIR
+
+ROOT = SHIPPED_DIR.parents[2]
+
+
+def _step(model, meas, pred, step_s, fw="pytorch"):
+    zeros = dict.fromkeys(GROUPS, 0.0)
+    return TracedStep(fw, model, "s", {**zeros, **meas}, {**zeros, **pred}, step_s)
+
+
+def test_ratio_of_sums_and_idle_from_gpu_bound_steps():
+    steps = [
+        _step("a", {"gemm": 3.0, "memory_bound": 1.0}, {"gemm": 2.0, "memory_bound": 2.0}, 4.4),
+        # host-bound (kernels fill half the step): counts for groups, not for idle
+        _step("a", {"gemm": 1.0, "memory_bound": 1.0}, {"gemm": 2.0, "memory_bound": 2.0}, 4.0),
+    ]
+    f = fit_factors(steps)["pytorch"]
+    assert f["gemm"] == pytest.approx(4.0 / 4.0)
+    assert f["memory_bound"] == pytest.approx(2.0 / 4.0)
+    assert f["idle"] == pytest.approx(4.4 / 4.0)
+    assert "attention" not in f  # nothing predicted: factor 1 by absence
+
+
+def test_errors_and_held_out_meta():
+    fit = [_step("a", {"gemm": 2.0}, {"gemm": 1.0}, 2.2)]
+    held = [_step("b", {"gemm": 4.0}, {"gemm": 2.0}, 4.4)]
+    factors = fit_factors(fit)
+    assert kernel_sum_errors(held, None).error.iloc[0] == pytest.approx(-0.5)
+    assert kernel_sum_errors(held, factors).error.iloc[0] == pytest.approx(0.0)
+    assert gpu_bound_step_errors(held, factors).error.iloc[0] == pytest.approx(0.0)
+    comp = fit_suite("h100-sxm", fit + held, ("a",), ("b",))
+    e = comp.meta["held_out_error"]["pytorch"]
+    assert e["kernel_sum_mape_before"] == pytest.approx(0.5)
+    assert e["kernel_sum_mape_after"] == pytest.approx(0.0)
+    assert comp.meta["fitted_on"] == ["a"] and comp.meta["held_out"] == ["b"]
+
+
+@pytest.mark.parametrize("gpu", sorted(SUITES))
+def test_shipped_factors_refit_from_the_committed_traces(gpu):
+    steps = suite_steps(gpu, ROOT / "calibrate" / "data" / SUITES[gpu])
+    assert len(steps) == 23  # 9 eager, 2 recompute, 12 compiled / fp8
+    comp = fit_suite(gpu, steps)
+    shipped = json.loads((SHIPPED_DIR / f"{gpu}.json").read_text())
+    assert comp.factors == shipped["factors"]
+    assert comp.meta["held_out_error"] == shipped["meta"]["held_out_error"]
+    # the held-out (Qwen-shaped) steps get better, not worse
+    for e in comp.meta["held_out_error"].values():
+        assert e["kernel_sum_mape_after"] < e["kernel_sum_mape_before"]
+        assert e["gpu_bound_step_mape_after"] <= e["gpu_bound_step_mape_before"]

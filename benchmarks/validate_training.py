@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from calibrate.trace.fit import step_model
 from costmodels.steps.composition import shipped_composition
 from simcli.scenario import resolve_hardware
 from simcli.training.simulator import TrainResult, simulate_iteration
@@ -87,27 +88,6 @@ def megatron_rows() -> list[dict]:
                 }
             )
     return out
-
-
-def step_model(row: pd.Series) -> ModelConfig:
-    """The Llama-style architecture of one train_step.csv row."""
-    return ModelConfig(
-        id=str(row.model),
-        name=str(row.model),
-        family="llama",
-        num_layers=int(row.layers),
-        hidden_size=int(row.hidden),
-        num_heads=int(row.heads),
-        num_kv_heads=int(row.kv_heads),
-        head_dim=int(row.head_dim),
-        ffn_hidden_size=int(row.ffn),
-        vocab_size=int(row.vocab),
-        max_seq_len=int(row.seq_len),
-        activation="swiglu",
-        norm="rmsnorm",
-        position="rope",
-        source=f"calibrate/data/steps-h100/train_step.csv ({row.model})",
-    )
 
 
 def h100_step_rows(path: Path = STEPS_CSV) -> list[dict]:

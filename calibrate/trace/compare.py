@@ -32,6 +32,7 @@ import pandas as pd
 
 from calibrate.trace.classify import CLASS_LABELS, OP_CLASSES
 from calibrate.trace.timeline import GAP_KINDS, Timeline, phase_totals_s
+from costmodels.steps.composition import Composition
 from costmodels.steps.serving import StepModel
 from costmodels.steps.training import collective_s, group_nodes, step_costs
 from hardware_specs.registry import System
@@ -154,10 +155,13 @@ class Prediction:
         return cls(by_class, by_phase, total if step_s is None else step_s, ops, host_stall_s)
 
 
-def predict_train(w: TrainWorkload, cost_model: Any, system: System) -> Prediction:
-    """Seconds per class of one training iteration on ``w.pp_rank`` (module docstring)."""
+def predict_train(
+    w: TrainWorkload, cost_model: Any, system: System, composition: Composition | None = None
+) -> Prediction:
+    """Seconds per class of one training iteration on ``w.pp_rank`` (module docstring);
+    with ``composition``, as ``simcli train`` prices it (fitting uses none)."""
     model, plan = w.model, w.plan
-    c = step_costs(model, plan, cost_model, system, w.attn_backend, w.framework)
+    c = step_costs(model, plan, cost_model, system, w.attn_backend, w.framework, composition)
     groups = op_groups(model, plan, w.attn_backend, w.framework)
     kinds = [{o.name: o.op.op.value for o in g} for g in groups]
     m = plan.num_microbatches
@@ -193,7 +197,12 @@ def predict_train(w: TrainWorkload, cost_model: Any, system: System) -> Predicti
             rows.append((phase, "pp_send_recv", "send_recv", "collective", m * peers * c.p2p_s))
     params = layers * c.layer_params + (c.embedding_params if first else 0)
     params += c.lm_head_params if last else 0
-    rows += _optimizer_rows(model, plan, cost_model, system, params, c.layer_params, m * layers)
+    opt = _optimizer_rows(model, plan, cost_model, system, params, c.layer_params, m * layers)
+    if composition is not None:
+        f = composition.factor(w.framework, "adamw")
+        opt = [(p, n, k, cls, sec * f) if k == "adamw" else (p, n, k, cls, sec)
+               for p, n, k, cls, sec in opt]  # fmt: skip
+    rows += opt
     if w.framework == "pytorch":
         rows = _split_eager(rows, model)
     return Prediction.from_rows(rows)

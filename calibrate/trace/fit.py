@@ -141,8 +141,9 @@ def gpu_bound_step_errors(
     )
 
 
-def _model(row: pd.Series) -> ModelConfig:
-    """The Llama-style architecture of one train_step.csv row."""
+def step_model(row: pd.Series) -> ModelConfig:
+    """The Llama-style architecture of one train_step.csv row (calibrate/steps/train_step.py
+    builds it from the same fields)."""
     return ModelConfig(
         id=str(row.model),
         name=str(row.model),
@@ -172,7 +173,7 @@ def suite_steps(gpu_id: str, folder: Path) -> list[TracedStep]:
         for _, row in df[(df.status == "ok") & df.trace.notna()].iterrows():
             trace = csv.parent / "traces" / str(row.trace)
             framework = MODE_FRAMEWORK[str(row["mode"])]
-            model = _model(row)
+            model = step_model(row)
             plan = make_plan(
                 model,
                 num_gpus=1,
@@ -282,5 +283,6 @@ __all__ = [
     "gpu_bound_step_errors",
     "group_sums",
     "kernel_sum_errors",
+    "step_model",
     "suite_steps",
 ]

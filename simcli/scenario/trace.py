@@ -34,6 +34,7 @@ from calibrate.trace import (
     predict_train,
 )
 from calibrate.trace.fit import TracedStep, group_sums
+from costmodels.steps.composition import shipped_composition
 from simcli.scenario.hardware import Hardware, resolve_hardware
 from simcli.training.simulator import simulate_iteration
 from workloads.decompose.training import Framework
@@ -385,7 +386,8 @@ def run_trace(scenario: TraceScenario) -> TraceRun:
     timeline = build_timeline(trace, step_marker=c.step_marker, phase_markers=c.phase_markers)
     w = s.workload
     if isinstance(w, TrainWorkload):
-        prediction = predict_train(w, hw.cost_model, hw.system)
+        comp = shipped_composition(hw.gpu_id)  # as `simcli train` prices the step
+        prediction = predict_train(w, hw.cost_model, hw.system, comp)
         step_s = simulate_iteration(
             w.model,
             w.plan,
@@ -393,6 +395,7 @@ def run_trace(scenario: TraceScenario) -> TraceRun:
             cost_model=hw.cost_model,
             attn_backend=w.attn_backend,
             framework=w.framework,
+            composition=comp,
         ).iteration_s
     else:
         prediction = predict_serving(w, hw.cost_model, hw.gpu_id)

@@ -41,7 +41,8 @@ def _mape(model, folder: str) -> float:
         ("h100-sxm", "calibrated"),
         ("h200-sxm", "calibrated"),
         ("h100-pcie", "transferred"),
-        ("a100-sxm-80gb", "datasheet"),
+        ("a100-sxm-80gb", "calibrated"),  # from Vidur's public A100 operator measurements
+        ("a100-sxm-40gb", "transferred"),
         ("b200", "datasheet"),
         ("mi300x", "datasheet"),
     ],
@@ -56,7 +57,8 @@ def test_every_gpu_says_how_its_predictions_are_obtained(gpu, kind):
     if kind == "calibrated":  # the held-out MAPE the shipped profile recorded
         recorded = {p.gpu: p for p in shipped_profiles()}[gpu].fidelity["all"]["learned_mape"]
         assert prov.expected_error == pytest.approx(recorded / 100)
-        assert prov.power.startswith("measured")
+        # power is measured where we ran the power suite; public op timings carry none
+        assert prov.power.startswith("measured" if gpu.startswith("h") else "datasheet")
     else:
         assert prov.expected_error == (TRANSFERRED_ERROR if kind == "transferred" else
                                        DATASHEET_ERROR)  # fmt: skip

@@ -147,10 +147,11 @@ def test_train_cli_bad_tp_is_one_line():
 
 
 def test_megatron_published_iteration_times():
-    """Korthikanti et al. 2022 Table 4: mean error <= 10%, max <= 20% (issue target)."""
+    """Korthikanti et al. 2022 Table 4, never fitted on: mean error <= 5%, max <= 8% (the
+    A100 profile is fitted on Vidur's public per-operator A100 timings only)."""
     errs = [abs(r["error_pct"]) for r in megatron_rows()]
-    assert sum(errs) / len(errs) <= 10.0
-    assert max(errs) <= 20.0
+    assert sum(errs) / len(errs) <= 5.0
+    assert max(errs) <= 8.0
 
 
 def test_single_h100_steps():

@@ -119,6 +119,9 @@ def convert(src: Path, out: Path) -> int:
         "environment": {
             "gpu_name": DEVICE,
             "device": "cuda",
+            "sm_count": 108,
+            "torch": "not recorded by the source (Vidur's profiles carry no versions)",
+            "driver": "not recorded by the source",
             "source": "microsoft/vidur data/profiling/compute/a100/*/mlp.csv (Agrawal et al., "
             "MLSys 2024): public per-operator A100 measurements, fp16, median of repeats",
             "models": models,

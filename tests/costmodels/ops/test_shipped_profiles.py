@@ -33,7 +33,11 @@ def test_shipped_profiles_exist_and_record_provenance():
             and prof.measured_on["torch"]
             and prof.measured_on["driver"]
         )
-        assert prof.measured_on["sm_count"] == 132
+        # ours are Hoppers; the A100 one is public data and says whose
+        public = "source" in prof.measured_on
+        assert prof.measured_on["sm_count"] == (108 if public else 132)
+        if public:
+            assert "vidur" in prof.measured_on["source"] and prof.gpu == "a100-sxm-80gb"
         assert prof.fidelity["all"]["rows_held_out"] > 0 and prof.held_out_groups
     assert profiles["collectives-nvlink4-nvswitch"].link == "nvlink4-nvswitch"
     assert profiles["collectives-nvlink4-nvswitch"].measured_on["nccl"]
@@ -61,8 +65,13 @@ def test_selection_by_gpu():
     pcie = get_cost_model("h100-pcie")
     assert "transferred from the h100-sxm profile" in pcie.label
     a100 = get_cost_model("a100-sxm-80gb")
-    assert a100.label.startswith("uncalibrated ampere defaults with software latencies from")
-    assert isinstance(a100, AnalyticalCostModel)
+    assert a100.label.startswith("calibrated profile a100-sxm-80gb-vidur")
+    assert "transferred from the a100-sxm-80gb profile" in get_cost_model(
+        "a100-sxm-40gb"
+    ).label
+    b200 = get_cost_model("b200")
+    assert b200.label.startswith("uncalibrated blackwell defaults with software latencies")
+    assert isinstance(b200, AnalyticalCostModel)
     for gpu in ("b200", "mi300x", "l40s", "a100-sxm-40gb"):
         assert np.isfinite(get_cost_model(gpu).predict(GEMM))
 
@@ -115,6 +124,8 @@ def test_learned_models_keep_the_contract(gpu):
 
 def test_profiles_record_clocks_seen():
     for prof in shipped_profiles():
+        if "source" in prof.measured_on:  # public data (A100): no clocks were published
+            continue
         clocks = prof.measured_on["clocks"]
         assert clocks["clocks_max_sm_mhz_max"] == 1980.0
         assert clocks["power_limit_w_max"] == 700.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from costmodels.ops.analytical import AnalyticalCostModel
 from costmodels.ops.learned import LearnedCostModel
@@ -54,6 +55,24 @@ class Hardware:
     def label(self) -> str:
         """How the op cost model was obtained (calibrated, transferred, defaults)."""
         return str(getattr(self.cost_model, "label", ""))
+
+    def provenance_fields(self) -> dict[str, Any]:
+        """The output keys that say how the op models were obtained and how far off they
+        are expected to be (:func:`op_model_fields`)."""
+        return op_model_fields(self.cost_model)
+
+
+def op_model_fields(cost_model: Any) -> dict[str, Any]:
+    """``op_model_provenance`` (calibrated | transferred | datasheet) and
+    ``op_model_expected_error_pct`` (held-out MAPE of the op models, or the documented
+    figure for transferred and datasheet models) of a resolved cost model."""
+    prov = getattr(cost_model, "provenance", None)
+    if prov is None:
+        return {"op_model_provenance": None, "op_model_expected_error_pct": None}
+    return {
+        "op_model_provenance": prov.kind,
+        "op_model_expected_error_pct": round(100.0 * prov.expected_error, 2),
+    }
 
 
 @lru_cache(maxsize=32)

@@ -26,7 +26,7 @@ from costmodels.steps.serving import StepModel
 from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, GIB
 from hardware_specs.prices import gpu_price
 from hardware_specs.registry import load_catalog
-from simcli.scenario.hardware import Hardware, resolve_hardware
+from simcli.scenario.hardware import Hardware, op_model_fields, resolve_hardware
 from simcli.scenario.serving_options import (
     ServeOptions,
     ServePlanOptions,
@@ -572,6 +572,7 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
         "gpu": o.gpu,
         "engine": o.engine,
         "cost_model": sm.label,
+        **op_model_fields(sm.cost_model),
         "attn_backend": sm.attn_backend,
         "tp": o.tp,
         "pp": o.pp,

@@ -351,6 +351,7 @@ class TrainRun:
             "gpu": s.config.gpu,
             "num_gpus": gpus,
             "cost_model": s.hardware.label,
+            **s.hardware.provenance_fields(),
             "iteration_s": res.iteration_s,
             "tokens_per_s": res.tokens_per_s,
             "tokens_per_s_per_gpu": res.tokens_per_s / gpus,

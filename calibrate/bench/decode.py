@@ -2,17 +2,26 @@
 
 q (batch, heads_q, 1, head_dim) against k, v (batch, heads_kv, seq_kv, head_dim), bf16,
 through ``scaled_dot_product_attention`` with the backend forced (flash | efficient).
+``SIMCLI_DECODE_BACKENDS`` (a comma list, e.g. ``cudnn``: what PyTorch's default dispatch
+picks for decode on Hopper with torch 2.11) measures other backends, as separate datasets
+(``calibrate/data/*-cudnn-decode``) until the decode model fits them without losing the
+flash rows (see that folder's README).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .attention import run_sdpa
 from .common import Case, Context, shuffled
 
 NAME = "decode"
-BACKENDS = ("flash", "efficient")
+BACKENDS = tuple(
+    b.strip()
+    for b in os.environ.get("SIMCLI_DECODE_BACKENDS", "flash,efficient").split(",")
+    if b.strip()
+)
 
 
 def _case(backend: str, b: int, hq: int, hkv: int, skv: int, d: int) -> Case:

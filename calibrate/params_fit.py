@@ -105,7 +105,10 @@ GROUPS: tuple[Group, ...] = (
     *(_attn_group(b) for b in ("flash", "cudnn", "flex", "efficient")),
     Group(
         "decode",
-        _ops("attn_decode"),
+        # the analytical decode parameters describe the split-KV kernels (flash,
+        # efficient); cuDNN's decode kernel is a learned correction on top of them (its
+        # own kernel family, costmodels.ops.features.kernel_family)
+        lambda cols: (cols["op"] == "attn_decode") & (cols["backend"] != "cudnn"),
         (
             Param(("attention", "decode_memory_efficiency"), 0.2, 1.0),
             Param(("attention", "decode_crowded_bytes_per_s"), 1e11, 1e13),

@@ -65,9 +65,17 @@ def op_class(op: np.ndarray, dtype: np.ndarray) -> np.ndarray:
     return out
 
 
+#: decode backends that run cuDNN's decode kernel; "" is the default dispatch, which picks
+#: cuDNN for decode on Hopper with torch 2.11 (every traced serving step in
+#: calibrate/data/steps2-* did)
+CUDNN_DECODE = ("cudnn", "")
+
+
 def kernel_family(cols: dict[str, np.ndarray]) -> np.ndarray:
     """Which kernel family a row runs: for GEMMs "aligned" or "unaligned" (k or n rows
-    not 16-byte aligned: cuBLAS falls back from its TMA/wgmma kernels); "" for other ops.
+    not 16-byte aligned: cuBLAS falls back from its TMA/wgmma kernels); for decode
+    attention "cudnn" (cuDNN's kernel, also the default dispatch) or "flash" (flash and
+    efficient, split-KV kernels); "" for other ops.
 
     A learned correction may be fitted per family within an op class when grouped CV
     says the split predicts better (see :class:`costmodels.ops.learned.LearnedCostModel`).
@@ -81,6 +89,10 @@ def kernel_family(cols: dict[str, np.ndarray]) -> np.ndarray:
         )
         out[gemm] = "unaligned"
         out[gemm[align >= 16]] = "aligned"
+    decode = np.flatnonzero(cols["op"] == "attn_decode")
+    if len(decode) and "backend" in cols:
+        backend = np.asarray(cols["backend"][decode]).astype(str)
+        out[decode] = np.where(np.isin(backend, CUDNN_DECODE), "cudnn", "flash")
     return out
 
 

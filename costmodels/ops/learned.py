@@ -348,7 +348,7 @@ class LearnedCostModel:
         split = sorted({k.rsplit("/", 1)[0] for k in self.residuals_ if "/" in k})
         rows = np.flatnonzero(np.isin(keys, split)) if split else ()
         if len(rows):
-            sub = {k: cols[k][rows] for k in ("op", "dtype", "k", "n")}
+            sub = {k: cols[k][rows] for k in ("op", "dtype", "k", "n", "backend") if k in cols}
             own = keys[rows] + "/" + kernel_family(sub)
             keys[rows] = np.where(np.isin(own, list(self.residuals_)), own, keys[rows])
         return keys

@@ -41,15 +41,16 @@ _ARCH_ORDER = ["ampere", "ada", "hopper", "blackwell", "cdna3"]
 # Expected op-time error (MAPE, fraction) where no held-out figure of this GPU exists.
 # Measured on the committed data (tests/calibrate/test_provenance.py recomputes both):
 # - transferred: the H100 SXM profile on H200 SXM measurements and the reverse, same
-#   architecture, 4.7-8.0% over all ops (calibration and validation sets; worst class
-#   elementwise 26%). Quoted at twice the worst, 16%: a sibling such as the 350 W H100
+#   architecture, 4.7-8.6% over all ops (calibration and validation sets; worst class
+#   elementwise 26%). Quoted at twice the worst, 17%: a sibling such as the 350 W H100
 #   PCIe has power limits and clocks neither measured board shows.
 # - datasheet: architecture defaults with the closest profile's software latencies (what
-#   an uncalibrated GPU gets), checked on the same H100/H200 sets: 10.2-15.8% over all
-#   ops. Quoted at twice the worst, 32%: the other architectures' defaults were never
+#   an uncalibrated GPU gets), checked on the same H100/H200 sets: 10.2-18.2% over all
+#   ops (the worst: the H200 calibration set since its cuDNN decode rows, 2026-11-24).
+#   Quoted at twice the worst, 36%: the other architectures' defaults were never
 #   checked against a measurement here.
-TRANSFERRED_ERROR = 0.16
-DATASHEET_ERROR = 0.32
+TRANSFERRED_ERROR = 0.17
+DATASHEET_ERROR = 0.36
 _TRANSFERRED_BASIS = (
     "documented figure for transferred profiles: 2x the worst all-op MAPE measured "
     "moving profiles between H100 SXM and H200 SXM (8.0%)"

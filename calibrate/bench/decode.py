@@ -3,9 +3,8 @@
 q (batch, heads_q, 1, head_dim) against k, v (batch, heads_kv, seq_kv, head_dim), bf16,
 through ``scaled_dot_product_attention`` with the backend forced (flash | efficient).
 ``SIMCLI_DECODE_BACKENDS`` (a comma list, e.g. ``cudnn``: what PyTorch's default dispatch
-picks for decode on Hopper with torch 2.11) measures other backends, as separate datasets
-(``calibrate/data/*-cudnn-decode``) until the decode model fits them without losing the
-flash rows (see that folder's README).
+picks for decode on Hopper with torch 2.11) measures other backends; the shipped H100 and
+H200 decode.csv hold cuDNN rows measured that way (calibrate/data/README.md).
 """
 
 from __future__ import annotations

@@ -92,6 +92,19 @@ class Provenance:
 
 
 @lru_cache(maxsize=1)
+def provenance_fields(cost_model: Any) -> dict[str, Any]:
+    """``op_model_provenance`` (calibrated | transferred | datasheet) and
+    ``op_model_expected_error_pct`` of a resolved cost model, the keys results print
+    beside the ``cost_model`` label; None for a model that carries no provenance."""
+    prov = getattr(cost_model, "provenance", None)
+    if prov is None:
+        return {"op_model_provenance": None, "op_model_expected_error_pct": None}
+    return {
+        "op_model_provenance": prov.kind,
+        "op_model_expected_error_pct": round(100.0 * prov.expected_error, 2),
+    }
+
+
 def shipped_profiles() -> tuple[Profile, ...]:
     folder = Path(str(resources.files("costmodels") / "profiles"))
     return tuple(load_profile(p) for p in sorted(folder.glob("*.json")))

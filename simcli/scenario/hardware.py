@@ -15,7 +15,7 @@ from typing import Any
 
 from costmodels.ops.analytical import AnalyticalCostModel
 from costmodels.ops.learned import LearnedCostModel
-from costmodels.ops.select import get_cost_model
+from costmodels.ops.select import get_cost_model, provenance_fields
 from hardware_specs.prices import GpuPrice, gpu_price, gpu_prices, host_copy_bytes_per_s
 from hardware_specs.registry import Catalog, SpecError, System, load_catalog, load_hardware_file
 from hardware_specs.schema import GpuSpec
@@ -58,21 +58,8 @@ class Hardware:
 
     def provenance_fields(self) -> dict[str, Any]:
         """The output keys that say how the op models were obtained and how far off they
-        are expected to be (:func:`op_model_fields`)."""
-        return op_model_fields(self.cost_model)
-
-
-def op_model_fields(cost_model: Any) -> dict[str, Any]:
-    """``op_model_provenance`` (calibrated | transferred | datasheet) and
-    ``op_model_expected_error_pct`` (held-out MAPE of the op models, or the documented
-    figure for transferred and datasheet models) of a resolved cost model."""
-    prov = getattr(cost_model, "provenance", None)
-    if prov is None:
-        return {"op_model_provenance": None, "op_model_expected_error_pct": None}
-    return {
-        "op_model_provenance": prov.kind,
-        "op_model_expected_error_pct": round(100.0 * prov.expected_error, 2),
-    }
+        are expected to be (:func:`costmodels.ops.select.provenance_fields`)."""
+        return provenance_fields(self.cost_model)
 
 
 @lru_cache(maxsize=32)

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.ops.select import provenance_fields
 from costmodels.steps.serving import StepModel
 from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, GIB
 from hardware_specs.prices import gpu_price
 from hardware_specs.registry import load_catalog
-from simcli.scenario.hardware import Hardware, op_model_fields, resolve_hardware
+from simcli.scenario.hardware import Hardware, resolve_hardware
 from simcli.scenario.serving_options import (
     ServeOptions,
     ServePlanOptions,
@@ -350,6 +351,7 @@ class ServeScenario:
             "decode_tp": o.decode_tp_or_tp if disaggregated else None,
             "draft_model": drafts[0].id if drafts else None,
             "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
+            **provenance_fields(self.deployment.hardware.cost_model),
             **summary,
             "price_per_gpu_hour": self.deployment.hardware.usd_per_gpu_hour,
             "simulation_wall_s": wall_s,
@@ -572,7 +574,7 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
         "gpu": o.gpu,
         "engine": o.engine,
         "cost_model": sm.label,
-        **op_model_fields(sm.cost_model),
+        **provenance_fields(sm.cost_model),
         "attn_backend": sm.attn_backend,
         "tp": o.tp,
         "pp": o.pp,

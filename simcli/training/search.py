@@ -42,6 +42,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from costmodels.ops.select import provenance_fields
 from costmodels.steps.memory import estimate_memory
 from costmodels.steps.training import CostModel, StepCosts
 from costmodels.steps.training_many import step_costs_many
@@ -139,6 +140,9 @@ class SearchResult:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     # with collect=True: every enumerated plan, its memory and closed-form time (reports)
     evaluated: dict[str, np.ndarray] | None = None
+    # how the op models were obtained (the cost model's provenance), for the JSON
+    op_model_provenance: str | None = None
+    op_model_expected_error_pct: float | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -157,6 +161,8 @@ class SearchResult:
             "phase_seconds": dict(self.phase_seconds),
             "price_usd_per_gpu_hour": self.price_usd_per_gpu_hour,
             "price_source": self.price_source,
+            "op_model_provenance": self.op_model_provenance,
+            "op_model_expected_error_pct": self.op_model_expected_error_pct,
         }
 
 
@@ -402,7 +408,9 @@ def search_plans(
         estimate_max_rel_error=max(errors) if errors else 0.0,
         phase_seconds=phases,
         evaluated=_decode_collected(collected, price) if collect else None,
+        **provenance_fields(hardware[0].cost_model),
     )
+
 
 
 def _decode_collected(parts: list[dict[str, np.ndarray]], price: float) -> dict[str, np.ndarray]:

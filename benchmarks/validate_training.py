@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from calibrate.trace.fit import step_model
+from calibrate.trace.fit import single_gpu_plan, step_model
 from costmodels.steps.composition import shipped_composition
 from simcli.scenario import resolve_hardware
 from simcli.training.simulator import TrainResult, simulate_iteration
@@ -96,14 +96,7 @@ def h100_step_rows(path: Path = STEPS_CSV) -> list[dict]:
     out = []
     for _, row in df[df.status == "ok"].iterrows():
         model = step_model(row)
-        plan = make_plan(
-            model,
-            num_gpus=1,
-            global_batch=int(row.batch),
-            micro_batch=int(row.batch),
-            seq_len=int(row.seq_len),
-            precision="bf16-mixed",
-        )
+        plan = single_gpu_plan(model, row, "bf16-mixed")
         res = _simulate(model, plan, "h100-sxm", attn_backend="cudnn", framework="pytorch")
         ms = res.iteration_s * 1e3
         out.append(
@@ -170,15 +163,7 @@ def traced_step_rows(dirs: dict[str, Path] = TRACED_DIRS) -> list[dict]:
             for _, row in df[df.status == "ok"].iterrows():
                 model = step_model(row)
                 framework, precision = MODE_ENGINE[str(row["mode"])]
-                plan = make_plan(
-                    model,
-                    num_gpus=1,
-                    global_batch=int(row.batch),
-                    micro_batch=int(row.batch),
-                    seq_len=int(row.seq_len),
-                    precision=precision,
-                    recompute=str(row.recompute),
-                )
+                plan = single_gpu_plan(model, row, precision)
                 res = _simulate(model, plan, gpu, attn_backend="cudnn", framework=framework)
                 ms = res.iteration_s * 1e3
                 out.append(

@@ -47,6 +47,18 @@ EAGER_DECODE_CSV = STEPS_DIR / "eager-decode" / "serve_step_eager.csv"
 #   prefill alternately in one process.
 
 
+def step_args(r: Any) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(length, step-model arguments) of one serve_step.csv row: a prefill of ``batch``
+    prompts of ``prompt_len`` or a decode of ``batch`` sequences over ``context_len``."""
+    none = np.zeros(0, np.int64)
+    b = int(r.batch)
+    if r.phase == "prefill":
+        n = int(r.prompt_len)
+        return n, (np.full(b, n), np.zeros(b, np.int64), none)
+    n = int(r.context_len)
+    return n, (none, none, np.full(b, n))
+
+
 @lru_cache(maxsize=4)
 def cached_step_model(model_id: str, gpu_id: str, engine: str, tp: int = 1) -> StepModel:
     return StepModel(model_id, gpu_id, engine=engine, tp=tp)
@@ -94,17 +106,11 @@ def h100_validation_rows(model_id: str = "llama3-8b") -> list[dict[str, Any]]:
     decode) and the eager decode rows, with both engines' predictions."""
     eager = cached_step_model(model_id, "h100-sxm", "pytorch-eager")
     vllm = cached_step_model(model_id, "h100-sxm", "vllm")
-    none = np.zeros(0, np.int64)
     out: list[dict[str, Any]] = []
     steps = pd.read_csv(SERVE_STEP_CSV)
     for r in steps[steps["status"] == "ok"].itertuples():
         b = int(r.batch)
-        if r.phase == "prefill":
-            n = int(r.prompt_len)
-            args = (np.full(b, n), np.zeros(b, np.int64), none)
-        else:
-            n = int(r.context_len)
-            args = (none, none, np.full(b, n))
+        n, args = step_args(r)
         pred = eager.step_s(*args)
         out.append(
             {
@@ -142,7 +148,6 @@ def h100_validation_rows(model_id: str = "llama3-8b") -> list[dict[str, Any]]:
 def traced_validation_rows() -> list[dict[str, Any]]:
     """Every ok prefill / graph-decode row of the traced suites on H100 and H200 (Llama-3-8B
     and the Qwen2.5-7B shape, which no constant was derived from), engine pytorch-eager."""
-    none = np.zeros(0, np.int64)
     out: list[dict[str, Any]] = []
     for gpu, folder in TRACED_DIRS.items():
         for model_id, sub in TRACED_MODELS.items():
@@ -150,12 +155,7 @@ def traced_validation_rows() -> list[dict[str, Any]]:
             df = pd.read_csv(folder / sub / "serve_step.csv")
             for r in df[df["status"] == "ok"].itertuples():
                 b = int(r.batch)
-                if r.phase == "prefill":
-                    n = int(r.prompt_len)
-                    args = (np.full(b, n), np.zeros(b, np.int64), none)
-                else:
-                    n = int(r.context_len)
-                    args = (none, none, np.full(b, n))
+                n, args = step_args(r)
                 pred_ms = 1e3 * sm.step_s(*args)
                 out.append(
                     {

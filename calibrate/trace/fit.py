@@ -32,7 +32,7 @@ from costmodels.ops.select import get_cost_model
 from costmodels.steps.composition import GROUPS, SHIPPED_DIR, Composition
 from hardware_specs.registry import builtin_catalog
 from workloads.models import ModelConfig
-from workloads.plan import make_plan
+from workloads.plan import TrainPlan, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 #: op class of the trace classifier -> composition group (collectives, other: not scaled)
@@ -163,6 +163,20 @@ def step_model(row: pd.Series) -> ModelConfig:
     )
 
 
+def single_gpu_plan(model: ModelConfig, row: pd.Series, precision: str) -> TrainPlan:
+    """The one-GPU plan of a train_step.csv row (micro-batch = global batch)."""
+    recompute = str(row.recompute) if "recompute" in row and pd.notna(row.recompute) else "none"
+    return make_plan(
+        model,
+        num_gpus=1,
+        global_batch=int(row.batch),
+        micro_batch=int(row.batch),
+        seq_len=int(row.seq_len),
+        precision=precision,
+        recompute=recompute,
+    )
+
+
 def suite_steps(gpu_id: str, folder: Path) -> list[TracedStep]:
     """Every ok, traced training row of a suite folder, compared class by class."""
     cm = get_cost_model(gpu_id)
@@ -174,15 +188,7 @@ def suite_steps(gpu_id: str, folder: Path) -> list[TracedStep]:
             trace = csv.parent / "traces" / str(row.trace)
             framework = MODE_FRAMEWORK[str(row["mode"])]
             model = step_model(row)
-            plan = make_plan(
-                model,
-                num_gpus=1,
-                global_batch=int(row.batch),
-                micro_batch=int(row.batch),
-                seq_len=int(row.seq_len),
-                precision="fp8" if row["mode"] == "fp8" else "bf16-mixed",
-                recompute=str(row.recompute),
-            )
+            plan = single_gpu_plan(model, row, "fp8" if row["mode"] == "fp8" else "bf16-mixed")
             w = TrainWorkload(model=model, plan=plan, framework=framework, attn_backend="cudnn")
             timeline = build_timeline(load_trace(trace))
             result = compare(timeline, predict_train(w, cm, system))
@@ -283,6 +289,7 @@ __all__ = [
     "gpu_bound_step_errors",
     "group_sums",
     "kernel_sum_errors",
+    "single_gpu_plan",
     "step_model",
     "suite_steps",
 ]

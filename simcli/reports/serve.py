@@ -62,6 +62,10 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "decode_tp": "disaggregated: tensor-parallel GPUs per decode replica",
     "draft_model": "speculative decoding: draft model id",
     "spec_hierarchy": "speculative decoding: tiny model drafting for the draft",
+    "op_model_provenance": "how the op models were obtained: calibrated, transferred or "
+    "datasheet",
+    "op_model_expected_error_pct": "expected op-time error of those models (held-out MAPE, or "
+    "the documented figure for transferred and datasheet models), percent",
     "requests_completed": "requests simulated to completion",
     "duration_s": "first arrival to last completion, simulated seconds",
     **{

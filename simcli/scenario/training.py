@@ -356,6 +356,7 @@ class TrainRun:
             "tokens_per_s": res.tokens_per_s,
             "tokens_per_s_per_gpu": res.tokens_per_s / gpus,
             "mfu": res.mfu,
+            "mfu_peak_dtype": res.mfu_peak_dtype,
             "model_tflops_per_gpu": res.model_flops / res.iteration_s / gpus / 1e12,
             "peak_memory_gib": mem.total_bytes / GIB,
             "memory_capacity_gib": mem.capacity_bytes / GIB,

@@ -69,13 +69,14 @@ class Span:
 class TrainResult:
     iteration_s: float
     tokens_per_s: float
-    mfu: float
+    mfu: float  # model FLOPs over the peak of the precision the GEMMs run in (mfu_peak_dtype)
     model_flops: float
     breakdown_s: dict[str, float]
     stages: list[dict[str, float]]
     spans: list[Span] = field(default_factory=list)
     costs: StepCosts | None = None
     num_microbatches: int = 0
+    mfu_peak_dtype: str = "bf16"  # fp8 plans: normalised to the fp8 tensor-core peak
 
     def trace_events(self) -> list[dict]:
         """Chrome/Perfetto trace events: one process per pipeline rank, one thread per
@@ -425,9 +426,10 @@ def _simulate(
 
     tokens = plan.tokens_per_iteration
     flops = c.model_flops_per_microbatch * plan.num_microbatches * dp
-    peak = system.gpu.peak_flops_per_s(
-        Dtype("bf16" if plan.compute_dtype == "fp8" else plan.compute_dtype)
-    )
+    # MFU against the peak of the precision the GEMMs run in (fp8 plans: the fp8 peak, twice
+    # bf16's on Hopper), so it never exceeds 1; the output names that precision
+    peak_dtype = Dtype(plan.compute_dtype)
+    peak = system.gpu.peak_flops_per_s(peak_dtype)
     mfu = flops / (iteration_s * plan.num_gpus * peak)
 
     m = plan.num_microbatches
@@ -474,6 +476,7 @@ def _simulate(
         iteration_s=iteration_s,
         tokens_per_s=tokens / iteration_s,
         mfu=mfu,
+        mfu_peak_dtype=peak_dtype.value,
         model_flops=flops,
         breakdown_s=breakdown,
         stages=stages,

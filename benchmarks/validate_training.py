@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from calibrate.trace.fit import single_gpu_plan, step_model
+from calibrate.trace.fit import FIT_MODELS, single_gpu_plan, step_model
 from costmodels.steps.composition import shipped_composition
 from simcli.scenario import resolve_hardware
 from simcli.training.simulator import TrainResult, simulate_iteration
@@ -36,8 +36,8 @@ STEPS_CSV = ROOT / "calibrate" / "data" / "steps-h100" / "train_step.csv"
 DIST_DIR = ROOT / "calibrate" / "data" / "steps-h200-x4"
 #: whole steps with profiler traces (calibrate/steps/suite.sh), one folder per GPU
 TRACED_DIRS = {
-    "h100-sxm": ROOT / "calibrate" / "data" / "steps2-h100-sxm",
-    "h200-sxm": ROOT / "calibrate" / "data" / "steps2-h200-sxm",
+    "h100-sxm": (ROOT / "calibrate/data/steps2-h100-sxm", ROOT / "calibrate/data/steps3-h100-sxm"),
+    "h200-sxm": (ROOT / "calibrate/data/steps2-h200-sxm", ROOT / "calibrate/data/steps3-h200-sxm"),
 }
 #: how each measured mode is simulated: eager PyTorch is the pytorch engine; compiled
 #: blocks (fused elementwise) and torchao float8 (+compile) are the fused megatron engine
@@ -153,12 +153,13 @@ def h200_dist_rows(folder: Path = DIST_DIR) -> list[dict]:
     return out
 
 
-def traced_step_rows(dirs: dict[str, Path] = TRACED_DIRS) -> list[dict]:
-    """Every ok training row of the traced suites (eager, compiled, fp8, full recompute),
-    simulated. Nothing was fitted on these runs: every row is held out."""
+def traced_step_rows(dirs: dict[str, tuple[Path, ...]] = TRACED_DIRS) -> list[dict]:
+    """Every ok training row of the traced suites (eager, compiled, fp8, full recompute;
+    GPU-bound and host-bound sizes), simulated. ``held_out``: the model is not among
+    those the shipped composition was fitted on (calibrate.trace.fit.FIT_MODELS)."""
     out = []
-    for gpu, folder in dirs.items():
-        for csv in sorted(folder.glob("train-*/train_step.csv")):
+    for gpu, folders in dirs.items():
+        for csv in sorted(c for f in folders for c in f.glob("train-*/train_step.csv")):
             df = pd.read_csv(csv)
             for _, row in df[df.status == "ok"].iterrows():
                 model = step_model(row)
@@ -176,6 +177,8 @@ def traced_step_rows(dirs: dict[str, Path] = TRACED_DIRS) -> list[dict]:
                         "measured_ms": float(row.step_ms),
                         "simulated_ms": ms,
                         "error_pct": 100.0 * (ms / float(row.step_ms) - 1.0),
+                        "host_bound": res.breakdown_s["host_bound_s"] > 0,
+                        "held_out": str(row.model) not in FIT_MODELS,
                     }
                 )
     return out
@@ -184,13 +187,18 @@ def traced_step_rows(dirs: dict[str, Path] = TRACED_DIRS) -> list[dict]:
 def _traced_summary(rows: list[dict]) -> None:
     df = pd.DataFrame(rows)
     for r in df.itertuples():
-        print(f"{r.gpu:9s} {r.model:18s} {r.mode:8s} {r.shape:>7s} "
-              f"{r.measured_ms:8.1f} {r.simulated_ms:8.1f} {r.error_pct:6.1f}%")  # fmt: skip
+        flag = ("host" if r.host_bound else "") + (" held-out" if r.held_out else "")
+        print(f"{r.gpu:9s} {r.model:18s} {r.mode:8s} {r.shape:>7s} {r.measured_ms:8.1f} "
+              f"{r.simulated_ms:8.1f} {r.error_pct:6.1f}%  {flag}")  # fmt: skip
     df["abs"] = df.error_pct.abs()
-    df["size"] = ["8k tokens" if t >= 8192 else "2k tokens" for t in df.tokens]
+    df["size"] = ["8k tokens" if t >= 8192 else "<= 2k tokens" for t in df.tokens]
+    df["models"] = df.held_out.map({True: "held out", False: "fitted"})
     mean = df.groupby(["gpu", "mode", "size"])["abs"].agg(["mean", "max", "count"])
-    print("\nmean |error| by GPU, mode and tokens per step (2k: host-bound in eager PyTorch)")
+    print("\nmean |error| by GPU, mode and tokens per step (small steps: host-bound)")
     print(mean.round(1).to_string())
+    held = df.groupby(["gpu", "models"])["abs"].agg(["mean", "max", "count"])
+    print("\nmean |error| by GPU, fitted vs held-out models (all modes and sizes)")
+    print(held.round(1).to_string())
 
 
 def main() -> None:

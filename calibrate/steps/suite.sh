@@ -6,10 +6,12 @@
 # eager:    training steps in eager PyTorch (3 models x 3 shapes, full recompute on two),
 #           eager prefill and CUDA-graph / eager decode of two 7-8B models.
 # compiled: training steps with per-block torch.compile (bf16) and torchao float8 (+compile).
+# host:     small (host-bound) training steps of four models, eager twice (start and end of
+#           the lease: the host's drift) and compiled / float8, to fit the host time per op.
 # Everything lands in OUT/steps.tar.gz (CSV + meta.json + traces per part) and OUT/suite.log.
 # fp8 needs torchao: carry its wheel (.whl/) and put it on PYTHONPATH before calling this.
 set -uo pipefail
-OUT=${1:?OUT}; KIND=${2:?DEVICE_KIND}; PART=${3:-all}
+OUT=${1:?OUT}; KIND=${2:?DEVICE_KIND}; PART=${3:-all}  # eager | compiled | all | host
 W=$(mktemp -d)
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
 LOG="$OUT/suite.log"
@@ -37,6 +39,18 @@ if [[ $PART == compiled || $PART == all ]]; then
   run python3 -m calibrate.steps.train_step --out "$W/train-compiled" --device cuda \
     --device-kind "$KIND" --models "$TRAIN_MODELS" --shapes 1x2048,2x4096 \
     --modes compile,fp8 --trace-dir "$W/train-compiled/traces" --time-budget-s 420
+fi
+if [[ $PART == host ]]; then
+  HOST_MODELS=llama3.2-1b-like,llama2-small-mha,qwen2.5-1.5b-like,llama3.2-3b-like
+  run python3 -m calibrate.steps.train_step --out "$W/train-host-eager" --device cuda \
+    --device-kind "$KIND" --models "$HOST_MODELS" --shapes 1x256,1x512,1x1024,1x2048 \
+    --steps 12 --trace-dir "$W/train-host-eager/traces" --time-budget-s 150
+  run python3 -m calibrate.steps.train_step --out "$W/train-host-compiled" --device cuda \
+    --device-kind "$KIND" --models "$HOST_MODELS" --shapes 1x512 --modes compile,fp8 \
+    --steps 12 --trace-dir "$W/train-host-compiled/traces" --time-budget-s 240
+  run python3 -m calibrate.steps.train_step --out "$W/train-host-eager-again" --device cuda \
+    --device-kind "$KIND" --models "$HOST_MODELS" --shapes 1x512 \
+    --steps 12 --trace-dir "$W/train-host-eager-again/traces" --time-budget-s 60
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.limit,temperature.gpu --format=csv >>"$LOG" 2>&1
 tar -C "$W" -czf "$OUT/steps-$PART.tar.gz" .

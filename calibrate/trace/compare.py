@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -34,7 +34,7 @@ from calibrate.trace.classify import CLASS_LABELS, OP_CLASSES
 from calibrate.trace.timeline import GAP_KINDS, Timeline, phase_totals_s
 from costmodels.steps.composition import Composition
 from costmodels.steps.serving import StepModel
-from costmodels.steps.training import collective_s, group_nodes, step_costs
+from costmodels.steps.training import collective_s, group_nodes, host_launches, step_costs
 from hardware_specs.registry import System
 from workloads.decompose import op_groups, optimizer_ops, serving_templates, tp_shard
 from workloads.decompose.training import Framework
@@ -141,6 +141,7 @@ class Prediction:
     step_s: float
     ops: pd.DataFrame
     host_stall_s: float | None = None
+    host_ops: int = 0  # training: op instances the rank's host dispatches per iteration
 
     @classmethod
     def from_rows(
@@ -205,7 +206,9 @@ def predict_train(
     rows += opt
     if w.framework == "pytorch":
         rows = _split_eager(rows, model)
-    return Prediction.from_rows(rows)
+    n_opt = len(optimizer_ops(model, max(1, params), plan.master_dtype))
+    pred = Prediction.from_rows(rows)
+    return replace(pred, host_ops=host_launches(c, layers, m, first, last, n_opt))
 
 
 def _split_eager(

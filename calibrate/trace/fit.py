@@ -7,9 +7,13 @@ odd trace cannot swing it. Held-out traces (by model, never by shape) are then p
 with and without the factors; their kernel-sum errors are what the fit reports and the
 shipped file records.
 
+Only GPU-bound steps (kernels fill >= 90% of the untraced step) fit the group factors:
+in a host-bound step the kernels ran apart, not back to back. The host-bound ones fit the
+engine's host time per op (:func:`fit_host_s_per_op`).
+
 ``python -m calibrate.trace.fit`` refits the shipped H100 and H200 files from the traced
-suites in ``calibrate/data/steps2-*`` (fit: the two Llama-shaped models; held out:
-Qwen2.5-1.5B-shaped).
+suites in ``calibrate/data/steps2-*`` and ``steps3-*`` (fit: the two Llama-shaped models
+of 1.3-1.5B; held out: the Qwen2.5-1.5B- and Llama-3.2-3B-shaped ones).
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from calibrate.trace.compare import TrainWorkload, compare, predict_train
 from calibrate.trace.kineto import load_trace
 from calibrate.trace.timeline import build_timeline
 from costmodels.ops.select import get_cost_model
-from costmodels.steps.composition import GROUPS, SHIPPED_DIR, Composition
+from costmodels.steps.composition import GROUPS, HOST_KEY, HOST_MAX_S, SHIPPED_DIR, Composition
 from hardware_specs.registry import builtin_catalog
 from workloads.models import ModelConfig
 from workloads.plan import TrainPlan, make_plan
@@ -49,8 +54,13 @@ CLASS_GROUP = {
 #: how each measured mode of calibrate/steps/train_step.py is simulated
 MODE_FRAMEWORK = {"eager": "pytorch", "compile": "pytorch-compile", "fp8": "pytorch-compile"}
 FIT_MODELS = ("llama3.2-1b-like", "llama2-small-mha")
-HELD_OUT_MODELS = ("qwen2.5-1.5b-like",)
-SUITES = {"h100-sxm": "steps2-h100-sxm", "h200-sxm": "steps2-h200-sxm"}
+HELD_OUT_MODELS = ("llama3.2-3b-like", "qwen2.5-1.5b-like")
+#: traced suites per GPU: steps2 (GPU-bound and 2k-token steps), steps3 (small host-bound
+#: steps, calibrate/steps/suite.sh ... host)
+SUITES = {
+    "h100-sxm": ("steps2-h100-sxm", "steps3-h100-sxm"),
+    "h200-sxm": ("steps2-h200-sxm", "steps3-h200-sxm"),
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class TracedStep:
     measured_s: dict[str, float]
     predicted_s: dict[str, float]
     step_s: float = 0.0  # the untraced step (train_step.csv), for the idle factor
+    ops: int = 0  # op instances the host dispatches per step (host_s_per_op multiplies it)
 
 
 def group_sums(classes: pd.DataFrame, column: str) -> dict[str, float]:
@@ -83,14 +94,17 @@ GPU_BOUND_SHARE = 0.9
 def fit_factors(steps: Iterable[TracedStep]) -> dict[str, dict[str, float]]:
     """Ratio-of-sums factor per (framework, group); groups with no predicted time are left
     out (factor 1). ``idle``: untraced step time over kernel time of the GPU-bound steps
-    (the launch gaps between back-to-back kernels), a factor on every group."""
+    (the launch gaps between back-to-back kernels), a factor on every group.
+    ``host_s_per_op``: see :func:`fit_host_s_per_op`."""
     steps = list(steps)
     meas: dict[str, dict[str, float]] = {}
     pred: dict[str, dict[str, float]] = {}
     for s in steps:
+        meas.setdefault(s.framework, dict.fromkeys(GROUPS, 0.0))
+        pred.setdefault(s.framework, dict.fromkeys(GROUPS, 0.0))
+        if s.step_s > 0 and sum(s.measured_s.values()) < GPU_BOUND_SHARE * s.step_s:
+            continue  # host-bound: its kernels ran apart, not back to back
         for g in GROUPS:
-            meas.setdefault(s.framework, {}).setdefault(g, 0.0)
-            pred.setdefault(s.framework, {}).setdefault(g, 0.0)
             meas[s.framework][g] += s.measured_s[g]
             pred[s.framework][g] += s.predicted_s[g]
     out = {
@@ -106,7 +120,46 @@ def fit_factors(steps: Iterable[TracedStep]) -> dict[str, dict[str, float]]:
         ]  # fmt: skip
         if bound:
             out[fw]["idle"] = sum(a for a, _ in bound) / sum(b for _, b in bound)
+        host = fit_host_s_per_op([s for s in steps if s.framework == fw], out[fw])
+        if host is not None:
+            out[fw][HOST_KEY] = host
     return out
+
+
+#: a step at least this much slower than its GPU-bound prediction is host-bound
+HOST_BOUND_RATIO = 1.15
+#: candidate host seconds per op: 0.1 us steps up to the composition file's limit
+_HOST_GRID_S = np.arange(1, int(HOST_MAX_S * 1e7) + 1) * 1e-7
+
+
+def gpu_bound_s(step: TracedStep, factors: dict[str, float] | None) -> float:
+    """The step's predicted kernel time with the factors and the idle factor."""
+    f = factors or {}
+    return sum(step.predicted_s[g] * f.get(g, 1.0) for g in GROUPS) * f.get("idle", 1.0)
+
+
+def predicted_step_s(step: TracedStep, factors: dict[str, float] | None) -> float:
+    """What ``simcli train`` says for the step: the GPU-bound time, or the host's
+    dispatch time when that is longer (:mod:`costmodels.steps.composition`)."""
+    f = factors or {}
+    return max(gpu_bound_s(step, f), step.ops * f.get(HOST_KEY, 0.0))
+
+
+def fit_host_s_per_op(steps: list[TracedStep], factors: dict[str, float]) -> float | None:
+    """Host seconds per op of one engine: the value on a 0.1 us grid that minimises the
+    mean |error| of ``max(GPU-bound prediction, ops x host)`` against the untraced step
+    times (a median-like fit: host speed drifts between leases and one slow step must not
+    carry it). None when no step is host-bound (more than ``HOST_BOUND_RATIO`` slower
+    than its GPU-bound prediction): then the data cannot say."""
+    use = [s for s in steps if s.step_s > 0 and s.ops > 0]
+    if not any(s.step_s > HOST_BOUND_RATIO * gpu_bound_s(s, factors) for s in use):
+        return None
+    gpu = np.array([gpu_bound_s(s, factors) for s in use])
+    ops = np.array([s.ops for s in use], dtype=float)
+    meas = np.array([s.step_s for s in use])
+    pred = np.maximum(gpu[None, :], _HOST_GRID_S[:, None] * ops[None, :])
+    err = np.abs(pred / meas[None, :] - 1.0).mean(axis=1)
+    return round(float(_HOST_GRID_S[int(np.argmin(err))]), 8)
 
 
 def kernel_sum_errors(
@@ -129,12 +182,23 @@ def gpu_bound_step_errors(
 ) -> pd.DataFrame:
     """Per GPU-bound step: the untraced step time against the prediction with the
     factors and the idle factor (what ``simcli train`` now says), or the plain kernel sum."""
+    steps = [
+        s for s in steps
+        if s.step_s > 0 and sum(s.measured_s.values()) >= GPU_BOUND_SHARE * s.step_s
+    ]  # fmt: skip
+    return step_errors(steps, factors)
+
+
+def step_errors(
+    steps: Iterable[TracedStep], factors: dict[str, dict[str, float]] | None
+) -> pd.DataFrame:
+    """Per step with an untraced time: that time against :func:`predicted_step_s` (with
+    ``factors``: what ``simcli train`` says; without: the plain kernel sum)."""
     rows = []
     for s in steps:
-        if s.step_s <= 0 or sum(s.measured_s.values()) < GPU_BOUND_SHARE * s.step_s:
+        if s.step_s <= 0:
             continue
-        f = (factors or {}).get(s.framework, {})
-        pred = sum(s.predicted_s[g] * f.get(g, 1.0) for g in GROUPS) * f.get("idle", 1.0)
+        pred = predicted_step_s(s, (factors or {}).get(s.framework, {}))
         rows.append((s.framework, s.model, s.label, s.step_s, pred, pred / s.step_s - 1.0))
     return pd.DataFrame(
         rows, columns=["framework", "model", "step", "measured_s", "predicted_s", "error"]
@@ -177,12 +241,13 @@ def single_gpu_plan(model: ModelConfig, row: pd.Series, precision: str) -> Train
     )
 
 
-def suite_steps(gpu_id: str, folder: Path) -> list[TracedStep]:
-    """Every ok, traced training row of a suite folder, compared class by class."""
+def suite_steps(gpu_id: str, folders: Path | Iterable[Path]) -> list[TracedStep]:
+    """Every ok, traced training row of the suite folders, compared class by class."""
     cm = get_cost_model(gpu_id)
     system = builtin_catalog().system(gpu_id, 1)
+    folders = [folders] if isinstance(folders, Path) else list(folders)
     out = []
-    for csv in sorted(folder.glob("train-*/train_step.csv")):
+    for csv in sorted(c for f in folders for c in f.glob("train-*/train_step.csv")):
         df = pd.read_csv(csv)
         for _, row in df[(df.status == "ok") & df.trace.notna()].iterrows():
             trace = csv.parent / "traces" / str(row.trace)
@@ -203,6 +268,7 @@ def suite_steps(gpu_id: str, folder: Path) -> list[TracedStep]:
                     group_sums(result.classes, "measured_s"),
                     group_sums(result.classes, "predicted_s"),
                     float(row.step_ms) / 1e3,
+                    result.prediction.host_ops,
                 )
             )
     return out
@@ -226,6 +292,8 @@ def fit_suite(
         after = kernel_sum_errors(sel, factors).error.abs().mean()
         bound_before = gpu_bound_step_errors(sel, None).error.abs()
         bound_after = gpu_bound_step_errors(sel, factors).error.abs()
+        all_before = step_errors(sel, None).error.abs()
+        all_after = step_errors(sel, factors).error.abs()
         held_out[fw] = {
             "steps": len(sel),
             "kernel_sum_mape_before": round(float(before), 4),
@@ -233,6 +301,9 @@ def fit_suite(
             "gpu_bound_steps": int(len(bound_after)),
             "gpu_bound_step_mape_before": round(float(bound_before.mean()), 4),
             "gpu_bound_step_mape_after": round(float(bound_after.mean()), 4),
+            "timed_steps": int(len(all_after)),
+            "step_mape_before": round(float(all_before.mean()), 4),
+            "step_mape_after": round(float(all_after.mean()), 4),
         }
     meta = {
         "fitted_on": sorted(fit_models),
@@ -240,11 +311,16 @@ def fit_suite(
         "fit_steps": len(fit),
         "held_out_error": held_out,
         "method": "ratio of summed measured to predicted kernel seconds per (engine, group) "
-        "over the fitting traces; predictions without composition",
+        "over the fitting traces; predictions without composition; host_s_per_op: the "
+        "0.1 us grid value minimising mean |error| of max(GPU-bound, ops x host) against "
+        "the untraced step times",
         "source": source,
         "date": date.today().isoformat(),
     }
-    rounded = {fw: {g: round(v, 4) for g, v in fs.items()} for fw, fs in factors.items()}
+    rounded = {
+        fw: {g: v if g == HOST_KEY else round(v, 4) for g, v in fs.items()}
+        for fw, fs in factors.items()
+    }
     return Composition(gpu_id, rounded, meta)
 
 
@@ -262,10 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.trace.fit", description=__doc__)
     ap.add_argument("--out-dir", default=str(SHIPPED_DIR), help="where <gpu>.json go")
     args = ap.parse_args(argv)
-    for gpu_id, sub in SUITES.items():
-        folder = ROOT / "calibrate" / "data" / sub
-        steps = suite_steps(gpu_id, folder)
-        comp = fit_suite(gpu_id, steps, source=f"calibrate/data/{sub} (train-*/traces)")
+    for gpu_id, subs in SUITES.items():
+        steps = suite_steps(gpu_id, [ROOT / "calibrate" / "data" / sub for sub in subs])
+        where = ", ".join(f"calibrate/data/{sub}" for sub in subs)
+        comp = fit_suite(gpu_id, steps, source=f"{where} (train-*/traces)")
         write_composition(comp, Path(args.out_dir) / f"{gpu_id}.json")
         print(f"{gpu_id}: {json.dumps(comp.factors)}")
         for fw, e in comp.meta["held_out_error"].items():
@@ -274,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{100 * e['kernel_sum_mape_before']:.1f}% -> "
                 f"{100 * e['kernel_sum_mape_after']:.1f}%; {e['gpu_bound_steps']} GPU-bound "
                 f"steps: step MAPE {100 * e['gpu_bound_step_mape_before']:.1f}% -> "
-                f"{100 * e['gpu_bound_step_mape_after']:.1f}%"
+                f"{100 * e['gpu_bound_step_mape_after']:.1f}%; all {e['timed_steps']} "
+                f"steps: {100 * e['step_mape_before']:.1f}% -> {100 * e['step_mape_after']:.1f}%"
             )
     return 0
 

@@ -14,6 +14,16 @@ compiled kernel cannot be split by op, but it is always memory-bound.
 Applied by :func:`costmodels.steps.training.step_costs` to each op it prices; an engine a
 composition file does not name keeps factor 1 (Megatron-LM: no traces of it here).
 Collectives are never scaled (their own profile calibrates them).
+
+**Host time.** An engine that dispatches every op from Python (eager PyTorch, and compiled
+blocks whose Inductor wrappers launch each kernel) cannot feed the GPU faster than its
+host: ``host_s_per_op`` is the host seconds per op instance of the decomposition (forward,
+backward, recomputed forward, optimizer), fitted on small steps whose time the host sets.
+Steps issued back to back form a single-server queue with deterministic arrivals whose
+steady state is the slower of host and GPU (the max-plus form, Baccelli et al. 1992,
+ch. 1), so :mod:`simcli.training.simulator` takes ``max(GPU-bound iteration, ops x
+host_s_per_op)`` per rank. It is a property of the host CPU and the PyTorch version more
+than of the GPU: measured leases of one GPU kind differ by up to 2x on the same step.
 """
 
 from __future__ import annotations
@@ -29,6 +39,9 @@ import numpy as np
 from workloads.ops import ATTENTION_KINDS, COLLECTIVE_KINDS
 
 GROUPS: tuple[str, ...] = ("gemm", "attention", "memory_bound", "optimizer")
+#: host seconds per decomposed op instance (see the module docstring)
+HOST_KEY = "host_s_per_op"
+HOST_MAX_S = 1e-3  # a millisecond per op would be a broken fit, not a slow host
 _ATTN = {k.value for k in ATTENTION_KINDS}
 _COLL = {k.value for k in COLLECTIVE_KINDS}
 #: shipped compositions, one JSON per GPU id (written by ``simcli calibrate from-trace``)
@@ -70,6 +83,10 @@ class Composition:
         f = self.factors.get(engine, {})
         return float(f.get(group, 1.0)) * float(f.get("idle", 1.0))
 
+    def host_s_per_op(self, engine: str) -> float:
+        """Host dispatch seconds per op instance of ``engine``; 0 when not fitted."""
+        return float(self.factors.get(engine, {}).get(HOST_KEY, 0.0))
+
     def factors_for(self, engine: str, kinds: list[str]) -> np.ndarray:
         """One factor per op kind, for a vector of predicted times."""
         return np.array([self.factor(engine, k) for k in kinds], dtype=float)
@@ -85,13 +102,20 @@ def composition_from_dict(data: dict[str, Any], where: str) -> Composition:
         raise CompositionError(f"{where}: not a composition (needs gpu and factors)") from None
     out: dict[str, dict[str, float]] = {}
     for engine, groups in dict(factors).items():
-        bad = sorted(set(groups) - set(GROUPS) - {"idle"})
+        bad = sorted(set(groups) - set(GROUPS) - {"idle", HOST_KEY})
         if bad:
             raise CompositionError(
                 f"{where}: unknown group {bad[0]!r} for {engine}; allowed: "
-                f"{', '.join(GROUPS)}, idle"
+                f"{', '.join(GROUPS)}, idle, {HOST_KEY}"
             )
         for group, value in groups.items():
+            if group == HOST_KEY:
+                if not (isinstance(value, int | float) and 0.0 <= float(value) <= HOST_MAX_S):
+                    raise CompositionError(
+                        f"{where}: {engine}/{HOST_KEY} = {value!r}; allowed: seconds in "
+                        f"[0, {HOST_MAX_S:g}]"
+                    )
+                continue
             if not (isinstance(value, int | float) and 0.05 < float(value) < 20.0):
                 raise CompositionError(
                     f"{where}: factor {engine}/{group} = {value!r}; allowed: a number in (0.05, 20)"

@@ -22,7 +22,7 @@ per-step bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ class Phase:
     cp_comm_s: float = 0.0  # exposed context-parallel communication
     ep_comm_s: float = 0.0  # expert-parallel all-to-alls
     by_op_s: dict[str, float] = field(default_factory=dict)
+    launches: int = 0  # op instances the host dispatches (collectives excluded)
 
     @property
     def total_s(self) -> float:
@@ -100,6 +101,7 @@ def sum_phase(
     items: list[LayerOp], times: np.ndarray, plan: TrainPlan, attn_scale: float
 ) -> Phase:
     compute = tp = 0.0
+    launches = 0
     by_op: dict[str, float] = {}
     for item, t in zip(items, times, strict=True):
         kind = item.op.op.value
@@ -110,6 +112,7 @@ def sum_phase(
             tp += sec
         else:
             compute += sec
+            launches += item.count
         by_op[item.name] = by_op.get(item.name, 0.0) + sec
     if plan.tp_comm == "overlap":
         tp *= 1.0 - TP_OVERLAP_HIDDEN
@@ -117,7 +120,7 @@ def sum_phase(
         # Ladder Residual (Zhang et al. 2025): block i's all-reduce runs while block i+1
         # computes on the not-yet-reduced residual, so only comm beyond compute shows.
         tp = max(0.0, tp - compute)
-    return Phase(compute_s=compute, tp_comm_s=tp, by_op_s=by_op)
+    return Phase(compute_s=compute, tp_comm_s=tp, by_op_s=by_op, launches=launches)
 
 
 def step_costs(
@@ -158,8 +161,8 @@ def step_costs(
     # Context-parallel and expert-parallel communication of one layer.
     cp_f, cp_b = cp_comm_s(model, plan, cost_model, system, layer_f, layer_b)
     ep_f, ep_b = _ep_comm(model, plan, cost_model, system)
-    layer_f = Phase(layer_f.compute_s, layer_f.tp_comm_s, cp_f, ep_f, layer_f.by_op_s)
-    layer_b = Phase(layer_b.compute_s, layer_b.tp_comm_s, cp_b, ep_b, layer_b.by_op_s)
+    layer_f = replace(layer_f, cp_comm_s=cp_f, ep_comm_s=ep_f)
+    layer_b = replace(layer_b, cp_comm_s=cp_b, ep_comm_s=ep_b)
 
     recompute = recompute_phase(plan, layer_f)
 
@@ -192,9 +195,26 @@ def recompute_phase(plan: TrainPlan, layer_f: Phase) -> Phase:
     if plan.recompute == "full":
         return layer_f
     if plan.recompute == "selective":
-        attn = sum(s for n, s in layer_f.by_op_s.items() if n == "attn" or n.startswith("attn_"))
-        return Phase(compute_s=attn, by_op_s={"attn": attn})
+        names = [n for n in layer_f.by_op_s if n == "attn" or n.startswith("attn_")]
+        attn = sum(layer_f.by_op_s[n] for n in names)
+        return Phase(compute_s=attn, by_op_s={"attn": attn}, launches=len(names))
     return Phase()
+
+
+def host_launches(
+    c: StepCosts, layers: int, microbatches: int, first: bool, last: bool, optimizer_ops: int
+) -> int:
+    """Op instances one rank's host dispatches in an iteration: every micro-batch's
+    forward, backward and recomputed forward of its ``layers``, the embedding (``first``)
+    and head (``last``) stages, then the optimizer's ops; what a composition's
+    ``host_s_per_op`` multiplies (:mod:`costmodels.steps.composition`)."""
+    per_layer = c.layer_fwd.launches + c.layer_bwd.launches + c.layer_recompute.launches
+    per_mb = layers * per_layer
+    if first:
+        per_mb += c.first_fwd.launches + c.first_bwd.launches
+    if last:
+        per_mb += c.last_fwd.launches + c.last_bwd.launches
+    return microbatches * per_mb + optimizer_ops
 
 
 def plan_fields(model: ModelConfig, plan: TrainPlan) -> dict[str, Any]:

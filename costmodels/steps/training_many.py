@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -217,8 +218,8 @@ def step_costs_many(
         cp_f, cp_b = _cp_exposed(plan, req, pricer, layer_f, layer_b)
         ep_one = pricer.time(req["ep"])
         ep_f = ep_b = 2.0 * ep_one
-        layer_f = Phase(layer_f.compute_s, layer_f.tp_comm_s, cp_f, ep_f, layer_f.by_op_s)
-        layer_b = Phase(layer_b.compute_s, layer_b.tp_comm_s, cp_b, ep_b, layer_b.by_op_s)
+        layer_f = replace(layer_f, cp_comm_s=cp_f, ep_comm_s=ep_f)
+        layer_b = replace(layer_b, cp_comm_s=cp_b, ep_comm_s=ep_b)
         out.append(
             StepCosts(
                 layer_fwd=layer_f,

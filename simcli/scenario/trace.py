@@ -111,6 +111,12 @@ class TraceConfig(BaseModel):
         "eagerly (false).",
     )
     # the trace
+    step_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Untraced step time in ms, when measured (the profiler slows the host, "
+        "so a fitted host time per op is the profiled one without it).",
+    )
     step_marker: str | None = Field(
         None,
         description="Annotation that delimits one step (NAME or NAME#N); default torch's "
@@ -427,7 +433,8 @@ def traced_step(
         label,
         group_sums(result.classes, "measured_s"),
         group_sums(result.classes, "predicted_s"),
-        step_s=timeline.wall_s,
+        step_s=c.step_ms / 1e3 if c.step_ms is not None else timeline.wall_s,
+        ops=result.prediction.host_ops,
     )
 
 

@@ -34,6 +34,7 @@ from costmodels.steps.training import (
     StepCosts,
     collective_s,
     group_nodes,
+    host_launches,
     step_costs,
 )
 from hardware_specs.registry import System
@@ -302,7 +303,8 @@ def simulate_iteration(
     if c is None:
         c = step_costs(model, plan, cost_model, system, attn_backend, framework, composition)
     opt_factor = 1.0 if composition is None else composition.factor(framework, "adamw")
-    return _simulate(model, plan, system, cost_model, c, keep_spans, opt_factor)
+    host_s = 0.0 if composition is None else composition.host_s_per_op(framework)
+    return _simulate(model, plan, system, cost_model, c, keep_spans, opt_factor, host_s)
 
 
 def _simulate(
@@ -313,6 +315,7 @@ def _simulate(
     c: StepCosts,
     keep_spans: bool,
     opt_factor: float = 1.0,
+    host_s_per_op: float = 0.0,
 ) -> TrainResult:
     gpn = system.node.gpus_per_node
     dp = plan.data_parallel
@@ -403,6 +406,7 @@ def _simulate(
     shard = dp if plan.zero >= 1 else 1
     opt_end = np.zeros(plan.pp)
     param_gather = np.zeros(plan.pp)
+    host_stall = np.zeros(plan.pp)
     for r in range(plan.pp):
         chunks = [ch for ch in range(plan.num_chunks) if plan.stage_of_chunk(ch) == r]
         params = sum(dur.layers[ch] * c.layer_params for ch in chunks)
@@ -422,6 +426,19 @@ def _simulate(
         opt_end[r] = comm_end[r] + opt_s + param_gather[r]
         if spans is not None:
             spans.append(Span(r, "optimizer", "adamw", comm_end[r], comm_end[r] + opt_s))
+        # An engine dispatching each op from its host runs no faster than the host
+        # (composition.host_s_per_op; steady state of back-to-back iterations).
+        if host_s_per_op > 0.0:
+            n_ops = host_launches(
+                c,
+                sum(dur.layers[ch] for ch in chunks),
+                plan.num_microbatches,
+                0 in chunks,
+                plan.num_chunks - 1 in chunks,
+                len(ops),
+            )
+            host_stall[r] = max(0.0, n_ops * host_s_per_op - opt_end[r])
+            opt_end[r] += host_stall[r]
     iteration_s = float(opt_end.max())
 
     tokens = plan.tokens_per_iteration
@@ -444,7 +461,7 @@ def _simulate(
     recompute = m * n_layers * c.layer_recompute.total_s
     zero3_s = m * n_layers * (zero3[0] + zero3[1])
     compute = busy - tp_comm - cp_comm - ep_comm - recompute - zero3_s
-    opt_s_star = opt_end[r_star] - comm_end[r_star] - param_gather[r_star]
+    opt_s_star = opt_end[r_star] - comm_end[r_star] - param_gather[r_star] - host_stall[r_star]
     breakdown = {
         "compute_s": compute,
         "recompute_s": recompute,
@@ -456,6 +473,7 @@ def _simulate(
         "dp_comm_exposed_s": float(comm_end[r_star] - compute_end[r_star])
         + float(param_gather[r_star]),
         "optimizer_s": float(opt_s_star),
+        "host_bound_s": float(host_stall[r_star]),
     }
     stages = []
     for r in range(plan.pp):
@@ -469,6 +487,7 @@ def _simulate(
                 "compute_end_s": float(compute_end[r]),
                 "bubble_s": float(compute_end[r] - busy_r),
                 "dp_comm_exposed_s": float(comm_end[r] - compute_end[r]),
+                "host_bound_s": float(host_stall[r]),
                 "end_s": float(opt_end[r]),
             }
         )

@@ -88,3 +88,30 @@ def test_bad_input_is_one_line_and_writes_nothing(run, pairs, tmp_path):
     r = run("train", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "1",
             "--global-batch", "1", "--seq-len", "2048", "--composition", missing)  # fmt: skip
     assert "does not exist" in one_error_line(r)
+
+
+def test_host_time_per_op_from_host_bound_traces(run, tmp_path):
+    """Small eager steps set their time on the host: with their untraced times
+    (``step_ms``) the fit finds tens of microseconds per op; without, it takes the
+    profiled wall time, which the profiler's own host overhead makes longer."""
+    shutil.copy(DATA / "llama3.2-1b-like.config.json", tmp_path)
+    host = ROOT / "calibrate" / "data" / "steps3-h100-sxm" / "train-host-eager"
+    args: dict[bool, list[str]] = {True: [], False: []}
+    for seq, step_ms in ((256, 57.8), (512, 81.9), (1024, 84.7)):
+        trace = host / "traces" / f"llama3.2-1b-like.eager.none.1x{seq}.trace.json.gz"
+        for timed in (True, False):
+            cfg = tmp_path / f"{seq}-{timed}.yaml"
+            text = CONFIG.format(model="llama3.2-1b-like.config.json", engine="pytorch-eager",
+                                 precision="bf16-mixed")  # fmt: skip
+            text = text.replace("micro_batch: 2", "micro_batch: 1")
+            text = text.replace("seq_len: 4096", f"seq_len: {seq}")
+            cfg.write_text(text + (f"step_ms: {step_ms}\n" if timed else ""))
+            args[timed] += ["--trace", str(trace), "--config", str(cfg)]
+    fitted = {}
+    for timed in (True, False):
+        out = tmp_path / f"comp-{timed}.json"
+        r = run("calibrate", "from-trace", *args[timed], "--out", str(out), "--format", "json")
+        assert r.exit_code == 0, r.output
+        fitted[timed] = load_composition(out).host_s_per_op("pytorch")
+    assert 2e-5 < fitted[True] < 8e-5
+    assert fitted[False] > 1.3 * fitted[True]

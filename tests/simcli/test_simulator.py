@@ -155,12 +155,12 @@ def test_megatron_published_iteration_times():
 
 
 def test_single_h100_steps():
-    """Measured plain-PyTorch steps: 8 of 9 within 10%; the exception is the smallest
-    config of the 24-layer model, host-bound in eager mode (not modelled)."""
+    """Measured plain-PyTorch steps (an earlier lease, no step of it fitted on): all 9
+    within 10%, the host-bound 1x2048 rows included (the shipped host time per op)."""
     rows = h100_step_rows()
     errs = sorted(abs(r["error_pct"]) for r in rows)
     assert len(rows) == 9
-    assert errs[-2] <= 10.0 and errs[-1] <= 20.0
+    assert errs[-1] <= 10.0
 
 
 def test_traced_single_gpu_steps():
@@ -178,6 +178,24 @@ def test_traced_single_gpu_steps():
         assert sum(errs) / len(errs) <= 5.0, (key, errs)
     held = [abs(r["error_pct"]) for r in rows if r["model"] == "qwen2.5-1.5b-like"]
     assert len(held) == 10 and max(held) <= 6.0
+
+
+def test_small_host_bound_steps():
+    """Steps of <= 2k tokens, host-bound in eager and compiled PyTorch (the same config
+    repeated on one lease differs by up to 43%): no systematic error (signed mean within
+    5%) and mean |error| <= 13% per GPU, the held-out models too. Without the host time
+    per op these rows were 20-60% too fast."""
+    from benchmarks.validate_training import traced_step_rows
+
+    rows = [r for r in traced_step_rows() if r["tokens"] < 8192]
+    assert len(rows) == 74
+    for gpu in ("h100-sxm", "h200-sxm"):
+        errs = [r["error_pct"] for r in rows if r["gpu"] == gpu]
+        assert abs(sum(errs) / len(errs)) <= 5.0
+        assert sum(abs(e) for e in errs) / len(errs) <= 13.0
+        held = [abs(r["error_pct"]) for r in rows if r["gpu"] == gpu and r["held_out"]]
+        assert len(held) == 17 and sum(held) / len(held) <= 13.0
+    assert sum(r["host_bound"] for r in rows) >= 60
 
 
 HETERO = """

@@ -9,6 +9,7 @@ import pytest
 from costmodels.ops.select import get_cost_model
 from costmodels.steps.composition import (
     GROUPS,
+    HOST_KEY,
     Composition,
     CompositionError,
     group_of,
@@ -86,9 +87,19 @@ def test_shipped_files_cover_the_pytorch_engines_only(gpu):
     comp = shipped_composition(gpu)
     assert comp is not None and comp.gpu == gpu
     assert set(comp.factors) == {"pytorch", "pytorch-compile"}
-    for groups in comp.factors.values():
-        assert set(groups) <= set(GROUPS) | {"idle"}
-        assert all(0.5 < v < 2.0 for v in groups.values())
-    assert comp.meta["held_out"] == ["qwen2.5-1.5b-like"]
+    for engine, groups in comp.factors.items():
+        assert set(groups) <= set(GROUPS) | {"idle", HOST_KEY}
+        assert all(0.5 < v < 2.0 for g, v in groups.items() if g != HOST_KEY)
+        assert 1e-5 < comp.host_s_per_op(engine) < 1e-4  # tens of microseconds per op
+    assert comp.host_s_per_op("megatron") == 0.0
+    assert comp.meta["held_out"] == ["llama3.2-3b-like", "qwen2.5-1.5b-like"]
     json.dumps(comp.to_dict())
     assert shipped_composition("a100-sxm-80gb") is None
+
+
+@pytest.mark.parametrize("value", [-1e-6, 0.01, "fast"])
+def test_host_time_out_of_range_is_one_clear_error(tmp_path, value):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"gpu": "h100-sxm", "factors": {"pytorch": {HOST_KEY: value}}}))
+    with pytest.raises(CompositionError, match=f"pytorch/{HOST_KEY}"):
+        load_composition(path)

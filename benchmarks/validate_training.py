@@ -25,6 +25,7 @@ import yaml
 
 from calibrate.trace.fit import FIT_MODELS, single_gpu_plan, step_model
 from costmodels.steps.composition import shipped_composition
+from costmodels.steps.memory import estimate_memory
 from simcli.scenario import resolve_hardware
 from simcli.training.simulator import TrainResult, simulate_iteration
 from workloads.models import ModelConfig, load_model
@@ -167,6 +168,9 @@ def traced_step_rows(dirs: dict[str, tuple[Path, ...]] = TRACED_DIRS) -> list[di
                 plan = single_gpu_plan(model, row, precision)
                 res = _simulate(model, plan, gpu, attn_backend="cudnn", framework=framework)
                 ms = res.iteration_s * 1e3
+                gpu_spec = resolve_hardware(gpu, 1).system.gpu
+                mem = estimate_memory(model, plan, gpu_spec, framework=framework).allocated_bytes
+                measured_mem = float(row.peak_allocated_bytes)
                 out.append(
                     {
                         "gpu": gpu,
@@ -177,6 +181,7 @@ def traced_step_rows(dirs: dict[str, tuple[Path, ...]] = TRACED_DIRS) -> list[di
                         "measured_ms": float(row.step_ms),
                         "simulated_ms": ms,
                         "error_pct": 100.0 * (ms / float(row.step_ms) - 1.0),
+                        "memory_error_pct": 100.0 * (mem / measured_mem - 1.0),
                         "host_bound": res.breakdown_s["host_bound_s"] > 0,
                         "held_out": str(row.model) not in FIT_MODELS,
                     }
@@ -199,6 +204,10 @@ def _traced_summary(rows: list[dict]) -> None:
     held = df.groupby(["gpu", "models"])["abs"].agg(["mean", "max", "count"])
     print("\nmean |error| by GPU, fitted vs held-out models (all modes and sizes)")
     print(held.round(1).to_string())
+    df["mem_abs"] = df.memory_error_pct.abs()
+    mem = df.groupby(["mode", "models"])["mem_abs"].agg(["mean", "max", "count"])
+    print("\npeak memory (max_memory_allocated): mean |error| by mode, both GPUs")
+    print(mem.round(2).to_string())
 
 
 def main() -> None:

@@ -29,7 +29,12 @@ s x s softmax stored, attention and hidden dropout); ``pytorch`` is a plain eage
 Llama-style model as in ``calibrate/steps/train_step.py`` (fp32 parameters under
 ``torch.autocast``, eager RMSNorm and SwiGLU, SDPA, fused AdamW, ``zero_grad(
 set_to_none=True)``), validated against the H100 steps in
-``calibrate/data/steps-h100/train_step.csv`` (see ``tests/simcli/test_memory.py``).
+``calibrate/data/steps-h100/train_step.csv`` (see ``tests/simcli/test_memory.py``);
+``pytorch-compile`` the same with ``torch.compile``d blocks, which save fewer activations
+(and, with torchao float8, fp8 weight copies), validated with eager, full recompute and
+fp8 on the traced suites ``calibrate/data/steps{2,3}-*`` (benchmarks/validate_training.py).
+Under full recompute the autocast weight copies are made inside the checkpointed layers,
+so only the layer being recomputed holds them, in the backward, after the loss.
 
 Not modelled: pipeline send/receive buffers (one activation, already stored), MoE
 all-to-all staging (the received tokens are the stored expert inputs), routing
@@ -73,6 +78,11 @@ DRIVER_RESERVED_BYTES = 480 * MIB
 # channel, peer and protocol, times up to 32 channels): an order-of-magnitude allowance
 # for a DP and a TP/PP communicator. Megatron only (the pytorch framework is one GPU).
 NCCL_BUFFER_BYTES = 512 * MIB
+# torch.compile'd eager blocks (framework pytorch-compile), bytes saved per token and layer
+# per hidden / FFN element, and what torchao float8 saves less (see _layer_acts)
+COMPILED_H_BYTES, COMPILED_F_BYTES = 10.0, 6.0
+FP8_SAVED_H_BYTES, FP8_SAVED_F_BYTES = 6.0, 2.5
+COMPILED_FP8_COPY_BYTES = 1.0
 # Activations are bf16 (fp16 under fp16-mixed); fp8 plans keep them in bf16 too except
 # the inputs saved for the fp8 GEMMs (Transformer Engine saves those in fp8).
 ACT_BYTES = 2
@@ -190,8 +200,8 @@ class MemoryEstimate:
 def _framework_key(framework: str) -> str:
     if framework not in FRAMEWORKS:
         raise PlanError(f"unknown framework {framework!r}; allowed: {', '.join(FRAMEWORKS)}")
-    # torch.compile'd blocks keep eager PyTorch's state (fp32 masters, fp32 grads, AdamW)
-    # and save no more than its activations: the eager estimate is their upper bound
+    # torch.compile'd blocks keep eager PyTorch's state (fp32 masters, fp32 grads, AdamW);
+    # what they save per layer differs (the ``compiled`` flag of _stage / _layer_acts)
     return "pytorch" if framework in ("pytorch", "pytorch-compile") else "megatron"
 
 
@@ -213,7 +223,10 @@ def _shard(model: ModelConfig, tp):
     }
 
 
-def _layer_acts(model: ModelConfig, fw: str, sh, t_sp, prec, seq_len, unfused: bool = False):
+def _layer_acts(
+    model: ModelConfig, fw: str, sh, t_sp, prec, seq_len, unfused: bool = False,
+    compiled: bool = False,
+):  # fmt: skip
     """Bytes per token of one layer on one TP rank: (stored with no recompute, stored
     with selective recompute, stored with full recompute) - see layer_activation_bytes."""
     h, e = float(model.hidden_size), ACT_BYTES
@@ -249,6 +262,18 @@ def _layer_acts(model: ModelConfig, fw: str, sh, t_sp, prec, seq_len, unfused: b
         # eager SwiGLU: gate out, silu out, up out, their product (FC2 input)
         inter = (lambda f: 3 * e * f + g * f) if gated else (lambda f: e * f + g * f)
         res_in = res * h
+        if compiled and not model.is_moe:
+            # torch.compile'd blocks: Inductor's partitioner recomputes the pointwise ops
+            # (norms, RoPE, SiLU, casts) in the backward and saves 10 B per hidden element
+            # (two fp32 residual inputs and one bf16 tensor) and 6 B per FFN element
+            # (gate, up and product in bf16) besides attention's Q, K, V, O; torchao
+            # float8 saves 6 B per hidden and 2.5 B per FFN element less. Fitted on the
+            # peak memory of the Llama-3.2-1B- and Llama-2-shaped steps at 2x4096
+            # (calibrate/data/steps2-*/train-compiled), Qwen2.5-1.5B-shaped held out.
+            fp8 = prec == _FP8
+            rep = np.where(fp8, COMPILED_H_BYTES - FP8_SAVED_H_BYTES, COMPILED_H_BYTES) * h
+            per_f = np.where(fp8, COMPILED_F_BYTES - FP8_SAVED_F_BYTES, COMPILED_F_BYTES)
+            inter = (lambda f: per_f * f) if gated else inter
     if model.is_moe:
         # router logits (fp32) on the local tokens; per routed copy of a token: the
         # permuted expert input, the expert intermediates, the expert output kept for the
@@ -306,7 +331,10 @@ def in_flight(schedule, pp, vpp, num_microbatches, rank):
 # --------------------------------------------------------------------------- one stage
 
 
-def _stage(model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, layers_r):
+def _stage(
+    model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, layers_r,
+    compiled: bool = False,
+):  # fmt: skip
     """Bytes of pipeline rank ``r`` holding ``layers_r`` layers: (total, components at its
     peak moment). Everything is numpy arithmetic over broadcast plan arrays ``a``, so
     the scalar reference (estimate_memory) and the vectorised path share it.
@@ -326,6 +354,8 @@ def _stage(model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, lay
     tab = STATE_BYTES[fw]
     w_b, g_b, o_b = (np.take(tab[k], prec) * 1.0 for k in ("weight", "grad", "optim"))
     lcopy_b, hcopy_b = (np.take(tab[k], prec) * 1.0 for k in ("layer_copy", "head_copy"))
+    if compiled:  # torchao float8 under compile keeps the fp8 weight only (1 B), no transpose
+        lcopy_b = np.where(prec == _FP8, COMPILED_FP8_COPY_BYTES, lcopy_b)
 
     # ---- parameters on this rank: dense (sharded over dp*cp) and expert (dp*cp/ep)
     norm_p = float(model.norm_params)
@@ -357,12 +387,13 @@ def _stage(model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, lay
         copies = np.where(zero >= 3, 0.0, copies)
 
     # ---- activations of the in-flight micro-batches
-    none, sel, full = _layer_acts(model, fw, sh, t_sp, prec, a["seq"], unfused)
+    none, sel, full = _layer_acts(model, fw, sh, t_sp, prec, a["seq"], unfused, compiled)
     kept = np.where(rc == _FULL, full, np.where(rc == _SELECTIVE, sel, none))
     flight = in_flight(sched, pp, vpp, m, r)
     stored_layers = flight * layers_r / vpp  # interleaved: the rank's mean per chunk
     # the layer being recomputed in the backward holds its full activations again
-    acts = tokens * (stored_layers * kept + (none - kept))
+    extra = tokens * (none - kept)
+    acts = tokens * stored_layers * kept + extra
     n_last = np.where(sched == _GPIPE, m, 1)  # LM-head micro-batches alive at once
     acts = acts + np.where(last, tokens * n_last * _final_acts(model, fw, t_sp, prec), 0.0)
     peak_b, kept_b = (np.take([x[i] for x in LOGIT_BYTES[fw]], prec) * 1.0 for i in (0, 1))
@@ -407,7 +438,14 @@ def _stage(model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, lay
         # eager: gradients (and the ZeRO-2 buckets) exist only after the first backward
         # (set_to_none), so at the activation peak only if forwards follow a backward
         live = np.where(flight < m * vpp, 1.0, 0.0)
-        held = [weights + copies, live * grads, optim, acts, logits]
+        # full recompute: autocast's bf16 weight casts are made inside the checkpointed
+        # layers and not saved, so only the layer being recomputed holds its copies; and
+        # that layer's activations (``extra``) live in the backward, not at the loss
+        full_rc = np.where(rc == _FULL, 1.0, 0.0)
+        layer_copies = lcopy_b * linear
+        one_layer = layer_copies / np.maximum(layers_r, 1)
+        fwd_copies = copies - full_rc * np.where(zero >= 3, 0.0, layer_copies)
+        held = [weights + fwd_copies, live * grads, optim, acts - full_rc * extra, logits]
         held.append(running + comm + live * buckets)
         # LM-head backward (last rank; elsewhere these equal the forward moment): first
         # its GEMMs, with the bf16 logits gradient and the bf16 weight gradient alive;
@@ -419,9 +457,16 @@ def _stage(model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, lay
         dgemm[4] = on * (2.0 * vocab_tokens + others)
         dcast[1] = held[1] + on * (g_b + hcopy_b) * sh["head"]
         dcast[4] = on * others
+        # full recompute: a layer recomputed in the backward (the LM head's gradient and
+        # the other micro-batches' logits alive)
+        rcm = list(held)
+        rcm[0] = held[0] + full_rc * np.where(zero >= 3, 0.0, one_layer)
+        rcm[1] = held[1] + on * g_b * sh["head"]
+        rcm[3] = acts
+        rcm[4] = on * others
         # end of the backward: every gradient, no activations
         end = [weights, grads, optim, 0.0 * acts, 0.0 * logits, comm + buckets]
-        moments = [np.broadcast_arrays(*x) for x in (held, dgemm, dcast, end)]
+        moments = [np.broadcast_arrays(*x) for x in (held, dgemm, dcast, rcm, end)]
         which = np.argmax(np.stack([sum(x) for x in moments]), axis=0)
         chosen = [np.choose(which, [x[i] for x in moments]) for i in range(len(held))]
         parts = dict(zip(_BYTE_FIELDS[:6], chosen, strict=True))
@@ -476,7 +521,10 @@ def layer_activation_bytes(
     sh = _shard(model, np.asarray(tp))
     t_sp = float(tp if (sp and tp > 1) else 1)
     prec = np.asarray(_code(precision, _PREC, "precision"))
-    parts = _layer_acts(model, fw, sh, t_sp, prec, seq_len, framework == "megatron-unfused")
+    parts = _layer_acts(
+        model, fw, sh, t_sp, prec, seq_len, framework == "megatron-unfused",
+        framework == "pytorch-compile",
+    )  # fmt: skip
     kept = parts[_code(recompute, _RECOMPUTE, "recompute")]
     return float(kept * micro_batch * seq_len / cp)
 
@@ -499,10 +547,13 @@ def estimate_memory(
     sh = _shard(model, a["tp"])
     chunks = plan.layers_per_chunk(model.num_layers)
     unfused = framework == "megatron-unfused"
+    compiled = framework == "pytorch-compile"
     stages = []
     for r in range(plan.pp):
         layers_r = sum(n for c, n in enumerate(chunks) if plan.stage_of_chunk(c) == r)
-        total, parts = _stage(model, fw, unfused, a, sh, np.asarray(r), np.asarray(layers_r))
+        total, parts = _stage(
+            model, fw, unfused, a, sh, np.asarray(r), np.asarray(layers_r), compiled
+        )
         stages.append((float(total), {k: float(v) for k, v in parts.items()}))
     per_stage = tuple(t for t, _ in stages)
     peak = int(np.argmax(per_stage))
@@ -619,6 +670,7 @@ def memory_bytes_many(
         raise PlanError(f"pp*vpp exceeds num_layers={model.num_layers} for some plans")
     sh = _shard(model, a["tp"])
     unfused = framework == "megatron-unfused"
+    compiled = framework == "pytorch-compile"
     pp, vpp = a["pp"], a["vpp"]
     chunks = pp * vpp
     base, extra = np.divmod(model.num_layers, chunks)
@@ -647,7 +699,7 @@ def memory_bytes_many(
     r_live_extra = np.where(in_set | (width == 0) | (start <= r_live), r_live, start)
     best = None
     for r in (np.zeros_like(pp), r_extra, r_live, r_live_extra, pp - 1):
-        total, _ = _stage(model, fw, unfused, a, sh, r, layers_of(r))
+        total, _ = _stage(model, fw, unfused, a, sh, r, layers_of(r), compiled)
         best = total if best is None else np.maximum(best, total)
     return np.asarray(best, dtype=float)
 

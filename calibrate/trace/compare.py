@@ -275,13 +275,17 @@ def _optimizer_rows(
     return rows
 
 
-def predict_serving(w: ServingWorkload, cost_model: Any, gpu_id: str) -> Prediction:
+def predict_serving(
+    w: ServingWorkload, cost_model: Any, gpu_id: str,
+    composition: Composition | None | str = "shipped",
+) -> Prediction:  # fmt: skip
     """Seconds per class of one serving step: the step model's breakdown, each op group
     split over the classes of its templates in proportion to their traffic (module
-    docstring)."""
+    docstring). ``composition``: as ``simcli serve`` prices it (the GPU's shipped file),
+    or None (fitting)."""
     sm = StepModel(
         w.model, gpu_id, tp=w.tp, engine=w.engine, attn_backend=w.attn_backend, dtype=w.dtype,
-        cost_model=cost_model,
+        cost_model=cost_model, composition=composition,
     )  # fmt: skip
     args = w.step_batch()
     breakdown = sm.breakdown(*args)

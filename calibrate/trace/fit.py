@@ -30,13 +30,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.trace.compare import TrainWorkload, compare, predict_train
+from calibrate.trace.compare import (
+    ServingWorkload,
+    TrainWorkload,
+    compare,
+    predict_serving,
+    predict_train,
+)
 from calibrate.trace.kineto import load_trace
 from calibrate.trace.timeline import build_timeline
 from costmodels.ops.select import get_cost_model
 from costmodels.steps.composition import GROUPS, HOST_KEY, HOST_MAX_S, SHIPPED_DIR, Composition
 from hardware_specs.registry import builtin_catalog
-from workloads.models import ModelConfig
+from workloads.models import ModelConfig, load_model
 from workloads.plan import TrainPlan, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +67,18 @@ SUITES = {
     "h100-sxm": ("steps2-h100-sxm", "steps3-h100-sxm"),
     "h200-sxm": ("steps2-h200-sxm", "steps3-h200-sxm"),
 }
+
+#: serving suites (calibrate/steps/serve_step.py, engine pytorch-eager): subfolder -> (model
+#: id, the model's name in trace file names); composition keys are ``pytorch-eager/graph``
+#: (decode replayed from a CUDA graph) and ``pytorch-eager/stream`` (eager launches)
+SERVE_FOLDERS = {
+    "serve-llama3-8b": ("llama3-8b", "llama3-8b"),
+    "serve-qwen2.5-7b-like": ("qwen2.5-7b", "qwen2.5-7b-like"),
+    "serve-eager-decode": ("llama3-8b", "llama3-8b"),
+}
+SERVE_FIT_MODELS = ("llama3-8b",)
+SERVE_HELD_OUT_MODELS = ("qwen2.5-7b",)
+SERVE_ENGINE = "pytorch-eager"
 
 
 @dataclass(frozen=True)
@@ -274,6 +292,62 @@ def suite_steps(gpu_id: str, folders: Path | Iterable[Path]) -> list[TracedStep]
     return out
 
 
+def serving_suite_steps(gpu_id: str, folders: Path | Iterable[Path]) -> list[TracedStep]:
+    """Every ok serving row of the suite folders with its trace, compared class by class
+    (priced without composition)."""
+    cm = get_cost_model(gpu_id)
+    folders = [folders] if isinstance(folders, Path) else list(folders)
+    out = []
+    for folder in folders:
+        for sub, (model_id, file_name) in SERVE_FOLDERS.items():
+            csv = folder / sub / "serve_step.csv"
+            if not csv.is_file():
+                continue
+            model = load_model(model_id)
+            df = pd.read_csv(csv)
+            for _, row in df[df.status == "ok"].iterrows():
+                b, phase = int(row.batch), str(row.phase)
+                graph = phase == "decode" and str(row.timing) == "cuda_graph"
+                n = int(row.prompt_len if phase == "prefill" else row.context_len)
+                mode = "graph" if graph else "eager"
+                part = "prefill" if phase == "prefill" else f"decode-{mode}"
+                trace = folder / sub / "traces" / f"{file_name}.{part}.{b}x{n}.trace.json.gz"
+                if not trace.is_file():
+                    continue
+                w = ServingWorkload(
+                    model, phase, b, n, engine=SERVE_ENGINE,  # type: ignore[arg-type]
+                    cuda_graphs=graph if phase == "decode" else None,
+                )  # fmt: skip
+                pred = predict_serving(w, cm, gpu_id, None)
+                result = compare(build_timeline(load_trace(trace)), pred)
+                out.append(
+                    TracedStep(
+                        f"{SERVE_ENGINE}/{'graph' if graph else 'stream'}",
+                        model_id,
+                        f"{part} {b}x{n}",
+                        group_sums(result.classes, "measured_s"),
+                        group_sums(result.classes, "predicted_s"),
+                        float(row.step_ms) / 1e3,
+                    )
+                )
+    return out
+
+
+def fit_gpu(gpu_id: str, subs: tuple[str, ...]) -> Composition:
+    """The shipped composition of one GPU: training engines fitted on the training traces,
+    serving contexts on the serving traces (each split by model); meta ``serving`` holds
+    the serving half's fit and held-out errors."""
+    folders = [ROOT / "calibrate" / "data" / sub for sub in subs]
+    where = ", ".join(f"calibrate/data/{sub}" for sub in subs)
+    train = fit_suite(gpu_id, suite_steps(gpu_id, folders), source=f"{where} (train-*/traces)")
+    serve = fit_suite(
+        gpu_id, serving_suite_steps(gpu_id, folders), SERVE_FIT_MODELS, SERVE_HELD_OUT_MODELS,
+        source=f"{where} (serve-*/traces)",
+    )  # fmt: skip
+    factors = {**train.factors, **serve.factors}
+    return Composition(gpu_id, factors, {**train.meta, "serving": serve.meta})
+
+
 def fit_suite(
     gpu_id: str,
     steps: list[TracedStep],
@@ -339,12 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default=str(SHIPPED_DIR), help="where <gpu>.json go")
     args = ap.parse_args(argv)
     for gpu_id, subs in SUITES.items():
-        steps = suite_steps(gpu_id, [ROOT / "calibrate" / "data" / sub for sub in subs])
-        where = ", ".join(f"calibrate/data/{sub}" for sub in subs)
-        comp = fit_suite(gpu_id, steps, source=f"{where} (train-*/traces)")
+        comp = fit_gpu(gpu_id, subs)
         write_composition(comp, Path(args.out_dir) / f"{gpu_id}.json")
         print(f"{gpu_id}: {json.dumps(comp.factors)}")
-        for fw, e in comp.meta["held_out_error"].items():
+        held = {**comp.meta["held_out_error"], **comp.meta["serving"]["held_out_error"]}
+        for fw, e in held.items():
             print(
                 f"  held out {fw:16s} {e['steps']} steps: kernel-sum MAPE "
                 f"{100 * e['kernel_sum_mape_before']:.1f}% -> "
@@ -362,10 +435,12 @@ if __name__ == "__main__":
 
 __all__ = [
     "fit_factors",
+    "fit_gpu",
     "fit_suite",
     "gpu_bound_step_errors",
     "group_sums",
     "kernel_sum_errors",
+    "serving_suite_steps",
     "single_gpu_plan",
     "step_model",
     "suite_steps",

@@ -83,6 +83,10 @@ class Composition:
         f = self.factors.get(engine, {})
         return float(f.get(group, 1.0)) * float(f.get("idle", 1.0))
 
+    def idle(self, engine: str) -> float:
+        """The engine's ``idle`` factor alone (1 when not fitted)."""
+        return float(self.factors.get(engine, {}).get("idle", 1.0))
+
     def host_s_per_op(self, engine: str) -> float:
         """Host dispatch seconds per op instance of ``engine``; 0 when not fitted."""
         return float(self.factors.get(engine, {}).get(HOST_KEY, 0.0))

@@ -72,6 +72,7 @@ import numpy as np
 import pandas as pd
 
 from costmodels.ops.select import get_cost_model
+from costmodels.steps.composition import Composition, shipped_composition
 from costmodels.steps.serving_grid import (
     Pricer,
     StepError,
@@ -202,6 +203,7 @@ class StepModel(VllmMemory):
         max_num_seqs: int = DEFAULT_MAX_SEQS,
         cost_model: Any = None,
         profile: str | Path | None = None,
+        composition: Composition | None | str = "shipped",
     ) -> None:
         self.model = model if isinstance(model, ModelConfig) else load_model(model)
         if engine not in ENGINES:
@@ -243,6 +245,9 @@ class StepModel(VllmMemory):
         self.attn_backend = attn_backend or ("cudnn" if engine == "pytorch-eager" else "flash")
         self.max_num_batched_tokens, self.max_num_seqs = max_num_batched_tokens, max_num_seqs
         self.gpu_id = gpu_id
+        if composition == "shipped":
+            composition = shipped_composition(gpu_id)
+        self.composition = composition if isinstance(composition, Composition) else None
         if cost_model is None:
             cost_model = _default_cost_model(gpu_id, str(profile) if profile else None, tp * pp)
         self.cost_model = cost_model
@@ -293,11 +298,25 @@ class StepModel(VllmMemory):
             return {"graph": GRAPH_KERNEL_FLOOR_S, "stream": STREAM_KERNEL_FLOOR_S}
         return {"graph": GRAPH_KERNEL_FLOOR_S}
 
+    def _composition_key(self, ctx: str) -> str:
+        """The composition's engine key of a launch context (``pytorch-eager/graph``...)."""
+        return f"{self.engine}/{ctx}"
+
     def _price(self, tpls: Sequence[OpTemplate], x: np.ndarray) -> dict[str, np.ndarray]:
-        """Per-instance seconds of each template at x, for each launch context."""
+        """Per-instance seconds of each template at x, for each launch context; with a
+        composition, each template's work times its kernel group's factor and the
+        context's idle factor, floors times idle (:mod:`costmodels.steps.composition`)."""
         work = self._pricer.templates(tpls, x)
         inst = total_instances(tpls, x)
-        return {ctx: work + floor * inst for ctx, floor in self._contexts().items()}
+        out = {}
+        for ctx, floor in self._contexts().items():
+            f, idle = np.ones(len(tpls)), 1.0
+            if self.composition is not None:  # group factor x idle; collectives unscaled
+                key = self._composition_key(ctx)
+                f = self.composition.factors_for(key, [t.op or "copy" for t in tpls])
+                idle = self.composition.idle(key)
+            out[ctx] = work * f[:, None] + idle * floor * inst
+        return out
 
     def _build_grids(self) -> _Grids:
         key = (
@@ -310,6 +329,7 @@ class StepModel(VllmMemory):
             self.dtype,
             self.label,
             id(self.cost_model),
+            None if self.composition is None else repr(sorted(self.composition.factors.items())),
         )
         cached = _GRID_CACHE.get(key)
         if cached is not None and cached[0] is self.cost_model:
@@ -515,11 +535,16 @@ class StepModel(VllmMemory):
         """One layer's attention: the prefill (varlen) and the decode launch each pay a
         kernel floor; the eager engine's cuDNN prefill SDPA adds two memsets (profiler)."""
         floor = STREAM_KERNEL_FLOOR_S if stream else GRAPH_KERNEL_FLOOR_S
+        f = idle = 1.0
+        if self.composition is not None:
+            key = self._composition_key("stream" if stream else "graph")
+            f = self.composition.factor(key, "attn_fwd")  # the group's factor x idle
+            idle = self.composition.idle(key)
         t = 0.0
         if pre is not None:
-            t += pre + floor * (3 if stream and self.engine == "pytorch-eager" else 1)
+            t += f * pre + idle * floor * (3 if stream and self.engine == "pytorch-eager" else 1)
         if dec is not None:
-            t += dec + floor
+            t += f * dec + idle * floor
         return t
 
     def step_s(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:

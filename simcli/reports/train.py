@@ -26,7 +26,8 @@ CSV_SCHEMAS: dict[str, dict[str, str]] = {
         "num_microbatches": "micro-batches per iteration per pipeline",
     },
     "breakdown.csv": {
-        "component": "where the critical path spends its time (compute_s, pp_bubble_s, ...)",
+        "component": "where the critical path spends its time (compute_s, pp_bubble_s, "
+        "host_bound_s, ...)",
         "time_s": "seconds of the iteration",
         "share": "fraction of the iteration",
     },
@@ -37,6 +38,8 @@ CSV_SCHEMAS: dict[str, dict[str, str]] = {
         "compute_end_s": "when its last backward ends, seconds from the start",
         "bubble_s": "idle seconds inside the pipeline schedule",
         "dp_comm_exposed_s": "data-parallel communication not hidden behind compute, seconds",
+        "host_bound_s": "seconds the rank waits for its host to dispatch ops (engines with a "
+        "fitted host time per op: eager and compiled PyTorch)",
         "end_s": "when the rank finishes the iteration (optimizer included), seconds",
     },
     "memory.csv": {

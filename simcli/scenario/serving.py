@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from costmodels.ops.select import provenance_fields
+from costmodels.steps.composition import Composition, load_composition
 from costmodels.steps.serving import StepModel
 from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, GIB
 from hardware_specs.prices import gpu_price
@@ -65,9 +66,11 @@ def build_step_model(
     attn_backend: str | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
     max_num_seqs: int = DEFAULT_MAX_SEQS,
+    composition: Composition | None | str = "shipped",
 ) -> StepModel:
     """The step model of one replica of ``tp x pp`` ``hardware`` GPUs, priced by the
-    hardware's op cost model; with ``attn_pattern`` the sparse-attention variant
+    hardware's op cost model and ``composition`` (default: the GPU's shipped file); with
+    ``attn_pattern`` the sparse-attention variant
     (:class:`simcli.sparsity.serving.PatternStepModel`)."""
     kw: dict[str, Any] = dict(
         tp=tp,
@@ -77,6 +80,7 @@ def build_step_model(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         cost_model=hardware.cost_model,
+        composition=composition,
     )
     if attn_pattern is not None:
         from costmodels.steps.sparse import PatternStepModel
@@ -197,6 +201,7 @@ def resolve_deployment(
     kw: dict[str, Any] = dict(
         pp=o.pp,
         engine=o.engine,
+        composition=_composition(o.composition),
         max_num_batched_tokens=o.chunk_size if o.scheduler == "sarathi" else sched.max_tokens,
         max_num_seqs=o.max_batch_size,
     )
@@ -558,9 +563,15 @@ def resolve_step(options: StepOptions) -> StepScenario:
     model = load_model(o.model)
     hardware = resolve_hardware(o.gpu, o.tp * o.pp, profile=o.profile)
     step = build_step_model(
-        model, hardware, tp=o.tp, pp=o.pp, engine=o.engine, attn_backend=o.attn_backend
-    )
+        model, hardware, tp=o.tp, pp=o.pp, engine=o.engine, attn_backend=o.attn_backend,
+        composition=_composition(o.composition),
+    )  # fmt: skip
     return StepScenario(o, hardware, step, o.step_batch())
+
+
+def _composition(path: Path | None) -> Composition | str:
+    """``--composition FILE``, or the GPU's shipped composition."""
+    return load_composition(path) if path is not None else "shipped"
 
 
 def run_step(scenario: StepScenario) -> dict[str, Any]:

@@ -200,6 +200,11 @@ class ServeOptions(CommandConfig):
         "`simcli sparsity compare`).",
     )
     profile: Path | None = Field(None, description="Calibration profile (JSON).")
+    composition: Path | None = Field(
+        None,
+        description="Composition factors from `simcli calibrate from-trace` (JSON); default: "
+        "the ones shipped for the GPU (engine pytorch-eager on H100/H200).",
+    )
     disaggregate: bool = Field(False, description="Separate prefill and decode pools.")
     prefill_replicas: int | None = Field(
         None, gt=0, description="Disaggregation: prefill replicas."
@@ -673,6 +678,11 @@ class StepOptions(CommandConfig):
     )
     block_size: int = Field(16, gt=0, description="KV-cache block, tokens.")
     profile: Path | None = Field(None, description="Calibration profile (JSON).")
+    composition: Path | None = Field(
+        None,
+        description="Composition factors from `simcli calibrate from-trace` (JSON); default: "
+        "the ones shipped for the GPU (engine pytorch-eager on H100/H200).",
+    )
 
     @model_validator(mode="after")
     def _phase_inputs(self) -> StepOptions:

@@ -115,3 +115,25 @@ def test_host_time_per_op_from_host_bound_traces(run, tmp_path):
         fitted[timed] = load_composition(out).host_s_per_op("pytorch")
     assert 2e-5 < fitted[True] < 8e-5
     assert fitted[False] > 1.3 * fitted[True]
+
+
+def test_step_and_serve_take_a_composition_file(run, tmp_path):
+    """`step`/`serve --composition FILE` price the eager engine with that file; a bad file
+    is one error line."""
+    comp = tmp_path / "c.json"
+    factors = {"pytorch-eager/graph": {"idle": 2.0}}
+    comp.write_text(json.dumps({"gpu": "h100-sxm", "factors": factors}))
+    base = ["step", "--model", "llama3-8b", "--gpu", "h100-sxm", "--engine", "pytorch-eager",
+            "--phase", "decode", "--batch", "8", "--context-len", "1024",
+            "--format", "json"]  # fmt: skip
+    shipped = json.loads(run(*base).stdout)["step_ms"]
+    mine = run(*base, "--composition", str(comp))
+    assert mine.exit_code == 0, mine.output
+    assert json.loads(mine.stdout)["step_ms"] > 1.5 * shipped
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert "not JSON" in one_error_line(run(*base, "--composition", str(bad)))
+    serve = ["serve", "--model", "llama3-8b", "--gpu", "h100-sxm", "--engine", "pytorch-eager",
+             "--num-requests", "20", "--qps", "2", "--format", "json", "--quiet"]  # fmt: skip
+    r = run(*serve, "--composition", str(comp))
+    assert r.exit_code == 0, r.output

@@ -11,9 +11,11 @@ from calibrate.trace.fit import (
     SUITES,
     TracedStep,
     fit_factors,
+    fit_gpu,
     fit_suite,
     gpu_bound_step_errors,
     kernel_sum_errors,
+    serving_suite_steps,
     step_errors,
     suite_steps,
 )
@@ -76,10 +78,11 @@ def test_shipped_factors_refit_from_the_committed_traces(gpu):
     steps = suite_steps(gpu, [ROOT / "calibrate" / "data" / sub for sub in SUITES[gpu]])
     # steps2: 9 eager, 2 recompute, 12 compiled / fp8; steps3: 16 + 4 eager, 8 compiled
     assert len(steps) == 23 + 28
-    comp = fit_suite(gpu, steps)
+    comp = fit_gpu(gpu, SUITES[gpu])
     shipped = json.loads((SHIPPED_DIR / f"{gpu}.json").read_text())
     assert comp.factors == shipped["factors"]
     assert comp.meta["held_out_error"] == shipped["meta"]["held_out_error"]
+    assert comp.meta["serving"]["held_out_error"] == shipped["meta"]["serving"]["held_out_error"]
     # the held-out (Qwen- and Llama-3B-shaped) steps get better, not worse
     for e in comp.meta["held_out_error"].values():
         assert e["kernel_sum_mape_after"] < e["kernel_sum_mape_before"]
@@ -88,3 +91,16 @@ def test_shipped_factors_refit_from_the_committed_traces(gpu):
     # both engines dispatch from the host: a host cost was fitted, tens of microseconds
     for fw in ("pytorch", "pytorch-compile"):
         assert 1e-5 < comp.factors[fw][HOST_KEY] < 1e-4
+    # serving (Llama-3-8B fitted, Qwen2.5-7B held out): prefill streams and graph decode
+    serving = comp.meta["serving"]["held_out_error"]
+    assert set(serving) == {"pytorch-eager/graph", "pytorch-eager/stream"}
+    for e in serving.values():
+        assert e["gpu_bound_step_mape_after"] <= e["gpu_bound_step_mape_before"]
+
+
+def test_serving_steps_of_the_traced_suites():
+    steps = serving_suite_steps("h200-sxm", ROOT / "calibrate" / "data" / "steps2-h200-sxm")
+    keys = sorted({(s.framework, s.model) for s in steps})
+    assert len(steps) == 18  # 8 + 8 (prefill, graph decode) + 2 eager decodes
+    assert ("pytorch-eager/graph", "qwen2.5-7b") in keys
+    assert all(sum(s.measured_s.values()) > 0 and s.step_s > 0 for s in steps)

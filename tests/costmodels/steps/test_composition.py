@@ -86,13 +86,17 @@ def test_bad_files_are_one_line(tmp_path, text, needle):
 def test_shipped_files_cover_the_pytorch_engines_only(gpu):
     comp = shipped_composition(gpu)
     assert comp is not None and comp.gpu == gpu
-    assert set(comp.factors) == {"pytorch", "pytorch-compile"}
+    training = {"pytorch", "pytorch-compile"}
+    serving = {"pytorch-eager/graph", "pytorch-eager/stream"}  # serve engine / launch context
+    assert set(comp.factors) == training | serving
     for engine, groups in comp.factors.items():
         assert set(groups) <= set(GROUPS) | {"idle", HOST_KEY}
         assert all(0.5 < v < 2.0 for g, v in groups.items() if g != HOST_KEY)
-        assert 1e-5 < comp.host_s_per_op(engine) < 1e-4  # tens of microseconds per op
-    assert comp.host_s_per_op("megatron") == 0.0
+        if engine in training:
+            assert 1e-5 < comp.host_s_per_op(engine) < 1e-4  # tens of microseconds per op
+    assert comp.host_s_per_op("megatron") == 0.0 and comp.idle("vllm/graph") == 1.0
     assert comp.meta["held_out"] == ["llama3.2-3b-like", "qwen2.5-1.5b-like"]
+    assert comp.meta["serving"]["held_out"] == ["qwen2.5-7b"]
     json.dumps(comp.to_dict())
     assert shipped_composition("a100-sxm-80gb") is None
 
@@ -103,3 +107,29 @@ def test_host_time_out_of_range_is_one_clear_error(tmp_path, value):
     path.write_text(json.dumps({"gpu": "h100-sxm", "factors": {"pytorch": {HOST_KEY: value}}}))
     with pytest.raises(CompositionError, match=f"pytorch/{HOST_KEY}"):
         load_composition(path)
+
+
+def test_serving_step_model_applies_its_context_factors():
+    """The eager serving engine's steps carry the shipped factors of their launch context
+    (prefill: stream, decode: graph); vLLM has no traces, so no factors."""
+    import numpy as np
+
+    from costmodels.steps.serving import StepModel
+
+    none = np.zeros(0, np.int64)
+    prefill = (np.full(2, 1024), np.zeros(2, np.int64), none)
+    decode = (none, none, np.full(32, 1024))
+    comp = shipped_composition("h200-sxm")
+    for engine, changes in (("pytorch-eager", True), ("vllm", False)):
+        plain = StepModel("llama3-8b", "h200-sxm", engine=engine, composition=None)
+        shipped = StepModel("llama3-8b", "h200-sxm", engine=engine)
+        for args in (prefill, decode):
+            a, b = plain.step_s(*args), shipped.step_s(*args)
+            assert (a != pytest.approx(b, rel=1e-4)) is changes, (engine, a, b)
+    # graph decode of the eager engine: gemm, attention, memory-bound and idle all apply
+    graph = comp.factors["pytorch-eager/graph"]
+    assert {"gemm", "attention", "memory_bound", "idle"} <= set(graph)
+    scaled = Composition("h200-sxm", {"pytorch-eager/graph": {"idle": 2.0}})
+    base = StepModel("llama3-8b", "h200-sxm", engine="pytorch-eager", composition=None)
+    twice = StepModel("llama3-8b", "h200-sxm", engine="pytorch-eager", composition=scaled)
+    assert twice.step_s(*decode) == pytest.approx(2.0 * base.step_s(*decode), rel=1e-3)

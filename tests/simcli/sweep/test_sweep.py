@@ -395,7 +395,12 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(sweep, tmp_path):
 
 
 def test_ctrl_c_stores_what_finished_and_exits_130(tmp_path):
-    doc = {**TRAIN, "grid": {**TRAIN["grid"], "micro-batch": [1, 2, 4, 8], "pp": [1, 2, 4]}}
+    # 1,152 points: far more than a loaded machine finishes between the poll that sees 4
+    # stored points and the signal (144 points could, and the sweep then exits 0)
+    seq = {"seq_len": [512, 1024, 2048, 3072, 4096, 6144, 8192, 16384]}
+    fixed = {k: v for k, v in TRAIN["fixed"].items() if k != "seq_len"}
+    grid = {**TRAIN["grid"], "micro-batch": [1, 2, 4, 8], "pp": [1, 2, 4], **seq}
+    doc = {**TRAIN, "fixed": fixed, "grid": grid}
     spec = write_spec(tmp_path, doc)
     db = tmp_path / "r.sqlite"
     code = "from simcli.commands.sweep import app; app(prog_name='simcli sweep')"

@@ -8,10 +8,12 @@
 # compiled: training steps with per-block torch.compile (bf16) and torchao float8 (+compile).
 # host:     small (host-bound) training steps of four models, eager twice (start and end of
 #           the lease: the host's drift) and compiled / float8, to fit the host time per op.
+# big:      a Llama-2-7B-shaped model (141 GB GPUs only): eager 1-4k tokens, compiled, and
+#           full recompute at 2x4096 - a held-out model 4x larger than the fitted ones.
 # Everything lands in OUT/steps.tar.gz (CSV + meta.json + traces per part) and OUT/suite.log.
 # fp8 needs torchao: carry its wheel (.whl/) and put it on PYTHONPATH before calling this.
 set -uo pipefail
-OUT=${1:?OUT}; KIND=${2:?DEVICE_KIND}; PART=${3:-all}  # eager | compiled | all | host
+OUT=${1:?OUT}; KIND=${2:?DEVICE_KIND}; PART=${3:-all}  # eager | compiled | all | host | big
 W=$(mktemp -d)
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
 LOG="$OUT/suite.log"
@@ -51,6 +53,17 @@ if [[ $PART == host ]]; then
   run python3 -m calibrate.steps.train_step --out "$W/train-host-eager-again" --device cuda \
     --device-kind "$KIND" --models "$HOST_MODELS" --shapes 1x512 \
     --steps 12 --trace-dir "$W/train-host-eager-again/traces" --time-budget-s 60
+fi
+if [[ $PART == big ]]; then
+  run python3 -m calibrate.steps.train_step --out "$W/train-big-eager" --device cuda \
+    --device-kind "$KIND" --models llama2-7b-like --shapes 1x1024,1x2048,1x4096 \
+    --trace-dir "$W/train-big-eager/traces" --time-budget-s 120
+  run python3 -m calibrate.steps.train_step --out "$W/train-big-recompute" --device cuda \
+    --device-kind "$KIND" --models llama2-7b-like --shapes 2x4096 --recompute full \
+    --trace-dir "$W/train-big-recompute/traces" --time-budget-s 90
+  run python3 -m calibrate.steps.train_step --out "$W/train-big-compiled" --device cuda \
+    --device-kind "$KIND" --models llama2-7b-like --shapes 1x2048 --modes compile \
+    --trace-dir "$W/train-big-compiled/traces" --time-budget-s 150
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.limit,temperature.gpu --format=csv >>"$LOG" 2>&1
 tar -C "$W" -czf "$OUT/steps-$PART.tar.gz" .

@@ -96,6 +96,9 @@ MODELS: dict[str, Arch] = {
     # Qwen/Qwen2.5-1.5B shapes (untied; no QKV bias here): GQA 12/2, head_dim 128,
     # a 151,936-token vocabulary: ~1.78e9 params. Held out of every fit.
     "qwen2.5-1.5b-like": Arch(28, 1536, 12, 2, 8960, 151936, rope_theta=1e6),
+    # meta-llama/Llama-2-7b-hf shapes: ~6.7e9 params, 108 GB of static state: a 141 GB H200
+    # only (an 80 GB card records it as oom). Held out of every fit.
+    "llama2-7b-like": Arch(32, 4096, 32, 32, 11008, 32000, rope_theta=10000.0),
 }
 SHAPES: tuple[tuple[int, int], ...] = ((1, 2048), (4, 2048), (2, 4096), (1, 8192))
 

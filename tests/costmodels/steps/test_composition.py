@@ -95,7 +95,7 @@ def test_shipped_files_cover_the_pytorch_engines_only(gpu):
         if engine in training:
             assert 1e-5 < comp.host_s_per_op(engine) < 1e-4  # tens of microseconds per op
     assert comp.host_s_per_op("megatron") == 0.0 and comp.idle("vllm/graph") == 1.0
-    assert comp.meta["held_out"] == ["llama3.2-3b-like", "qwen2.5-1.5b-like"]
+    assert comp.meta["held_out"] == ["llama2-7b-like", "llama3.2-3b-like", "qwen2.5-1.5b-like"]
     assert comp.meta["serving"]["held_out"] == ["qwen2.5-7b"]
     json.dumps(comp.to_dict())
     assert shipped_composition("a100-sxm-80gb") is None

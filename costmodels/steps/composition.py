@@ -13,7 +13,9 @@ compiled kernel cannot be split by op, but it is always memory-bound.
 
 Applied by :func:`costmodels.steps.training.step_costs` to each op it prices; an engine a
 composition file does not name keeps factor 1 (Megatron-LM: no traces of it here).
-Collectives are never scaled (their own profile calibrates them).
+Collectives are never scaled (their own profile calibrates them). Serving engines are keyed
+by launch context, ``<engine>/stream`` (eager launches) and ``<engine>/graph`` (CUDA-graph
+replay), and applied by :class:`costmodels.steps.serving.StepModel` (vLLM: none yet).
 
 **Host time.** An engine that dispatches every op from Python (eager PyTorch, and compiled
 blocks whose Inductor wrappers launch each kernel) cannot feed the GPU faster than its

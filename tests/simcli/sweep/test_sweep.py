@@ -395,12 +395,7 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(sweep, tmp_path):
 
 
 def test_ctrl_c_stores_what_finished_and_exits_130(tmp_path):
-    # 1,152 points: far more than a loaded machine finishes between the poll that sees 4
-    # stored points and the signal (144 points could, and the sweep then exits 0)
-    seq = {"seq_len": [512, 1024, 2048, 3072, 4096, 6144, 8192, 16384]}
-    fixed = {k: v for k, v in TRAIN["fixed"].items() if k != "seq_len"}
-    grid = {**TRAIN["grid"], "micro-batch": [1, 2, 4, 8], "pp": [1, 2, 4], **seq}
-    doc = {**TRAIN, "fixed": fixed, "grid": grid}
+    doc = {**TRAIN, "grid": {**TRAIN["grid"], "micro-batch": [1, 2, 4, 8], "pp": [1, 2, 4]}}
     spec = write_spec(tmp_path, doc)
     db = tmp_path / "r.sqlite"
     code = "from simcli.commands.sweep import app; app(prog_name='simcli sweep')"
@@ -422,6 +417,9 @@ def test_ctrl_c_stores_what_finished_and_exits_130(tmp_path):
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # a child inherits an ignored SIGINT across exec; earlier tests (ray) may have left
+        # the test process ignoring it, and a user's shell never does
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     while _count(db) < 4:

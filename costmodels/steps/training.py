@@ -83,12 +83,19 @@ class StepCosts:
 
 
 def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
-    """Nodes spanned by a group of ``size`` ranks ``stride`` apart (Megatron rank order)."""
+    """Nodes spanned by a group of ``size`` ranks ``stride`` apart (Megatron rank order).
+
+    A group split unevenly over nodes (3 ranks of stride 4 on 8-GPU nodes: 2 + 1) is
+    priced as spread over the next node count that divides it (3): its ring crosses the
+    network as often as that, and the collective models assume equal ranks per node."""
     if size <= 1:
         return 1
     if stride >= gpus_per_node:
         return size
-    return max(1, math.ceil(size / (gpus_per_node // stride)))
+    nodes = max(1, math.ceil(size / max(1, gpus_per_node // stride)))
+    while size % nodes:
+        nodes += 1
+    return nodes
 
 
 def with_nodes(op: Op, nodes: int) -> Op:

@@ -453,6 +453,12 @@ def _group_nodes_many(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndar
     """Vectorised :func:`~costmodels.steps.training.group_nodes`."""
     per_node = np.maximum(1, gpn // np.maximum(stride, 1))
     spread = np.maximum(1, -(-size // per_node))
+    # an uneven split: the next node count dividing the group (as group_nodes does)
+    for _ in range(int(np.max(size, initial=1))):
+        uneven = (size % spread) != 0
+        if not uneven.any():
+            break
+        spread = np.where(uneven, spread + 1, spread)
     return np.where(size <= 1, 1, np.where(stride >= gpn, size, spread))
 
 

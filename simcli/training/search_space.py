@@ -67,6 +67,12 @@ class SearchSpace:
 COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind")
 
 
+def even_on_nodes(group: int, gpus_per_node: int) -> bool:
+    """A group of ``group`` consecutive ranks sits on whole nodes or inside one: its size
+    divides the node or is a multiple of it (the collective models need an even split)."""
+    return gpus_per_node % group == 0 or group % gpus_per_node == 0
+
+
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -90,6 +96,8 @@ def enumerate_plans(
     for tp in valid_tp_degrees(model):
         if tp > max_tp or num_gpus % tp or (space.tp and tp not in space.tp):
             continue
+        if not even_on_nodes(tp, gpus_per_node):
+            continue  # a TP group would straddle two nodes unevenly (e.g. TP 3 on 8-GPU nodes)
         for pp in _divisors(num_gpus // tp):
             if layers % pp or (space.max_pp and pp > space.max_pp):
                 continue
@@ -97,7 +105,8 @@ def enumerate_plans(
                 continue
             for cp in _divisors(num_gpus // (tp * pp)):
                 if cp > 1 and (
-                    seq_len % (2 * cp)
+                    not even_on_nodes(tp * cp, gpus_per_node)
+                    or seq_len % (2 * cp)
                     or (space.max_cp and cp > space.max_cp)
                     or seq_len // cp < space.min_tokens_per_cp_rank
                 ):
@@ -121,7 +130,8 @@ def enumerate_plans(
                 zeros = [z for z in space.zero if (z == 0 or dp > 1) and (z < 2 or pp == 1)]
                 if not zeros:
                     continue
-                sps = [1, 0] if tp > 1 else [0]
+                # Megatron's sequence parallelism splits each CP rank's tokens over TP
+                sps = [1, 0] if tp > 1 and (seq_len // cp) % tp == 0 else [0]
                 sps = [s for s in sps if bool(s) in space.sequence_parallel] or sps[:1]
                 for mb in _divisors(global_batch // dp):
                     if space.max_micro_batch and mb > space.max_micro_batch:

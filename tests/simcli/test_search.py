@@ -341,3 +341,31 @@ def test_cli_errors_are_one_line(args, message):
     assert res.exit_code == 2
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
+
+
+def test_gpu_counts_with_odd_factors_search_instead_of_crashing():
+    """96 GPUs (12 nodes of 8): TP 3 groups would straddle nodes and GPT-3's 2,048 tokens
+    do not split over TP 3, so those plans are skipped, not fatal; DP groups split 2 + 1
+    over nodes (TP 4 x DP 3) are priced as spanning 3 nodes; the best plan is simulated."""
+    gpt3 = load_model("gpt3-175b")
+    t = enumerate_plans(gpt3, 96, 2048, 192, 8)
+    assert len(t["tp"]) and set(np.unique(t["tp"])) <= {1, 2, 4, 8}
+    sp = t["sp"] == 1
+    assert ((2048 // t["cp"][sp]) % t["tp"][sp] == 0).all()
+    for model, seq, gbs in ((load_model("llama3-8b"), 4096, 96), (gpt3, 2048, 192)):
+        res = _search(model, GPU, 96, seq_len=seq, global_batch=gbs, top=1)
+        best = res.plans[0]
+        assert best.plan.num_gpus == 96
+        assert _simulate(model, best.plan).iteration_s == pytest.approx(best.iteration_s)
+
+
+def test_uneven_groups_are_priced_over_a_node_count_that_divides_them():
+    from costmodels.steps.training import group_nodes
+    from simcli.training.search_estimate import _group_nodes_many
+
+    assert group_nodes(3, 4, 8) == 3  # ranks 0, 4, 8: two nodes, unevenly
+    assert group_nodes(3, 8, 8) == 3 and group_nodes(4, 2, 8) == 1 and group_nodes(8, 2, 8) == 2
+    sizes, strides = np.array([3, 3, 4, 8, 6]), np.array([4, 8, 2, 2, 2])
+    many = _group_nodes_many(sizes, strides, 8)
+    pairs = zip(sizes, strides, strict=True)
+    assert many.tolist() == [group_nodes(int(s), int(k), 8) for s, k in pairs]

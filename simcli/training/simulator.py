@@ -29,6 +29,7 @@ import numpy as np
 
 from costmodels.steps.composition import Composition
 from costmodels.steps.training import (
+    COMM_INTERFERENCE,
     CostModel,
     Framework,
     StepCosts,
@@ -115,14 +116,11 @@ class TrainResult:
         atomic_write_text(Path(path), json.dumps({"traceEvents": self.trace_events()}))
 
 
-# Seconds added to the compute stream per second of NVLink collective running beside it:
-# NCCL's kernels take SMs and HBM bandwidth from the GEMMs they overlap. Fitted (0.7, the
-# min-max error over 0.5..1.0) on the 2-GPU DDP steps of calibrate/data/steps-h200-x4,
-# where a 6 GB fp32 all-reduce that the backward could hide three times over still added
-# 70-80% of its duration; the 4-GPU DDP and the FSDP rows of that folder are the check.
-# Network-bound collectives move bytes (and load the GPU) slower, in proportion to the
-# NIC / NVLink bandwidth ratio.
-INTERFERENCE = 0.7
+# Seconds added to the compute stream per second of NVLink collective running beside it
+# (costmodels.steps.training.COMM_INTERFERENCE, fitted on our DDP steps). Network-bound
+# collectives move bytes (and load the GPU) slower, in proportion to the NIC / NVLink
+# bandwidth ratio.
+INTERFERENCE = COMM_INTERFERENCE
 
 
 def interference(system: System, nodes: int) -> float:

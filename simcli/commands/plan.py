@@ -1,6 +1,7 @@
 """``simcli plan``: search parallel training plans and rank them by time or cost."""
 
 import io
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,7 @@ from simcli.reports.bundle import (
 )
 from simcli.scenario.training import PlanConfig, resolve_plan, run_plan
 from simcli.training.search import SearchResult
+from simcli.training.to_train import to_train_fields
 
 app = typer.Typer(help="Search parallel training plans (tp, pp, cp, dp, ZeRO, recompute, ...).")
 
@@ -45,14 +47,30 @@ TABLE_COLUMNS = (
 )
 
 
-def _records(result: SearchResult) -> list[dict]:
-    return [{"rank": i + 1, **p.record()} for i, p in enumerate(result.plans)]
+def _records(result: SearchResult, train_tokens: float | None = None) -> list[dict]:
+    """The ranked plans; with ``train_tokens``, each one's days, GPU-hours and US$ to train."""
+    out = []
+    price = result.price_usd_per_gpu_hour
+    for i, p in enumerate(result.plans):
+        row = {"rank": i + 1, **p.record()}
+        if train_tokens is not None:
+            row |= to_train_fields(
+                iteration_s=p.iteration_s,
+                tokens_per_iteration=result.global_batch * result.seq_len,
+                num_gpus=p.plan.num_gpus,
+                usd_per_gpu_hour=None if math.isnan(price) else price,
+                train_tokens=train_tokens,
+            )
+        out.append(row)
+    return out
 
 
-def _write(result: SearchResult, path: Path, inputs: dict) -> None:
+def _write(
+    result: SearchResult, path: Path, inputs: dict, train_tokens: float | None = None
+) -> None:
     """``--output``: CSV of the plans for a .csv name, the JSON object for .json, else a
     folder with plans.csv, evaluated.csv, config.json and report.html."""
-    records = _records(result)
+    records = _records(result, train_tokens)
     if output_is_dir(path):
         from simcli.reports import plan as plan_report
 
@@ -95,8 +113,8 @@ def plan(
             collect = output is not None and output_is_dir(output)
             result = run_plan(scenario, collect=collect, progress=advance)
         if output is not None:
-            _write(result, output, inputs)
-        records = _records(result)
+            _write(result, output, inputs, config.train_tokens)
+        records = _records(result, config.train_tokens)
         summary = result.summary()
         if fmt == Format.table:
             title = (
@@ -105,7 +123,10 @@ def plan(
                 f"({summary['configs_fit']} fit) in {summary['search_seconds']:.2f} s, "
                 f"best {records[0]['iteration_s']:.3f} s/iteration"
             )
-            rows = [{c: r.get(c) for c in TABLE_COLUMNS} for r in records]
+            columns = TABLE_COLUMNS + (
+                ("days_to_train", "cost_usd_to_train") if config.train_tokens else ()
+            )
+            rows = [{c: r.get(c) for c in columns} for r in records]
             emit_records(rows, fmt, title=title)
         else:
             emit_records(records, fmt, json_wrapper=summary, json_key="plans")

@@ -9,6 +9,7 @@ import pandas as pd
 
 from simcli.reports.charts import PALETTE, hbar_stack, new_figure, pareto_line
 from simcli.reports.page import Report
+from simcli.training.to_train import TO_TRAIN_COLUMNS
 
 PLAN_COLUMNS: dict[str, str] = {
     "rank": "position in the ranking (1 = best by the objective)",
@@ -37,6 +38,7 @@ PLAN_COLUMNS: dict[str, str] = {
     "memory_capacity_gib": "usable memory per GPU, GiB",
     "gpu_hours_per_iteration": "GPU-hours per iteration",
     "cost_usd_per_iteration": "US$ per iteration at the GPU price",
+    **{k: f"{v} (with --train-tokens)" for k, v in TO_TRAIN_COLUMNS.items()},
 }
 
 _SHARED = ("num_gpus", "tp", "pp", "dp", "cp", "cp_kind", "ep", "vpp", "zero", "micro_batch",

@@ -9,6 +9,7 @@ import pandas as pd
 
 from simcli.reports.charts import PALETTE, hbar_stack, new_figure, timeline
 from simcli.reports.page import Report
+from simcli.training.to_train import TO_TRAIN_COLUMNS
 
 CSV_SCHEMAS: dict[str, dict[str, str]] = {
     "summary.csv": {
@@ -24,6 +25,7 @@ CSV_SCHEMAS: dict[str, dict[str, str]] = {
         "memory_capacity_gib": "usable memory per GPU, GiB",
         "fits": "peak memory within capacity",
         "num_microbatches": "micro-batches per iteration per pipeline",
+        **TO_TRAIN_COLUMNS,
     },
     "breakdown.csv": {
         "component": "where the critical path spends its time (compute_s, pp_bubble_s, "

@@ -29,6 +29,7 @@ from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
 from simcli.training.search import Objective, SearchResult, gpu_counts, search_plans
 from simcli.training.search_space import COMPUTE_DTYPE, SearchSpace
 from simcli.training.simulator import TrainResult, simulate_iteration
+from simcli.training.to_train import to_train_fields
 from workloads.models import ModelConfig, load_model
 from workloads.plan import (
     PRECISIONS,
@@ -140,6 +141,18 @@ class TrainConfig(BaseModel):
     ignore_memory: bool = Field(
         False, description="Report a plan even if it does not fit in GPU memory."
     )
+    train_tokens: float | None = Field(
+        None,
+        gt=0,
+        description="Tokens to train on (e.g. 1e12): also report days, GPU-hours and US$ "
+        "to train.",
+    )
+    price_usd_per_gpu_hour: float | None = Field(
+        None,
+        gt=0,
+        description="US$ per GPU-hour for --train-tokens; default: the built-in price table.",
+        json_schema_extra={"cli": ["--price-per-gpu-hour"]},
+    )
 
     @field_validator("layer_split", mode="before")
     @classmethod
@@ -190,6 +203,12 @@ class PlanConfig(BaseModel):
         gt=0,
         description="US$ per GPU-hour; default: the built-in price table.",
         json_schema_extra={"cli": ["--price-per-gpu-hour"]},
+    )
+    train_tokens: float | None = Field(
+        None,
+        gt=0,
+        description="Tokens to train on (e.g. 1e12): also report days, GPU-hours and US$ to "
+        "train for each plan.",
     )
     profile: Path | None = Field(None, description="Calibration profile (JSON).")
     hardware: Path | None = Field(None, description="Extra hardware spec file (YAML/JSON).")
@@ -275,7 +294,9 @@ def resolve_train(config: TrainConfig) -> TrainScenario:
         "hardware_file": config.hardware,
         "cluster_file": config.cluster,
     }
-    hardware = resolve_hardware(config.gpu, config.gpus, **files)
+    hardware = resolve_hardware(
+        config.gpu, config.gpus, price_usd_per_gpu_hour=config.price_usd_per_gpu_hour, **files
+    )
     if plan.compute_dtype == "fp8" and "fp8" not in _precisions(hardware):
         raise PlanError(
             f"--precision fp8 needs fp8 tensor cores; {config.gpu} has none; allowed: "
@@ -367,7 +388,21 @@ class TrainRun:
             "stages": res.stages,
             "plan": plan.model_dump(mode="json") | {"dp": plan.data_parallel, "sp": plan.sp},
             "attn_pattern": s.config.attn_pattern,
+            **self.to_train(),
         }
+
+    def to_train(self) -> dict[str, Any]:
+        """``--train-tokens``: days, GPU-hours and US$ to train (nothing without it)."""
+        c = self.scenario.config
+        if c.train_tokens is None:
+            return {}
+        return to_train_fields(
+            iteration_s=self.result.iteration_s,
+            tokens_per_iteration=self.scenario.plan.tokens_per_iteration,
+            num_gpus=c.gpus,
+            usd_per_gpu_hour=self.scenario.hardware.usd_per_gpu_hour,
+            train_tokens=c.train_tokens,
+        )
 
     def flat(self) -> dict[str, Any]:
         """The CSV row of ``simcli train``: the object with its breakdowns as columns."""

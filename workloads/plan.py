@@ -29,13 +29,13 @@ class PlanError(ValueError):
 Precision = Literal["bf16-mixed", "fp16-mixed", "bf16", "fp8"]
 PPSchedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
-CPKind = Literal["ring", "ulysses", "tokenring"]
+CPKind = Literal["ring", "ulysses", "tokenring", "allgather", "hierarchical"]
 TPComm = Literal["plain", "overlap", "ladder"]
 
 PRECISIONS: tuple[str, ...] = ("bf16-mixed", "fp16-mixed", "bf16", "fp8")
 PP_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
-CP_KINDS: tuple[str, ...] = ("ring", "ulysses", "tokenring")
+CP_KINDS: tuple[str, ...] = ("ring", "ulysses", "tokenring", "allgather", "hierarchical")
 TP_COMMS: tuple[str, ...] = ("plain", "overlap", "ladder")
 
 
@@ -66,7 +66,9 @@ class TrainPlan(BaseModel):
     )
     precision: Precision = "bf16-mixed"
     cp_kind: CPKind = Field(
-        default="ring", description="ring attention, Ulysses all-to-all, or TokenRing"
+        default="ring",
+        description="ring attention, Ulysses all-to-all, TokenRing, all-gathered K/V "
+        "(Llama 3), or hierarchical (Ulysses inside a node x ring across nodes)",
     )
     tp_comm: TPComm = Field(
         default="plain",
@@ -229,7 +231,7 @@ def check_plan(plan: TrainPlan, model: ModelConfig) -> TrainPlan:
         if heads % plan.cp:
             raise PlanError(
                 f"Ulysses cp={plan.cp} must divide the {heads} query heads per TP rank; "
-                "allowed: cp dividing that, or cp_kind ring/tokenring"
+                "allowed: cp dividing that, or cp_kind ring/tokenring/allgather/hierarchical"
             )
     if plan.ep > 1:
         if model.num_experts == 1:

@@ -51,7 +51,15 @@ import numpy as np
 from hardware_specs.schema import GIB, MIB, GpuSpec
 from workloads.decompose.shard import shard_sizes
 from workloads.models import ModelConfig
-from workloads.plan import PP_SCHEDULES, PRECISIONS, RECOMPUTE, PlanError, TrainPlan, check_plan
+from workloads.plan import (
+    CP_KINDS,
+    PP_SCHEDULES,
+    PRECISIONS,
+    RECOMPUTE,
+    PlanError,
+    TrainPlan,
+    check_plan,
+)
 
 Framework = Literal["megatron", "megatron-unfused", "pytorch", "pytorch-compile"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "megatron-unfused", "pytorch", "pytorch-compile")
@@ -137,6 +145,8 @@ LOGIT_BYTES: dict[str, tuple[tuple[int, int], ...]] = {
 _PREC = {name: i for i, name in enumerate(PRECISIONS)}
 _RECOMPUTE = {name: i for i, name in enumerate(RECOMPUTE)}
 _SCHED = {name: i for i, name in enumerate(PP_SCHEDULES)}
+_CP_KIND = {name: i for i, name in enumerate(CP_KINDS)}
+_ALLGATHER = _CP_KIND["allgather"]
 _BF16 = _PREC["bf16"]
 _FP8 = _PREC["fp8"]
 _GPIPE, _ONE_F_ONE_B, _INTERLEAVED = (_SCHED[s] for s in ("gpipe", "1f1b", "interleaved"))
@@ -406,7 +416,10 @@ def _stage(
     # GEMM input, and ring attention's K and V of the local chunk, double-buffered (send
     # one, receive one)
     running = np.where(t_sp > 1, e * tokens * h, 0.0)
-    running = running + np.where(cp > 1, 2 * 2 * e * sh["kv_w"] * tokens, 0.0)
+    # all-gathered K/V (Llama 3's CP): the whole sequence's K and V of the layer, and in
+    # the backward their gradients before the reduce-scatter (fp32)
+    kv_full = np.where(a["cpk"] == _ALLGATHER, (2 * e + 2 * 4) * sh["kv_w"] * tokens * cp, 0.0)
+    running = running + np.where(cp > 1, np.maximum(2 * 2 * e * sh["kv_w"] * tokens, kv_full), 0.0)
     # ZeRO-2/3: unsharded gradients of the buckets being reduce-scattered (two in flight),
     # never more than the unsharded remainder
     bucket = 2.0 * a["bucket"]
@@ -588,6 +601,7 @@ def plan_memory_fields(plan: TrainPlan) -> dict[str, Any]:
         "precision": plan.precision,
         "pp_schedule": plan.pp_schedule,
         "grad_bucket_bytes": plan.grad_bucket_bytes,
+        "cp_kind": plan.cp_kind,
     }
 
 
@@ -622,6 +636,7 @@ def memory_bytes_many(
     pp_schedule,
     framework: Framework = "megatron",
     grad_bucket_bytes=None,
+    cp_kind="ring",
 ) -> np.ndarray:
     """Peak bytes per GPU of many plans at once (``estimate_memory(...).total_bytes``).
 
@@ -662,6 +677,7 @@ def memory_bytes_many(
         precision=precision,
         pp_schedule=pp_schedule,
         grad_bucket_bytes=grad_bucket_bytes,
+        cp_kind=cp_kind,
     )
     if np.any(model.num_heads % a["tp"]):
         bad = np.unique(a["tp"][model.num_heads % a["tp"] != 0])
@@ -708,7 +724,7 @@ def memory_bytes_many(
 
 
 def _code(values, names: dict[str, int], what: str):
-    """String names or integer codes -> integer codes (vectorised over <= 4 names)."""
+    """String names or integer codes -> integer codes (vectorised over a few names)."""
     arr = np.asarray(values)
     if arr.dtype.kind in "iu":
         if arr.size and (arr.min() < 0 or arr.max() >= len(names)):
@@ -748,6 +764,7 @@ def _arrays(*, grad_bucket_bytes=None, **fields) -> dict:
     arrs["prec"] = _code(fields["precision"], _PREC, "precision")
     arrs["sched"] = _code(fields["pp_schedule"], _SCHED, "pp_schedule")
     arrs["sp"] = np.asarray(fields["sp"], dtype=bool)
+    arrs["cpk"] = _code(fields.get("cp_kind", "ring"), _CP_KIND, "cp_kind")
     for k in ("tp", "pp", "cp", "dp", "vpp", "ep", "mb", "m", "seq", "bucket"):
         if np.any(arrs[k] < 1):
             raise PlanError(f"{k} must be >= 1; got {np.unique(arrs[k]).tolist()}")

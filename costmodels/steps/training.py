@@ -36,7 +36,7 @@ from workloads.decompose import LayerOp, op_groups, params_per_tp_rank
 from workloads.decompose.training import ATTENTION, Framework
 from workloads.models import ModelConfig
 from workloads.ops import Op, OpKind, ops_frame
-from workloads.plan import TrainPlan
+from workloads.plan import PlanError, TrainPlan
 
 CostModel = AnalyticalCostModel | LearnedCostModel
 
@@ -297,10 +297,28 @@ class Comm:
     dtype: str
 
 
+def hierarchical_split(cp: int, tp: int, gpus_per_node: int) -> tuple[int, int]:
+    """(Ulysses degree inside a node, ring degree across nodes) of hierarchical CP: the
+    largest divisor of ``cp`` whose CP ranks (stride ``tp``) fit in one node."""
+    return (u := math.gcd(cp, max(1, gpus_per_node // tp))), cp // u
+
+
+def _a2a_kv(kv_heads: int, ranks: int, tokens: int, head_dim: int, elt: int) -> tuple[str, float]:
+    """Ulysses' K/V exchange over ``ranks``: an all-to-all when the KV heads split over
+    them; with fewer KV heads than ranks (GQA), each rank needs whole heads, so K and V
+    are replicated: every rank gathers its ceil(kv / ranks) heads over the full sequence."""
+    if kv_heads % ranks == 0:
+        return "all_to_all", 2.0 * tokens * kv_heads * head_dim * elt
+    per_rank = -(-kv_heads // ranks)
+    return "all_gather", 2.0 * tokens * ranks * per_rank * head_dim * elt
+
+
 def cp_comms(model: ModelConfig, plan: TrainPlan, gpus_per_node: int) -> dict[str, Comm]:
     """The context-parallel collectives of one layer: Ulysses' all-to-alls (``a2a`` of Q
-    and of the output, ``a2a_kv``), or one ring step's K/V send (``step_f``; ``step_b``
-    also returns their gradients)."""
+    and of the output, ``a2a_kv``), one ring step's K/V send (``step_f``; ``step_b`` also
+    returns their gradients), the all-gathered K/V (``ag_kv``) and the reduce-scattered
+    K/V gradients (``rs_kv``), or hierarchical CP's intra-node all-to-alls and inter-node
+    ring steps."""
     cp = plan.cp
     if cp == 1:
         return {}
@@ -310,15 +328,44 @@ def cp_comms(model: ModelConfig, plan: TrainPlan, gpus_per_node: int) -> dict[st
     tokens = plan.micro_batch * plan.seq_len // cp
     kv_heads = max(1, model.num_kv_heads // plan.tp)
     q_heads = model.num_heads // plan.tp
-    kv_bytes = 2.0 * tokens * kv_heads * model.head_dim * elt
+    d = model.head_dim
+    kv_bytes = 2.0 * tokens * kv_heads * d * elt
+    q_bytes = tokens * q_heads * d * elt
     if plan.cp_kind == "ulysses":
         # all-to-all of Q, K, V before attention and of the output after; the same in
         # backward for the gradients. Each rank's send buffer is its whole local tensor.
-        q_bytes = tokens * q_heads * model.head_dim * elt
+        kind, nbytes = _a2a_kv(kv_heads, cp, tokens, d, elt)
         return {
             "a2a": Comm("all_to_all", q_bytes, cp, nodes, act),
-            "a2a_kv": Comm("all_to_all", kv_bytes, cp, nodes, act),
+            "a2a_kv": Comm(kind, nbytes, cp, nodes, act),
         }
+    if plan.cp_kind == "allgather":
+        # Llama 3 (Grattafiori et al. 2024, sec. 3.3.2): K and V all-gathered before the
+        # local queries' attention (cheap under GQA), not kept for the backward, which
+        # gathers them again and reduce-scatters their gradients.
+        return {
+            "ag_kv": Comm("all_gather", kv_bytes * cp, cp, nodes, act),
+            "rs_kv": Comm("reduce_scatter", kv_bytes * cp, cp, nodes, "fp32"),
+        }
+    if plan.cp_kind == "hierarchical":
+        # USP (Fang & Zhao 2024) / Megatron's a2a+p2p: Ulysses over the u CP ranks of a
+        # node (NVLink), then a ring over the r node groups; each ring step moves the
+        # K/V of the rank's heads, the same bytes as its local K/V.
+        u, r = hierarchical_split(cp, plan.tp, gpus_per_node)
+        if q_heads % u:
+            raise PlanError(
+                f"hierarchical cp={cp} runs Ulysses over the {u} CP ranks of a node, which "
+                f"must divide the {q_heads} query heads per TP rank; allowed: cp_kind ring, "
+                "allgather, or a cp whose in-node part divides the heads"
+            )
+        kind, nbytes = _a2a_kv(kv_heads, u, tokens, d, elt)
+        return {
+            "a2a": Comm("all_to_all", q_bytes, u, 1, act),
+            "a2a_kv": Comm(kind, nbytes, u, 1, act),
+            "step_f": Comm("send_recv", kv_bytes, 2, 2 if r > 1 and nodes > 1 else 1, "bf16"),
+            "step_b": Comm("send_recv", 2.0 * kv_bytes, 2, 2 if r > 1 and nodes > 1 else 1,
+                           "bf16"),
+        }  # fmt: skip
     # Ring: TokenRing splits each step over both directions of the ring, halving the
     # bytes on the slower direction; the ring's slowest hop leaves the node.
     p2p_nodes = 2 if nodes > 1 else 1
@@ -330,19 +377,28 @@ def cp_comms(model: ModelConfig, plan: TrainPlan, gpus_per_node: int) -> dict[st
 
 
 def cp_exposed_s(
-    plan: TrainPlan, times_s: dict[str, float], attn_f_s: float, attn_b_s: float
-) -> tuple[float, float]:
+    plan: TrainPlan, times_s: dict[str, float], attn_f_s: float, attn_b_s: float,
+    gpus_per_node: int = 8,
+) -> tuple[float, float]:  # fmt: skip
     """Exposed CP communication per layer (forward, backward) from the priced
-    :func:`cp_comms`: Ulysses' all-to-alls are on the critical path; a ring's cp - 1
-    steps each overlap one attention block (1/cp of the local attention work)."""
+    :func:`cp_comms`: Ulysses' all-to-alls and the all-gathered K/V are on the critical
+    path; a ring's steps each overlap one attention block (1/steps of the local attention
+    work); hierarchical CP pays its all-to-alls and a ring over the node groups."""
     cp = plan.cp
     if cp == 1:
         return 0.0, 0.0
     if plan.cp_kind == "ulysses":
         one = 2.0 * times_s["a2a"] + times_s["a2a_kv"]
         return one, one
-    exposed_f = (cp - 1) * max(0.0, times_s["step_f"] - attn_f_s / cp)
-    exposed_b = (cp - 1) * max(0.0, times_s["step_b"] - attn_b_s / cp)
+    if plan.cp_kind == "allgather":
+        return times_s["ag_kv"], times_s["ag_kv"] + times_s["rs_kv"]
+    steps = cp
+    a2a = 0.0
+    if plan.cp_kind == "hierarchical":
+        steps = hierarchical_split(cp, plan.tp, gpus_per_node)[1]
+        a2a = 2.0 * times_s["a2a"] + times_s["a2a_kv"]
+    exposed_f = a2a + (steps - 1) * max(0.0, times_s["step_f"] - attn_f_s / steps)
+    exposed_b = a2a + (steps - 1) * max(0.0, times_s["step_b"] - attn_b_s / steps)
     return exposed_f, exposed_b
 
 
@@ -373,7 +429,7 @@ def cp_comm_s(
         for k, c in comms.items()
     }
     attn_f, attn_b = layer_f.by_op_s.get("attn", 0.0), layer_b.by_op_s.get("attn_bwd", 0.0)
-    return cp_exposed_s(plan, times, attn_f, attn_b)
+    return cp_exposed_s(plan, times, attn_f, attn_b, system.node.gpus_per_node)
 
 
 def _ep_comm(

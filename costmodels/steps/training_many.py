@@ -245,7 +245,7 @@ def _comm_requests(
     gpn = system.node.gpus_per_node
     act = plan.activation_dtype
     elt = DTYPE_BYTES[Dtype(act)]
-    req: dict[str, Any] = {"ep": -1}
+    req: dict[str, Any] = {"ep": -1, "gpn": gpn}
     for key, c in cp_comms(model, plan, gpn).items():
         req[key] = pricer.collective(c.kind, c.nbytes, c.ranks, c.nodes, c.dtype)
     ep = ep_comm(model, plan, gpn)
@@ -267,7 +267,7 @@ def _comm_requests(
 def _cp_exposed(
     plan: TrainPlan, req: dict[str, Any], pricer: _Pricer, layer_f: Phase, layer_b: Phase
 ) -> tuple[float, float]:
-    keys = ("a2a", "a2a_kv", "step_f", "step_b")
+    keys = ("a2a", "a2a_kv", "step_f", "step_b", "ag_kv", "rs_kv")
     times = {k: pricer.time(req[k]) for k in keys if k in req}
     attn_f, attn_b = layer_f.by_op_s.get("attn", 0.0), layer_b.by_op_s.get("attn_bwd", 0.0)
-    return cp_exposed_s(plan, times, attn_f, attn_b)
+    return cp_exposed_s(plan, times, attn_f, attn_b, req["gpn"])

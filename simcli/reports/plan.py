@@ -18,7 +18,7 @@ PLAN_COLUMNS: dict[str, str] = {
     "pp": "pipeline-parallel degree",
     "dp": "data-parallel degree",
     "cp": "context-parallel degree",
-    "cp_kind": "ring | ulysses | tokenring (empty when cp = 1)",
+    "cp_kind": "ring | ulysses | tokenring | allgather | hierarchical (empty when cp = 1)",
     "ep": "expert-parallel degree",
     "vpp": "virtual pipeline stages per rank (interleaved 1F1B when > 1)",
     "pp_schedule": "1f1b | interleaved | gpipe",

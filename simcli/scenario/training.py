@@ -88,7 +88,9 @@ class TrainConfig(BaseModel):
     vpp: int = Field(1, ge=1, description="Virtual pipeline stages per rank (interleaved).")
     cp: int = Field(1, ge=1, description="Context-parallel degree (each sequence split cp ways).")
     cp_kind: CPKind = Field(
-        "ring", description="Context parallelism: ring attention, Ulysses all-to-all, TokenRing."
+        "ring",
+        description="Context parallelism: ring attention, Ulysses all-to-all, TokenRing, "
+        "allgather (K/V all-gathered, Llama 3) or hierarchical (Ulysses in a node x ring).",
     )
     ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE models, within DP).")
     zero: Literal[0, 1, 2, 3] = Field(

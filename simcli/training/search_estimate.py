@@ -493,6 +493,7 @@ def plan_memory_bytes(ctx: EstimateContext, table: dict[str, np.ndarray]) -> np.
             sp=table["sp"].astype(bool),
             precision=ctx.precision,
             pp_schedule=np.where(table["vpp"] > 1, PP_SCHEDULES.index("interleaved"), 0),
+            cp_kind=table["kind"],  # codes: the index in CP_KINDS
         ),
         dtype=float,
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodels.steps.training import hierarchical_split
 from workloads.decompose import valid_tp_degrees
 from workloads.models import ModelConfig
 from workloads.plan import CP_KINDS, PRECISIONS, RECOMPUTE, PlanError, TrainPlan
@@ -117,11 +118,13 @@ def enumerate_plans(
                 kinds = [0]
                 if cp > 1:
                     heads = model.num_heads // tp
-                    kinds = [
-                        CP_KINDS.index(k)
-                        for k in space.cp_kinds
-                        if not (k == "ulysses" and heads % cp)
-                    ]
+                    u, r = hierarchical_split(cp, tp, gpus_per_node)
+                    skip = {
+                        "ulysses": heads % cp != 0,
+                        # a real split only (else it is ring or Ulysses), heads over u
+                        "hierarchical": u == 1 or r == 1 or heads % u != 0,
+                    }
+                    kinds = [CP_KINDS.index(k) for k in space.cp_kinds if not skip.get(k)]
                     if not kinds:
                         continue
                 eps = [1]

@@ -291,6 +291,51 @@ def test_context_parallel_variants_cross_over_with_length():
         assert t("tokenring", seq) <= t("ring", seq) + 1e-12
 
 
+def test_allgather_and_hierarchical_context_parallelism():
+    """All-gathered K/V (Llama 3) pays a gather forward, a gather and a reduce-scatter
+    backward, all exposed; hierarchical CP (Ulysses inside a node x ring across) pays the
+    in-node all-to-alls and a ring of r = cp / u steps; Ulysses with fewer KV heads than CP
+    ranks replicates K/V (an all-gather, more bytes than the all-to-all)."""
+    from costmodels.steps.training import cp_comms, hierarchical_split
+
+    model = load_model("llama3-8b")  # 32 query heads, 8 KV heads
+
+    def plan(kind, cp, tp=2):
+        return make_plan(model, num_gpus=tp * cp, tp=tp, cp=cp, cp_kind=kind, global_batch=1,
+                         seq_len=262144, recompute="full")  # fmt: skip
+
+    assert hierarchical_split(16, 2, 8) == (4, 4) and hierarchical_split(8, 8, 8) == (1, 8)
+    ag = cp_comms(model, plan("allgather", 16), 8)
+    ring = cp_comms(model, plan("ring", 16), 8)
+    assert ag["ag_kv"].kind == "all_gather" and ag["rs_kv"].kind == "reduce_scatter"
+    assert ag["ag_kv"].nbytes == 16 * ring["step_f"].nbytes  # the whole sequence's K/V
+    hier = cp_comms(model, plan("hierarchical", 16), 8)
+    assert hier["a2a"].ranks == 4 and hier["a2a"].nodes == 1 and "step_f" in hier
+    # 4 KV heads per TP rank over 16 Ulysses ranks: replicated, gathered
+    uly = cp_comms(model, plan("ulysses", 16), 8)
+    assert uly["a2a_kv"].kind == "all_gather"
+    assert cp_comms(model, plan("ulysses", 4), 8)["a2a_kv"].kind == "all_to_all"
+    times = {k: _simulate(model, plan(k, 16), "h100-sxm") for k in
+             ("ring", "ulysses", "allgather", "hierarchical")}  # fmt: skip
+    for k, res in times.items():
+        assert res.breakdown_s["cp_comm_s"] >= 0.0, k
+    assert times["allgather"].breakdown_s["cp_comm_s"] > 0.0
+    # the in-node all-to-alls cost something; the ring over 4 node groups hides behind
+    # attention at 256k tokens like the 16-step ring does
+    assert times["ring"].iteration_s <= times["hierarchical"].iteration_s
+    # the gathered K/V and their fp32 gradients sit in memory beside the layer
+    from costmodels.steps.memory import estimate_memory
+    from hardware_specs.registry import builtin_catalog
+
+    gpu = builtin_catalog().gpu("h100-sxm")
+    mem = {k: estimate_memory(model, plan(k, 16), gpu).total_bytes for k in ("ring", "allgather")}
+    assert mem["allgather"] > mem["ring"]
+    # 8 query heads per TP-8 rank do not split over 16 Ulysses ranks: one line
+    with pytest.raises(PlanError, match="Ulysses"):
+        make_plan(model, num_gpus=128, tp=8, cp=16, cp_kind="ulysses", global_batch=1,
+                  seq_len=262144)  # fmt: skip
+
+
 def test_train_cli_refuses_a_plan_that_does_not_fit(tmp_path):
     trace = tmp_path / "t.json"
     args = ["train", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "8", "--tp", "8",

@@ -91,7 +91,9 @@ def test_contract_flags_are_unchanged(name, expected):
 def test_json_schema_comes_from_the_fields():
     schema = TrainConfig.model_json_schema()
     json.dumps(schema)
-    assert schema["properties"]["cp_kind"]["enum"] == ["ring", "ulysses", "tokenring"]
+    assert schema["properties"]["cp_kind"]["enum"] == [
+        "ring", "ulysses", "tokenring", "allgather", "hierarchical"
+    ]
     assert "Tokens per sequence" in schema["properties"]["seq_len"]["description"]
     assert PlanConfig.model_json_schema()["properties"]["tp"]["anyOf"][0]["type"] == "array"
 

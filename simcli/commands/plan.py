@@ -33,6 +33,7 @@ TABLE_COLUMNS = (
     "dp",
     "cp",
     "cp_kind",
+    "tp_comm",
     "vpp",
     "zero",
     "micro_batch",

@@ -19,6 +19,7 @@ PLAN_COLUMNS: dict[str, str] = {
     "dp": "data-parallel degree",
     "cp": "context-parallel degree",
     "cp_kind": "ring | ulysses | tokenring | allgather | hierarchical (empty when cp = 1)",
+    "tp_comm": "TP collectives exposed (plain) or overlapped with the GEMMs (overlap)",
     "ep": "expert-parallel degree",
     "vpp": "virtual pipeline stages per rank (interleaved 1F1B when > 1)",
     "pp_schedule": "1f1b | interleaved | gpipe",
@@ -41,8 +42,8 @@ PLAN_COLUMNS: dict[str, str] = {
     **{k: f"{v} (with --train-tokens)" for k, v in TO_TRAIN_COLUMNS.items()},
 }
 
-_SHARED = ("num_gpus", "tp", "pp", "dp", "cp", "cp_kind", "ep", "vpp", "zero", "micro_batch",
-           "num_microbatches", "recompute", "sequence_parallel")  # fmt: skip
+_SHARED = ("num_gpus", "tp", "pp", "dp", "cp", "cp_kind", "tp_comm", "ep", "vpp", "zero",
+           "micro_batch", "num_microbatches", "recompute", "sequence_parallel")  # fmt: skip
 EVALUATED_COLUMNS: dict[str, str] = {
     **{c: PLAN_COLUMNS[c] for c in _SHARED},
     "peak_memory_gib": "estimated peak memory of the fullest GPU, GiB",

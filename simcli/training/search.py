@@ -66,7 +66,7 @@ from simcli.training.search_space import (
 )
 from simcli.training.simulator import simulate_iteration
 from workloads.models import ModelConfig
-from workloads.plan import CP_KINDS, RECOMPUTE, PlanError, TrainPlan, check_plan
+from workloads.plan import CP_KINDS, RECOMPUTE, TP_COMMS, PlanError, TrainPlan, check_plan
 
 Objective = Literal["time", "cost"]
 GIB = 1024**3
@@ -99,6 +99,7 @@ class RankedPlan:
             "dp": p.data_parallel,
             "cp": p.cp,
             "cp_kind": p.cp_kind if p.cp > 1 else "",
+            "tp_comm": p.tp_comm,
             "ep": p.ep,
             "vpp": p.vpp,
             "pp_schedule": p.pp_schedule,
@@ -427,6 +428,7 @@ def _decode_collected(parts: list[dict[str, np.ndarray]], price: float) -> dict[
         "dp": cols["dp"],
         "cp": cols["cp"],
         "cp_kind": np.where(cols["cp"] > 1, np.array(CP_KINDS)[cols["kind"]], ""),
+        "tp_comm": np.where(cols["tp"] > 1, np.array(TP_COMMS)[cols["tpc"]], "plain"),
         "ep": cols["ep"],
         "vpp": cols["vpp"],
         "zero": cols["zero"],

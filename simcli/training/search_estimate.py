@@ -29,7 +29,7 @@ from costmodels.steps.training_many import (
 from hardware_specs.registry import System
 from simcli.training.simulator import interference, schedule, task_dependency
 from workloads.models import ModelConfig
-from workloads.plan import CP_KINDS, PP_SCHEDULES, RECOMPUTE, TrainPlan
+from workloads.plan import CP_KINDS, PP_SCHEDULES, RECOMPUTE, TP_COMMS, TrainPlan
 
 # Megatron's default DP gradient bucket (TrainPlan.grad_bucket_bytes); plans keep it.
 _BUCKET_BYTES = TrainPlan.model_fields["grad_bucket_bytes"].default
@@ -251,12 +251,12 @@ class EstimateContext:
 
 
 def _key_costs(ctx: EstimateContext, table: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-plan step-cost scalars, each distinct (tp, sp, mb, cp, kind, ep, recompute)
+    """Per-plan step-cost scalars, each distinct (tp, sp, mb, cp, kind, ep, recompute, tp comm)
     priced once through :func:`step_costs_many`."""
-    cols = ("tp", "sp", "mb", "cp", "kind", "ep", "rec")
+    cols = ("tp", "sp", "mb", "cp", "kind", "ep", "rec", "tpc")
     uniq, inv = unique_rows([table[c] for c in cols])
     reps = []
-    for tp, sp, mb, cp, kind, ep, rec in uniq.tolist():
+    for tp, sp, mb, cp, kind, ep, rec, tpc in uniq.tolist():
         reps.append(
             TrainPlan(
                 num_gpus=tp * cp * ep,
@@ -270,6 +270,7 @@ def _key_costs(ctx: EstimateContext, table: dict[str, np.ndarray]) -> dict[str, 
                 precision=ctx.precision,  # type: ignore[arg-type]
                 cp_kind=CP_KINDS[kind],  # type: ignore[arg-type]
                 recompute=RECOMPUTE[rec],  # type: ignore[arg-type]
+                tp_comm=TP_COMMS[tpc] if tp > 1 else "plain",  # type: ignore[arg-type]
             )
         )
     costs = step_costs_many(

@@ -15,7 +15,7 @@ import numpy as np
 from costmodels.steps.training import hierarchical_split
 from workloads.decompose import valid_tp_degrees
 from workloads.models import ModelConfig
-from workloads.plan import CP_KINDS, PRECISIONS, RECOMPUTE, PlanError, TrainPlan
+from workloads.plan import CP_KINDS, PRECISIONS, RECOMPUTE, TP_COMMS, PlanError, TrainPlan
 
 SCHEDULES = ("1f1b", "interleaved")
 # the tensor-core type each precision computes in
@@ -43,6 +43,9 @@ class SearchSpace:
     recompute: tuple[str, ...] = RECOMPUTE
     schedules: tuple[str, ...] = SCHEDULES
     cp_kinds: tuple[str, ...] = CP_KINDS
+    # TP communication exposed or overlapped with the GEMMs (Ladder Residual changes the
+    # model's architecture, so the search leaves it to `train --tp-comm ladder`)
+    tp_comms: tuple[str, ...] = ("plain", "overlap")
     sequence_parallel: tuple[bool, ...] = (True, False)
     precision: str = "bf16-mixed"
 
@@ -51,6 +54,7 @@ class SearchSpace:
             ("recompute", self.recompute, RECOMPUTE),
             ("schedule", self.schedules, SCHEDULES),
             ("cp_kind", self.cp_kinds, CP_KINDS),
+            ("tp_comm", self.tp_comms, TP_COMMS),
             ("zero", self.zero, (0, 1, 2, 3)),
         ):
             bad = [x for x in values if x not in allowed]
@@ -65,7 +69,7 @@ class SearchSpace:
             )
 
 
-COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind")
+COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind", "tpc")
 
 
 def even_on_nodes(group: int, gpus_per_node: int) -> bool:
@@ -136,6 +140,8 @@ def enumerate_plans(
                 # Megatron's sequence parallelism splits each CP rank's tokens over TP
                 sps = [1, 0] if tp > 1 and (seq_len // cp) % tp == 0 else [0]
                 sps = [s for s in sps if bool(s) in space.sequence_parallel] or sps[:1]
+                tpcs = [TP_COMMS.index(c) for c in space.tp_comms] if tp > 1 else [0]
+                tpcs = tpcs or [0]
                 for mb in _divisors(global_batch // dp):
                     if space.max_micro_batch and mb > space.max_micro_batch:
                         continue
@@ -152,9 +158,11 @@ def enumerate_plans(
                     if not vpps:
                         continue
                     grid = np.stack(
-                        np.meshgrid(vpps, zeros, rec_codes, sps, kinds, eps, indexing="ij"),
+                        np.meshgrid(
+                            vpps, zeros, rec_codes, sps, kinds, eps, tpcs, indexing="ij"
+                        ),
                         axis=-1,
-                    ).reshape(-1, 6)
+                    ).reshape(-1, 7)
                     block = np.empty((len(grid), len(COLUMNS)), dtype=np.int64)
                     block[:, 0:5] = (tp, pp, cp, dp, 0)
                     block[:, 4] = grid[:, 5]
@@ -162,6 +170,7 @@ def enumerate_plans(
                     block[:, 6] = mb
                     block[:, 7] = m
                     block[:, 8:12] = grid[:, 1:5]
+                    block[:, 12] = grid[:, 6]
                     blocks.append(block)
     table = np.concatenate(blocks) if blocks else np.zeros((0, len(COLUMNS)), np.int64)
     return {c: table[:, i] for i, c in enumerate(COLUMNS)}
@@ -200,5 +209,6 @@ def plan_from_row(
         sequence_parallel=bool(table["sp"][i]) if tp > 1 else False,
         precision=precision,  # type: ignore[arg-type]
         cp_kind=CP_KINDS[int(table["kind"][i])],  # type: ignore[arg-type]
+        tp_comm=TP_COMMS[int(table["tpc"][i])] if tp > 1 else "plain",  # type: ignore[arg-type]
         layer_split=layer_split,
     )

@@ -213,6 +213,9 @@ def test_enumeration_applies_the_pruning_rules():
     assert (t["dp"][t["zero"] > 0] > 1).all()
     assert (t["pp"][t["zero"] >= 2] == 1).all()
     assert (t["sp"][t["tp"] == 1] == 0).all()
+    # TP communication exposed or overlapped, for TP > 1 only
+    assert set(np.unique(t["tpc"][t["tp"] > 1]).tolist()) == {0, 1}
+    assert (t["tpc"][t["tp"] == 1] == 0).all()
     for i in np.random.default_rng(0).choice(len(t["tp"]), 200, replace=False):
         plan = plan_from_row(t, int(i), num_gpus=1024, seq_len=2048, global_batch=1536,
                              precision="bf16-mixed")  # fmt: skip

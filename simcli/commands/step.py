@@ -26,4 +26,12 @@ def step(
     """Step time, tokens/s and a per-op breakdown of one engine iteration on one replica."""
     with user_errors():
         scenario = resolve_step(config)
-        emit_object(run_step(scenario), fmt, title=scenario.title)
+        out = run_step(scenario)
+        emit_object(out, fmt, title=scenario.title)
+        if not out["kv_fits"]:
+            typer.echo(
+                f"warning: the batch's sequences need {out['kv_tokens_needed']} KV tokens; "
+                f"the cache holds {out['kv_capacity_tokens']} (the engine would queue or "
+                "preempt some of them)",
+                err=True,
+            )

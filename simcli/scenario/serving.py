@@ -574,10 +574,39 @@ def _composition(path: Path | None) -> Composition | str:
     return load_composition(path) if path is not None else "shipped"
 
 
+def step_seq_lens(args: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """Tokens each sequence of a step holds after it: cached + new (prefills), context +
+    the generated one (decodes)."""
+    pre_new, pre_past, dec = args
+    return np.concatenate([pre_new + pre_past, dec + 1]).astype(np.int64)
+
+
+def check_model_len(model: ModelConfig, max_model_len: int | None, longest: int) -> int:
+    """The engine's max model length (vLLM: ``max_model_len``, default the model's
+    ``max_position_embeddings``); a longer sequence is refused in one line."""
+    limit = max_model_len or model.max_seq_len
+    if max_model_len is not None and max_model_len > model.max_seq_len:
+        raise ValueError(
+            f"--max-model-len {max_model_len} exceeds {model.id}'s max_position_embeddings "
+            f"{model.max_seq_len}; allowed: <= {model.max_seq_len}"
+        )
+    if longest > limit:
+        raise ValueError(
+            f"a sequence of {longest} tokens exceeds the max model length {limit} of "
+            f"{model.id}; allowed: prompt + cached + generated <= {limit} (--max-model-len)"
+        )
+    return limit
+
+
 def run_step(scenario: StepScenario) -> dict[str, Any]:
-    """What ``simcli step`` prints: step time, tokens/s, KV capacity, per-op breakdown."""
+    """What ``simcli step`` prints: step time, tokens/s, KV capacity (and whether the
+    batch's sequences fit in it), per-op breakdown."""
     o, sm, args = scenario.options, scenario.step, scenario.batch
+    lens = step_seq_lens(args)
+    limit = check_model_len(sm.model, o.max_model_len, int(lens.max(initial=0)))
     capacity = sm.kv_capacity_tokens(o.block_size, o.gpu_memory_utilization)
+    # paged KV: each sequence holds whole blocks
+    needed = int((-(-lens // o.block_size) * o.block_size).sum())
     step_s = sm.step_s(*args)
     tokens = int(args[0].sum()) + int(args[2].size)
     return {
@@ -604,6 +633,9 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
         "kv_bytes_per_token": sm.kv_bytes_per_token,
         "kv_capacity_tokens": capacity,
         "kv_cache_gib": capacity * sm.kv_bytes_per_token / GIB,
+        "kv_tokens_needed": needed,
+        "kv_fits": needed <= capacity,
+        "max_model_len": limit,
         "breakdown_ms": {k: 1e3 * v for k, v in sm.breakdown(*args).items()},
     }
 

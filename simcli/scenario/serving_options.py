@@ -677,6 +677,12 @@ class StepOptions(CommandConfig):
         0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
     block_size: int = Field(16, gt=0, description="KV-cache block, tokens.")
+    max_model_len: int | None = Field(
+        None,
+        gt=0,
+        description="Longest sequence (prompt + generated) the engine accepts, as vLLM's "
+        "--max-model-len; default: the model's max_position_embeddings.",
+    )
     profile: Path | None = Field(None, description="Calibration profile (JSON).")
     composition: Path | None = Field(
         None,

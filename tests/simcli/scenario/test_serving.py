@@ -174,6 +174,37 @@ def test_cli_bad_value_is_one_line(argv, line):
     assert res.stderr.splitlines() == [line] and res.stdout == ""
 
 
+def test_step_says_when_the_batch_does_not_fit_the_kv_cache():
+    set_debug(False)
+    base = ["step", "--model", "llama3-8b", "--gpu", "h100-sxm", "--phase", "decode",
+            "--context-len", "4095", "--format", "json"]  # fmt: skip
+    small = CliRunner().invoke(app, [*base, "--batch", "8"])
+    d = json.loads(small.stdout)
+    assert d["kv_fits"] and d["kv_tokens_needed"] == 8 * 4096 and small.stderr == ""
+    assert d["max_model_len"] == 8192  # llama3-8b's max_position_embeddings
+    big = CliRunner().invoke(app, [*base, "--batch", "512"])
+    d = json.loads(big.stdout)
+    assert big.exit_code == 0 and not d["kv_fits"]
+    assert d["kv_tokens_needed"] > d["kv_capacity_tokens"]
+    assert big.stderr.startswith("warning: the batch's sequences need")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--prompt-len", "9000"], "exceeds the max model length 8192"),
+        (["--prompt-len", "2000", "--max-model-len", "1024"], "max model length 1024"),
+        (["--prompt-len", "100", "--max-model-len", "100000"], "exceeds llama3-8b's"),
+    ],
+)
+def test_step_refuses_sequences_beyond_the_max_model_len(extra, message):
+    set_debug(False)
+    res = CliRunner().invoke(app, ["step", "--model", "llama3-8b", "--gpu", "h100-sxm",
+                                   "--phase", "prefill", *extra])  # fmt: skip
+    assert res.exit_code == 2 and res.stdout == ""
+    assert len(res.stderr.splitlines()) == 1 and message in res.stderr
+
+
 # --------------------------------------------------------------------------- serve plan
 
 

@@ -160,6 +160,7 @@ def traced_step_rows(dirs: dict[str, tuple[Path, ...]] = TRACED_DIRS) -> list[di
     those the shipped composition was fitted on (calibrate.trace.fit.FIT_MODELS)."""
     out = []
     for gpu, folders in dirs.items():
+        gpu_spec = resolve_hardware(gpu, 1).system.gpu
         for csv in sorted(c for f in folders for c in f.glob("train-*/train_step.csv")):
             df = pd.read_csv(csv)
             for _, row in df[df.status == "ok"].iterrows():
@@ -168,7 +169,6 @@ def traced_step_rows(dirs: dict[str, tuple[Path, ...]] = TRACED_DIRS) -> list[di
                 plan = single_gpu_plan(model, row, precision)
                 res = _simulate(model, plan, gpu, attn_backend="cudnn", framework=framework)
                 ms = res.iteration_s * 1e3
-                gpu_spec = resolve_hardware(gpu, 1).system.gpu
                 mem = estimate_memory(model, plan, gpu_spec, framework=framework).allocated_bytes
                 measured_mem = float(row.peak_allocated_bytes)
                 out.append(

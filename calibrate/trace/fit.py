@@ -138,9 +138,8 @@ def fit_factors(steps: Iterable[TracedStep]) -> dict[str, dict[str, float]]:
         bound = [
             (s.step_s, sum(s.measured_s.values()))
             for s in steps
-            if s.framework == fw and s.step_s > 0
-            and sum(s.measured_s.values()) >= GPU_BOUND_SHARE * s.step_s
-        ]  # fmt: skip
+            if s.framework == fw and s.step_s > 0 and _gpu_bound(s)
+        ]
         if bound:
             out[fw]["idle"] = sum(a for a, _ in bound) / sum(b for _, b in bound)
         host = fit_host_s_per_op([s for s in steps if s.framework == fw], out[fw])
@@ -205,11 +204,7 @@ def gpu_bound_step_errors(
 ) -> pd.DataFrame:
     """Per GPU-bound step: the untraced step time against the prediction with the
     factors and the idle factor (what ``simcli train`` now says), or the plain kernel sum."""
-    steps = [
-        s for s in steps
-        if s.step_s > 0 and sum(s.measured_s.values()) >= GPU_BOUND_SHARE * s.step_s
-    ]  # fmt: skip
-    return step_errors(steps, factors)
+    return step_errors([s for s in steps if s.step_s > 0 and _gpu_bound(s)], factors)
 
 
 def step_errors(

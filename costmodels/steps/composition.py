@@ -82,8 +82,7 @@ class Composition:
         group = group_of(kind)
         if group is None:
             return 1.0
-        f = self.factors.get(engine, {})
-        return float(f.get(group, 1.0)) * float(f.get("idle", 1.0))
+        return float(self.factors.get(engine, {}).get(group, 1.0)) * self.idle(engine)
 
     def idle(self, engine: str) -> float:
         """The engine's ``idle`` factor alone (1 when not fitted)."""

@@ -141,7 +141,6 @@ def enumerate_plans(
                 sps = [1, 0] if tp > 1 and (seq_len // cp) % tp == 0 else [0]
                 sps = [s for s in sps if bool(s) in space.sequence_parallel] or sps[:1]
                 tpcs = [TP_COMMS.index(c) for c in space.tp_comms] if tp > 1 else [0]
-                tpcs = tpcs or [0]
                 for mb in _divisors(global_batch // dp):
                     if space.max_micro_batch and mb > space.max_micro_batch:
                         continue

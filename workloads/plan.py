@@ -54,7 +54,9 @@ class TrainPlan(BaseModel):
     ep: int = Field(default=1, gt=0, description="expert-parallel degree (within DP; MoE only)")
     vpp: int = Field(default=1, gt=0, description="virtual stages per pipeline rank")
     zero: Literal[0, 1, 2, 3] = Field(
-        default=0, description="ZeRO stage: 1 optimizer, 2 +gradients, 3 +parameters (FSDP)"
+        default=0,
+        description="ZeRO stage: 1 optimizer, 2 +gradients, 3 +parameters (FSDP); 2 and 3 "
+        "reduce-scatter each micro-batch's gradients layer by layer (any pp)",
     )
     micro_batch: int = Field(default=1, gt=0, description="sequences per micro-batch")
     global_batch: int = Field(gt=0, description="sequences per iteration")
@@ -123,12 +125,6 @@ class TrainPlan(BaseModel):
             raise PlanError(
                 f"vpp={self.vpp} needs pp_schedule=interleaved; allowed: vpp=1 with "
                 f"{self.pp_schedule}"
-            )
-        if self.zero >= 2 and self.pp > 1:
-            raise PlanError(
-                f"zero={self.zero} with pp={self.pp}: gradient/parameter sharding is not "
-                "combined with pipeline parallelism (DeepSpeed and Megatron-LM refuse it); "
-                "allowed: zero 0 or 1 with pp > 1"
             )
         if self.cp > 1 and self.seq_len % (2 * self.cp):
             raise PlanError(

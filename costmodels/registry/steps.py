@@ -231,7 +231,7 @@ def _sample_memory_plan(rng: np.random.Generator) -> Any:
         pp=pp,
         cp=cp,
         vpp=vpp,
-        zero=choice(rng, (0, 1, 2, 3) if pp == 1 else (0, 1)),
+        zero=choice(rng, (0, 1, 2, 3)),
         micro_batch=mb,
         global_batch=mb * dp * pp * choice(rng, (1, 2, 4)),
         seq_len=128 * log_int(rng, 2, 64),  # divisible by tp and cp

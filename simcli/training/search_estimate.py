@@ -321,14 +321,17 @@ def estimate_iteration_s(
     kappa = np.array([kappa_of[int(x)] for x in dp_nodes]) if len(dp_nodes) else np.zeros(0)
     grad_elt = 2 if ctx.precision == "bf16" else 4
 
-    # ZeRO-3: per-layer parameter all-gather and gradient reduce-scatter, prefetched.
-    z3 = (zero == 3) & (dp > 1)
+    # ZeRO-2/3: per-layer gradient reduce-scatter every micro-batch; ZeRO-3 also the
+    # parameter all-gather; prefetched (simulator._simulate).
+    z3 = (zero >= 2) & (dp > 1)
     zf = np.zeros(len(tp))
     zb = np.zeros(len(tp))
     if z3.any():
         i = np.flatnonzero(z3)
         lp = k["layer_params"][i]
-        gather = collectives_s(cm, "all_gather", lp * 2, dp[i], dp_nodes[i], "bf16")
+        gather = np.where(zero[i] == 3, 1.0, 0.0) * collectives_s(
+            cm, "all_gather", lp * 2, dp[i], dp_nodes[i], "bf16"
+        )
         rs = collectives_s(cm, "reduce_scatter", lp * grad_elt, dp[i], dp_nodes[i], "fp32")
         cf = k["lf_compute"][i]
         cb = k["lb_compute"][i] + k["rc"][i]
@@ -370,7 +373,7 @@ def estimate_iteration_s(
         ]
     )
     bwd = np.stack([b_mid, b_mid + k["eb"], b_mid + k["lb_x"], b_mid + k["eb"] + k["lb_x"]])
-    reduce_dp = (dp > 1) & (zero != 3)
+    reduce_dp = (dp > 1) & (zero < 2)
     nbytes = params * grad_elt
     nb = np.maximum(1, np.ceil(nbytes / _BUCKET_BYTES))
     tb = np.zeros(nb.shape)

@@ -134,7 +134,7 @@ def enumerate_plans(
                 eps = [1]
                 if model.num_experts > 1:
                     eps = [e for e in _divisors(dp) if model.num_experts % e == 0]
-                zeros = [z for z in space.zero if (z == 0 or dp > 1) and (z < 2 or pp == 1)]
+                zeros = [z for z in space.zero if z == 0 or dp > 1]
                 if not zeros:
                     continue
                 # Megatron's sequence parallelism splits each CP rank's tokens over TP

@@ -348,18 +348,26 @@ def _simulate(
     grad_elt = 2 if plan.precision == "bf16" else 4  # fp32 main grads under mixed precision
     param_elt = 1 if plan.precision == "fp8" else 2
 
-    # ZeRO-3: each layer's parameters all-gathered before its forward and backward, its
-    # gradients reduce-scattered after its backward; prefetch hides them behind compute.
+    # ZeRO-2/3: each layer's gradients reduce-scattered after its backward, every
+    # micro-batch (DeepSpeed ZeRO-2 and FSDP keep only the shard, so accumulation across
+    # micro-batches and pipeline stages goes through the reduction); ZeRO-3 also
+    # all-gathers each layer's parameters before its forward and backward. Prefetch and
+    # the comm stream hide them behind the layer's compute (slowed by interference).
     zero3 = (0.0, 0.0)
-    if plan.zero == 3 and dp > 1:
+    zero2_s = 0.0  # the ZeRO-2 reduce-scatter part, reported as DP communication
+    if plan.zero >= 2 and dp > 1:
         slow = dp_slow[0]
-        gather = slow * once_s("all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
         rs = slow * once_s("reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32")
+        gather = 0.0
+        if plan.zero == 3:
+            gather = slow * once_s("all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
         cf = c.layer_fwd.compute_s
         cb = c.layer_bwd.compute_s + c.layer_recompute.total_s
-        zf = max(0.0, gather - cf) + kappa * min(gather, cf)
+        zf = max(0.0, gather - cf) + kappa * min(gather, cf) if gather else 0.0
         zb = max(0.0, gather + rs - cb) + kappa * min(gather + rs, cb)
         zero3 = (zf, zb)
+        if plan.zero == 2:
+            zero2_s = zb
     dur = _durations(model, plan, c, zero3)
     spans: list[Span] | None = [] if keep_spans else None
     compute_end, grads_ready = _run_pipeline(plan, dur, p2p, spans)
@@ -368,7 +376,7 @@ def _simulate(
     # chunk's last backward and are reduced one after another on the comm stream.
     kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
     comm_end = compute_end.copy()
-    if dp > 1 and plan.zero != 3:
+    if dp > 1 and plan.zero < 2:
         for r in range(plan.pp):
             stream = overlapped = 0.0
             chunks = sorted(
@@ -458,6 +466,7 @@ def _simulate(
     busy = m * sum(dur.fwd_s[ch] + dur.bwd_s[ch] for ch in chunks)
     recompute = m * n_layers * c.layer_recompute.total_s
     zero3_s = m * n_layers * (zero3[0] + zero3[1])
+    zero2_s = m * n_layers * zero2_s  # (zero3_s holds it too)
     compute = busy - tp_comm - cp_comm - ep_comm - recompute - zero3_s
     opt_s_star = opt_end[r_star] - comm_end[r_star] - param_gather[r_star] - host_stall[r_star]
     breakdown = {
@@ -466,10 +475,11 @@ def _simulate(
         "tp_comm_s": tp_comm,
         "cp_comm_s": cp_comm,
         "ep_comm_s": ep_comm,
-        "zero3_exposed_s": zero3_s,
+        "zero3_exposed_s": zero3_s - zero2_s,
         "pp_bubble_s": float(compute_end[r_star] - busy),
         "dp_comm_exposed_s": float(comm_end[r_star] - compute_end[r_star])
-        + float(param_gather[r_star]),
+        + float(param_gather[r_star])
+        + zero2_s,
         "optimizer_s": float(opt_s_star),
         "host_bound_s": float(host_stall[r_star]),
     }

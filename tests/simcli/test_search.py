@@ -211,7 +211,7 @@ def test_enumeration_applies_the_pruning_rules():
     inter = t["vpp"] > 1
     assert (t["m"][inter] % t["pp"][inter] == 0).all()
     assert (t["dp"][t["zero"] > 0] > 1).all()
-    assert (t["pp"][t["zero"] >= 2] == 1).all()
+    assert (t["pp"][t["zero"] >= 2] > 1).any()  # ZeRO-2/3 with pipelines (Llama 3)
     assert (t["sp"][t["tp"] == 1] == 0).all()
     # TP communication exposed or overlapped, for TP > 1 only
     assert set(np.unique(t["tpc"][t["tp"] > 1]).tolist()) == {0, 1}

@@ -403,7 +403,7 @@ def _args(f):
         dp=f["dp"],
         vpp=2 if interleaved else 1,
         ep=1,
-        zero=f["zero"] if pp == 1 else min(f["zero"], 1),
+        zero=f["zero"],
         micro_batch=f["micro_batch"],
         num_microbatches=f["m"] * (pp if interleaved else 1),
         seq_len=f["seq_len"],

@@ -78,7 +78,21 @@ class TrainPlan(BaseModel):
         "(chunked), or Ladder Residual (overlapped with the next block)",
     )
     layer_split: tuple[int, ...] | None = Field(
-        default=None, description="layers per model chunk (pp*vpp entries); default even"
+        default=None,
+        description="layers per model chunk (pp*vpp entries, in chunk order); 0 for a chunk "
+        "holding only the embedding (first) or only the LM head and loss (last); default even",
+    )
+    first_stage_layers: int | None = Field(
+        default=None,
+        ge=0,
+        description="layers on the first pipeline stage, the rest spread evenly (Megatron's "
+        "--decoder-first-pipeline-num-layers); 0: the embedding alone",
+    )
+    last_stage_layers: int | None = Field(
+        default=None,
+        ge=0,
+        description="layers on the last pipeline stage (--decoder-last-pipeline-num-layers); "
+        "0: the LM head and loss alone",
     )
     grad_bucket_bytes: int = Field(
         default=40_000_000 * 4, gt=0, description="DP gradient bucket (Megatron: 40M params)"
@@ -131,6 +145,17 @@ class TrainPlan(BaseModel):
                 f"seq_len={self.seq_len} is not a multiple of 2*cp={2 * self.cp} (load-"
                 f"balanced causal context parallelism); allowed: multiples of {2 * self.cp}"
             )
+        if (self.first_stage_layers, self.last_stage_layers) != (None, None):
+            if self.pp < 2:
+                raise PlanError(
+                    "first/last stage layers need pp >= 2; allowed: a pipeline, or no "
+                    "stage layout"
+                )
+            if self.layer_split is not None:
+                raise PlanError(
+                    "give either layer_split or first/last stage layers, not both; allowed: "
+                    "one layout"
+                )
         if self.sequence_parallel and self.tp == 1:
             raise PlanError("sequence_parallel needs tp > 1; allowed: --no-sequence-parallel")
         return self
@@ -183,11 +208,29 @@ class TrainPlan(BaseModel):
         chunk index c * pp + r under interleaving)."""
         if self.layer_split is not None:
             return self.layer_split
-        base, extra = divmod(num_layers, self.num_chunks)
+        n, p = self.num_chunks, self.pp
+        fixed: dict[int, int] = {}  # chunk -> layers, from the first/last stage layouts
+        for rank, total in ((0, self.first_stage_layers), (p - 1, self.last_stage_layers)):
+            if total is None:
+                continue
+            chunks = [c for c in range(n) if c % p == rank]
+            # the stage's layers over its virtual chunks; the chunk holding the embedding
+            # (first) or the LM head (last) gets the smaller share
+            share, rest = divmod(total, len(chunks))
+            order = chunks[::-1] if rank == 0 else chunks
+            for i, c in enumerate(order):
+                fixed[c] = share + (1 if i < rest else 0)
+        free = [c for c in range(n) if c not in fixed]
+        left = num_layers - sum(fixed.values())
+        out = [fixed.get(c, 0) for c in range(n)]
+        if not free:
+            return tuple(out)
+        base, extra = divmod(max(left, 0), len(free))
         # Any remainder goes to the middle chunks: the first holds the embedding and the
         # last the LM head and loss, so they are the ones to keep light.
-        out = [base] * self.num_chunks
-        order = sorted(range(self.num_chunks), key=lambda c: abs(c - (self.num_chunks - 1) / 2))
+        for c in free:
+            out[c] = base
+        order = sorted(free, key=lambda c: abs(c - (n - 1) / 2))
         for c in order[:extra]:
             out[c] += 1
         return tuple(out)
@@ -205,22 +248,32 @@ def check_plan(plan: TrainPlan, model: ModelConfig) -> TrainPlan:
             f"tp={plan.tp} cannot split {model.id} (num_heads={model.num_heads}, "
             f"num_kv_heads={model.num_kv_heads}); allowed tp: {', '.join(map(str, valid))}"
         )
-    if plan.layer_split is not None:
-        split = plan.layer_split
-        if len(split) != plan.num_chunks or any(n < 1 for n in split):
+    if plan.layer_split is not None or plan.first_stage_layers is not None or (
+        plan.last_stage_layers is not None
+    ):
+        split = plan.layers_per_chunk(model.num_layers)
+        if len(split) != plan.num_chunks or any(n < 0 for n in split):
             raise PlanError(
                 f"layer_split has {len(split)} entries {list(split)}; allowed: "
-                f"{plan.num_chunks} positive entries (pp*vpp)"
+                f"{plan.num_chunks} non-negative entries (pp*vpp)"
             )
         if sum(split) != model.num_layers:
             raise PlanError(
-                f"layer_split sums to {sum(split)}; allowed: a split of "
-                f"num_layers={model.num_layers}"
+                f"stage layout {list(split)} sums to {sum(split)}; allowed: a split of "
+                f"num_layers={model.num_layers} leaving layers for the middle stages"
             )
+        for r in range(plan.pp):
+            held = sum(n for c, n in enumerate(split) if c % plan.pp == r)
+            if held == 0 and 0 < r < plan.pp - 1:
+                raise PlanError(
+                    f"pipeline stage {r} holds no layer in layout {list(split)}; allowed: "
+                    "empty stages only first (embedding) or last (LM head and loss)"
+                )
     elif plan.num_chunks > model.num_layers:
         raise PlanError(
             f"pp*vpp={plan.num_chunks} exceeds num_layers={model.num_layers} of {model.id}; "
-            f"allowed: pp*vpp <= {model.num_layers}"
+            f"allowed: pp*vpp <= {model.num_layers}, or a layer_split with empty first/last "
+            "chunks"
         )
     if plan.cp_kind == "ulysses" and plan.cp > 1:
         heads = model.num_heads // plan.tp

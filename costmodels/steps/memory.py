@@ -637,6 +637,8 @@ def memory_bytes_many(
     framework: Framework = "megatron",
     grad_bucket_bytes=None,
     cp_kind="ring",
+    trim_first=0,
+    trim_last=0,
 ) -> np.ndarray:
     """Peak bytes per GPU of many plans at once (``estimate_memory(...).total_bytes``).
 
@@ -649,7 +651,10 @@ def memory_bytes_many(
     default, ``grad_bucket_bytes`` defaults to TrainPlan's. Plans are assumed valid
     (``check_plan``); only cheap shape checks are made. ``gpu`` is unused here (kept so
     the plan search passes one context); compare the result with
-    ``gpu.memory_bytes - DRIVER_RESERVED_BYTES``.
+    ``gpu.memory_bytes - DRIVER_RESERVED_BYTES``. ``trim_first`` / ``trim_last``: a
+    layout whose first / last chunk holds that many layers fewer than the even split of
+    ``num_layers + trim_first + trim_last`` (which must divide; the plan search's
+    trimmed layouts).
 
     No loop over plans: the peak rank is found in closed form among five candidates, as
     memory grows with a rank's layers and micro-batches in flight, which falls with the
@@ -682,14 +687,18 @@ def memory_bytes_many(
     if np.any(model.num_heads % a["tp"]):
         bad = np.unique(a["tp"][model.num_heads % a["tp"] != 0])
         raise PlanError(f"tp={bad.tolist()} does not divide num_heads={model.num_heads}")
-    if np.any(a["pp"] * a["vpp"] > model.num_layers):
+    t0, tl = np.asarray(trim_first), np.asarray(trim_last)
+    total = model.num_layers + t0 + tl
+    if np.any(a["pp"] * a["vpp"] > total):
         raise PlanError(f"pp*vpp exceeds num_layers={model.num_layers} for some plans")
     sh = _shard(model, a["tp"])
     unfused = framework == "megatron-unfused"
     compiled = framework == "pytorch-compile"
     pp, vpp = a["pp"], a["vpp"]
     chunks = pp * vpp
-    base, extra = np.divmod(model.num_layers, chunks)
+    base, extra = np.divmod(total, chunks)
+    if np.any((t0 + tl > 0) & (extra > 0)):
+        raise PlanError("a trimmed stage layout needs pp*vpp dividing the trimmed layers")
     # TrainPlan.layers_per_chunk gives the `extra` chunks nearest the middle one more
     # layer: the contiguous chunk range [lo, lo + extra - 1].
     lo = np.where(chunks % 2 == 0, chunks // 2 - (extra + 1) // 2, (chunks - 1) // 2 - extra // 2)
@@ -697,7 +706,8 @@ def memory_bytes_many(
 
     def layers_of(r):
         more = np.floor_divide(hi - r, pp) - np.floor_divide(lo - 1 - r, pp)
-        return vpp * base + np.where(extra > 0, more, 0)
+        trimmed = np.where(r == 0, t0, 0) + np.where(r == pp - 1, tl, 0)
+        return vpp * base + np.where(extra > 0, more, 0) - trimmed
 
     # ranks holding ceil(extra / pp) of those chunks: residues lo, lo+1, ... mod pp
     width, start = extra % pp, lo % pp
@@ -714,7 +724,9 @@ def memory_bytes_many(
     in_set = (r_live - start) % pp < width
     r_live_extra = np.where(in_set | (width == 0) | (start <= r_live), r_live, start)
     best = None
-    for r in (np.zeros_like(pp), r_extra, r_live, r_live_extra, pp - 1):
+    # a trimmed first stage: rank 1 holds the full layers with the most in flight
+    r_one = np.where((t0 > 0) & (pp > 1), 1, 0)
+    for r in (np.zeros_like(pp), r_extra, r_live, r_live_extra, pp - 1, r_one):
         total, _ = _stage(model, fw, unfused, a, sh, r, layers_of(r), compiled)
         best = total if best is None else np.maximum(best, total)
     return np.asarray(best, dtype=float)

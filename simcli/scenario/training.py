@@ -48,24 +48,24 @@ GIB = 1024**3
 TrainFramework = Literal["megatron", "pytorch", "pytorch-compile"]
 
 
-def parse_int_list(text: str, example: str) -> tuple[int, ...] | None:
-    """A comma list of positive integers (``"4,8"``); empty text is None."""
+def parse_int_list(text: str, example: str, least: int = 1) -> tuple[int, ...] | None:
+    """A comma list of integers >= ``least`` (``"4,8"``); empty text is None."""
     if not text.strip():
         return None
     try:
         values = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise ValueError(f"not a comma list of integers; allowed: e.g. {example}") from None
-    if any(v < 1 for v in values):
-        raise ValueError("has a value < 1; allowed: positive integers")
+    if any(v < least for v in values):
+        raise ValueError(f"has a value < {least}; allowed: integers >= {least}")
     return values
 
 
-def _int_list(value: Any, example: str) -> Any:
+def _int_list(value: Any, example: str, least: int = 1) -> Any:
     if isinstance(value, str):
-        return parse_int_list(value, example)
-    if isinstance(value, list | tuple) and any(isinstance(v, int) and v < 1 for v in value):
-        raise ValueError("has a value < 1; allowed: positive integers")
+        return parse_int_list(value, example, least)
+    if isinstance(value, list | tuple) and any(isinstance(v, int) and v < least for v in value):
+        raise ValueError(f"has a value < {least}; allowed: integers >= {least}")
     return value
 
 
@@ -113,7 +113,20 @@ class TrainConfig(BaseModel):
         "Ladder Residual.",
     )
     layer_split: tuple[int, ...] | None = Field(
-        None, description="Layers per pipeline stage (model chunk), e.g. 7,9; default: even."
+        None,
+        description="Layers per model chunk (pp*vpp entries), e.g. 0,11,11,10 (0: the "
+        "embedding or the LM head alone); default: even.",
+    )
+    first_stage_layers: int | None = Field(
+        None,
+        ge=0,
+        description="Layers on the first pipeline stage, the rest even (Megatron's "
+        "--decoder-first-pipeline-num-layers; 0: the embedding alone).",
+    )
+    last_stage_layers: int | None = Field(
+        None,
+        ge=0,
+        description="Layers on the last pipeline stage (0: the LM head and loss alone).",
     )
     framework: TrainFramework = Field(
         "megatron",
@@ -159,7 +172,7 @@ class TrainConfig(BaseModel):
     @field_validator("layer_split", mode="before")
     @classmethod
     def _layer_split(cls, value: Any) -> Any:
-        return _int_list(value, "7,8,8,9")
+        return _int_list(value, "7,8,8,9", least=0)
 
 
 class PlanConfig(BaseModel):
@@ -290,6 +303,8 @@ def resolve_train(config: TrainConfig) -> TrainScenario:
         precision=config.precision,
         tp_comm=config.tp_comm,
         layer_split=config.layer_split,
+        first_stage_layers=config.first_stage_layers,
+        last_stage_layers=config.last_stage_layers,
     )
     files = {
         "profile": config.profile,

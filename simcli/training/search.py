@@ -353,6 +353,7 @@ def search_plans(
                 seq_len=seq_len,
                 global_batch=global_batch,
                 precision=space.precision,
+                num_layers=model.num_layers,
             )
             candidates.append(
                 _Candidate(ctx, plan, float(t_even[j]), float(t_best[j]), float(score[j]))

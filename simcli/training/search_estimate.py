@@ -27,6 +27,7 @@ from costmodels.steps.training_many import (
     unique_rows,
 )
 from hardware_specs.registry import System
+from simcli.training.search_space import TRIMS
 from simcli.training.simulator import interference, schedule, task_dependency
 from workloads.models import ModelConfig
 from workloads.plan import CP_KINDS, PP_SCHEDULES, RECOMPUTE, TP_COMMS, TrainPlan
@@ -314,7 +315,12 @@ def estimate_iteration_s(
     tp, pp, cp, dp = table["tp"], table["pp"], table["cp"], table["dp"]
     v, m, zero = table["vpp"], table["m"], table["zero"]
     n_chunks = pp * v
-    lc = ctx.model.num_layers // n_chunks
+    # stage layouts (search_space.TRIMS): the first / last chunk holds d0 / dl layers
+    # fewer than the others' lc
+    trim = table.get("trim", np.zeros(len(tp), dtype=np.int64))
+    d0 = np.take(np.array([t[0] for t in TRIMS]), trim)
+    dl = np.take(np.array([t[1] for t in TRIMS]), trim)
+    lc = (ctx.model.num_layers + d0 + dl) // n_chunks
     dp_nodes = _group_nodes_many(dp, tp * cp, gpn)
     # compute slowed by the NCCL kernels running beside it (simulator.interference)
     kappa_of = {int(x): interference(ctx.system, int(x)) for x in np.unique(dp_nodes)}
@@ -349,8 +355,11 @@ def estimate_iteration_s(
         c[i] = collectives_s(
             cm, "send_recv", k["p2p_bytes"][i], 2, act_nodes[i], _act_dtype(ctx.precision)
         )
-    first = (k["ef"], k["eb"])
-    last = (k["lf_x"], k["lb_x"])
+    f_layer, b_layer = k["lf"] + zf, k["lb"] + k["rc"] + zb
+    ef, eb = k["ef"] - d0 * f_layer, k["eb"] - d0 * b_layer
+    lf_x, lb_x = k["lf_x"] - dl * f_layer, k["lb_x"] - dl * b_layer
+    first = (ef, eb)
+    last = (lf_x, lb_x)
     t0, t1, tl = pipeline_times(pp, v, m, f_mid, b_mid, first, last, c)
     loose = (v > 1) & (c > EXACT_P2P_RATIO * (f_mid + b_mid))
     heavy = np.flatnonzero(loose)
@@ -367,12 +376,12 @@ def estimate_iteration_s(
     params = np.stack(
         [
             lc * lp,
-            lc * lp + k["emb_params"],
-            lc * lp + k["lm_params"],
+            (lc - d0) * lp + k["emb_params"],
+            (lc - dl) * lp + k["lm_params"],
             lc * lp + k["emb_params"] + k["lm_params"],
         ]
     )
-    bwd = np.stack([b_mid, b_mid + k["eb"], b_mid + k["lb_x"], b_mid + k["eb"] + k["lb_x"]])
+    bwd = np.stack([b_mid, b_mid + eb, b_mid + lb_x, b_mid + k["eb"] + k["lb_x"]])
     reduce_dp = (dp > 1) & (zero < 2)
     nbytes = params * grad_elt
     nb = np.maximum(1, np.ceil(nbytes / _BUCKET_BYTES))
@@ -414,9 +423,9 @@ def estimate_iteration_s(
     # Optimizer step on each rank's share (ZeRO >= 1: 1/dp of it).
     shard = np.where(zero >= 1, dp, 1)
     rank_params = {
-        "0": v * lc * lp + k["emb_params"] + np.where(pp == 1, k["lm_params"], 0),
+        "0": (v * lc - d0) * lp + k["emb_params"] + np.where(pp == 1, k["lm_params"], 0),
         "1": v * lc * lp,
-        "l": v * lc * lp + k["lm_params"],
+        "l": (v * lc - dl) * lp + k["lm_params"],
     }
     master = "bf16" if ctx.precision == "bf16" else "fp32"
     iteration = np.zeros(len(tp))
@@ -437,7 +446,7 @@ def estimate_iteration_s(
         # Galvatron-BMW: 1F1B's compute-bound makespan is (m - 1) max_r W_r + sum_r W_r
         # (see pipeline_times); an uneven split lowers max_r W_r, the sum stays.
         bal = iteration.copy()
-        i = np.flatnonzero((pp > 1) & (v == 1))
+        i = np.flatnonzero((pp > 1) & (v == 1) & (trim == 0))
         if len(i):
             p_, m_, lc_, c_ = pp[i], m[i], lc[i], c[i]
             u = (f_mid[i] + b_mid[i]) / lc_
@@ -498,6 +507,8 @@ def plan_memory_bytes(ctx: EstimateContext, table: dict[str, np.ndarray]) -> np.
             precision=ctx.precision,
             pp_schedule=np.where(table["vpp"] > 1, PP_SCHEDULES.index("interleaved"), 0),
             cp_kind=table["kind"],  # codes: the index in CP_KINDS
+            trim_first=np.take([t[0] for t in TRIMS], table["trim"]) if "trim" in table else 0,
+            trim_last=np.take([t[1] for t in TRIMS], table["trim"]) if "trim" in table else 0,
         ),
         dtype=float,
     )

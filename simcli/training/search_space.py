@@ -69,7 +69,43 @@ class SearchSpace:
             )
 
 
-COLUMNS = ("tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind", "tpc")
+COLUMNS = (
+    "tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind", "tpc", "trim"
+)  # fmt: skip
+
+# Stage layouts where pp * vpp does not divide the layers: layers removed from the first
+# and the last model chunk of an otherwise even split (code -> (first, last)). 1: both
+# one lighter (Llama 3 405B: 126 layers on 16 stages, arXiv:2407.21783 sec. 3.3.2);
+# 2: the last (Megatron's --account-for-loss-in-pipeline-split); 3: the first
+# (--account-for-embedding-in-pipeline-split). A chunk trimmed to 0 holds the embedding
+# or the LM head and loss alone.
+TRIMS: tuple[tuple[int, int], ...] = ((0, 0), (1, 1), (0, 1), (1, 0))
+
+
+def stage_trims(layers: int, chunks: int) -> list[int]:
+    """TRIMS codes that make ``chunks`` model chunks hold ``layers``: the even split when it
+    divides, else the trimmed layouts that do (none for one chunk)."""
+    if layers % chunks == 0:
+        return [0]
+    if chunks == 1:
+        return []
+    return [
+        code
+        for code, (first, last) in enumerate(TRIMS)
+        if code and (layers + first + last) % chunks == 0 and (layers + first + last) >= chunks
+    ]
+
+
+def trimmed_split(layers: int, chunks: int, trim: int) -> tuple[int, ...] | None:
+    """The layer_split of a TRIMS layout (None for the even one)."""
+    if trim == 0:
+        return None
+    first, last = TRIMS[trim]
+    base = (layers + first + last) // chunks
+    split = [base] * chunks
+    split[0] -= first
+    split[-1] -= last
+    return tuple(split)
 
 
 def even_on_nodes(group: int, gpus_per_node: int) -> bool:
@@ -104,7 +140,7 @@ def enumerate_plans(
         if not even_on_nodes(tp, gpus_per_node):
             continue  # a TP group would straddle two nodes unevenly (e.g. TP 3 on 8-GPU nodes)
         for pp in _divisors(num_gpus // tp):
-            if layers % pp or (space.max_pp and pp > space.max_pp):
+            if not stage_trims(layers, pp) or (space.max_pp and pp > space.max_pp):
                 continue
             if space.pp and pp not in space.pp:
                 continue
@@ -145,31 +181,35 @@ def enumerate_plans(
                     if space.max_micro_batch and mb > space.max_micro_batch:
                         continue
                     m = global_batch // (dp * mb)
-                    vpps = []
+                    layouts = []  # (vpp, trim)
                     if "1f1b" in space.schedules:
-                        vpps.append(1)
+                        layouts += [(1, t) for t in stage_trims(layers, pp)]
                     if "interleaved" in space.schedules and pp > 1 and m % pp == 0:
-                        vpps += [
-                            v
-                            for v in _divisors(layers // pp)
-                            if v > 1 and not (space.max_vpp and v > space.max_vpp)
+                        layouts += [
+                            (v, t)
+                            for v in range(2, (layers + 2) // pp + 1)
+                            if not (space.max_vpp and v > space.max_vpp)
+                            for t in stage_trims(layers, pp * v)
                         ]
-                    if not vpps:
+                    if not layouts:
                         continue
                     grid = np.stack(
                         np.meshgrid(
-                            vpps, zeros, rec_codes, sps, kinds, eps, tpcs, indexing="ij"
+                            np.arange(len(layouts)), zeros, rec_codes, sps, kinds, eps, tpcs,
+                            indexing="ij",
                         ),
                         axis=-1,
-                    ).reshape(-1, 7)
+                    ).reshape(-1, 7)  # fmt: skip
+                    lay = np.array(layouts, dtype=np.int64)[grid[:, 0]]
                     block = np.empty((len(grid), len(COLUMNS)), dtype=np.int64)
                     block[:, 0:5] = (tp, pp, cp, dp, 0)
                     block[:, 4] = grid[:, 5]
-                    block[:, 5] = grid[:, 0]
+                    block[:, 5] = lay[:, 0]
                     block[:, 6] = mb
                     block[:, 7] = m
                     block[:, 8:12] = grid[:, 1:5]
                     block[:, 12] = grid[:, 6]
+                    block[:, 13] = lay[:, 1]
                     blocks.append(block)
     table = np.concatenate(blocks) if blocks else np.zeros((0, len(COLUMNS)), np.int64)
     return {c: table[:, i] for i, c in enumerate(COLUMNS)}
@@ -188,9 +228,15 @@ def plan_from_row(
     global_batch: int,
     precision: str,
     layer_split: tuple[int, ...] | None = None,
+    num_layers: int | None = None,
 ) -> TrainPlan:
-    """The TrainPlan of row ``i`` of an enumerated table."""
+    """The TrainPlan of row ``i`` of an enumerated table (``layer_split`` replaces the
+    row's stage layout)."""
     tp, pp, vpp = int(table["tp"][i]), int(table["pp"][i]), int(table["vpp"][i])
+    if layer_split is None and "trim" in table and int(table["trim"][i]):
+        if num_layers is None:
+            raise ValueError("a trimmed stage layout needs num_layers")
+        layer_split = trimmed_split(num_layers, pp * vpp, int(table["trim"][i]))
     return TrainPlan(
         num_gpus=num_gpus,
         tp=tp,

@@ -28,7 +28,7 @@ from simcli.training.search_estimate import (
     pipeline_times,
     plan_memory_bytes,
 )
-from simcli.training.search_space import SearchSpace, enumerate_plans, plan_from_row
+from simcli.training.search_space import TRIMS, SearchSpace, enumerate_plans, plan_from_row
 from simcli.training.simulator import _Durations, _run_pipeline, simulate_iteration
 from workloads.models import load_model
 from workloads.plan import PlanError, check_plan, make_plan
@@ -193,7 +193,7 @@ def test_fast_estimate_within_one_percent_of_the_simulator():
     errors = []
     for i in range(len(idx)):
         plan = plan_from_row(sub, i, num_gpus=16, seq_len=4096, global_batch=64,
-                             precision="bf16-mixed")  # fmt: skip
+                             precision="bf16-mixed", num_layers=LLAMA.num_layers)  # fmt: skip
         sim = simulate_iteration(LLAMA, plan, system=ctx.system, cost_model=ctx.cost_model)
         errors.append(abs(est[i] / sim.iteration_s - 1))
     assert max(errors) < 0.01
@@ -206,7 +206,9 @@ def test_enumeration_applies_the_pruning_rules():
     assert (t["tp"] <= 8).all()
     assert (2048 // t["cp"] >= 512).all()
     assert (t["tp"] * t["pp"] * t["cp"] * t["dp"] == 1024).all()
-    assert (model.num_layers % (t["pp"] * t["vpp"]) == 0).all()
+    trims = np.array(TRIMS)[t["trim"]].sum(axis=1)
+    assert ((model.num_layers + trims) % (t["pp"] * t["vpp"]) == 0).all()
+    assert (t["trim"][model.num_layers % (t["pp"] * t["vpp"]) == 0] == 0).all()
     assert (t["mb"] * t["dp"] * t["m"] == 1536).all()
     inter = t["vpp"] > 1
     assert (t["m"][inter] % t["pp"][inter] == 0).all()
@@ -218,8 +220,13 @@ def test_enumeration_applies_the_pruning_rules():
     assert (t["tpc"][t["tp"] == 1] == 0).all()
     for i in np.random.default_rng(0).choice(len(t["tp"]), 200, replace=False):
         plan = plan_from_row(t, int(i), num_gpus=1024, seq_len=2048, global_batch=1536,
-                             precision="bf16-mixed")  # fmt: skip
+                             precision="bf16-mixed", num_layers=96)  # fmt: skip
         check_plan(plan, model)
+    for i in np.flatnonzero(t["trim"] > 0)[:50]:
+        plan = plan_from_row(t, int(i), num_gpus=1024, seq_len=2048, global_batch=1536,
+                             precision="bf16-mixed", num_layers=96)  # fmt: skip
+        split = check_plan(plan, model).layers_per_chunk(96)
+        assert sum(split) == 96 and len(set(split[1:-1])) == 1 and min(split) >= 0
 
 
 def test_balance_split_binary_search():
@@ -372,3 +379,28 @@ def test_uneven_groups_are_priced_over_a_node_count_that_divides_them():
     many = _group_nodes_many(sizes, strides, 8)
     pairs = zip(sizes, strides, strict=True)
     assert many.tolist() == [group_nodes(int(s), int(k), 8) for s, k in pairs]
+
+
+def test_trimmed_stage_layouts_match_the_simulator_and_memory():
+    """pp * vpp not dividing the layers: the search adds layouts with a lighter first
+    and/or last chunk (search_space.TRIMS); their closed-form time and vectorised memory
+    are the simulator's and estimate_memory's for the equivalent layer_split."""
+    from costmodels.steps.memory import estimate_memory
+
+    ctx = _context(LLAMA, 24, 4096, 48)
+    table = enumerate_plans(LLAMA, 24, 4096, 48, 8)
+    trimmed = np.flatnonzero(table["trim"] > 0)
+    assert set(np.unique(table["pp"][trimmed]).tolist()) >= {3}  # 32 layers on 3 stages
+    mem = plan_memory_bytes(ctx, table)
+    idx = np.random.default_rng(0).choice(trimmed, 12, replace=False)
+    sub = {k: v[idx] for k, v in table.items()}
+    est = estimate_iteration_s(ctx, sub, exact=True)["iteration_s"]
+    for j, i in enumerate(idx):
+        plan = plan_from_row(table, int(i), num_gpus=24, seq_len=4096, global_batch=48,
+                             precision="bf16-mixed", num_layers=32)  # fmt: skip
+        split = plan.layers_per_chunk(32)
+        assert sum(split) == 32 and plan.layer_split is not None
+        want = estimate_memory(LLAMA, plan, ctx.system.gpu).total_bytes
+        assert mem[i] == pytest.approx(want, rel=1e-9)
+        sim = simulate_iteration(LLAMA, plan, system=ctx.system, cost_model=ctx.cost_model)
+        assert est[j] == pytest.approx(sim.iteration_s, rel=0.01)

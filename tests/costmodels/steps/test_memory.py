@@ -332,7 +332,7 @@ def _random_plans(rng, model, n):
             cp=cp,
             ep=ep,
             vpp=vpp,
-            zero=int(rng.integers(0, 4)) if pp == 1 else int(rng.integers(0, 2)),
+            zero=int(rng.integers(0, 4)),
             micro_batch=mb,
             global_batch=mb * dp * (m * pp if sched == "interleaved" else m),
             seq_len=int(rng.choice([256, 1024, 4096])),

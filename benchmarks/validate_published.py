@@ -15,7 +15,11 @@ from typing import Any
 import yaml
 
 from costmodels.steps.composition import shipped_composition
+from costmodels.steps.memory import estimate_memory
+from hardware_specs.registry import get_gpu
+from hardware_specs.schema import GIB
 from simcli.scenario import resolve_hardware
+from simcli.scenario.training import DEFAULT_MEMORY_MARGIN, memory_margin_bytes
 from simcli.training.simulator import simulate_iteration
 from workloads.models import ModelConfig, load_model
 from workloads.plan import make_plan
@@ -31,6 +35,17 @@ def _iteration_s(model: ModelConfig, gpu: str, tp_comm: str = "plain", **plan: A
         composition=shipped_composition(gpu),
     )  # fmt: skip
     return res.iteration_s
+
+
+def headroom_gib(model: ModelConfig, gpu: str, **plan: Any) -> float:
+    """Usable memory left at the peak (negative: does not fit), less the default margin."""
+    mem = estimate_memory(model, make_plan(model, **plan), get_gpu(gpu))
+    margin = memory_margin_bytes(DEFAULT_MEMORY_MARGIN, mem.capacity_bytes)
+    return (mem.capacity_bytes - margin - mem.total_bytes) / GIB
+
+
+def _memory(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: d[k] for k in ("fp8_params", "grad_reduce_dtype") if k in d}
 
 
 def _layout(r: dict[str, Any]) -> dict[str, Any]:
@@ -50,9 +65,10 @@ def fp8_rows(path: Path = PUBLISHED) -> list[dict[str, Any]]:
         pub = r["global_batch"] * r["seq_len"] / (r["tokens_per_s_per_gpu"] * r["gpus"])
         plan = dict(
             _layout(r), global_batch=r["global_batch"], micro_batch=r["micro_batch"],
-            seq_len=r["seq_len"], precision=d["precision"], zero=d["zero"],
+            seq_len=r["seq_len"], precision=d["precision"], zero=d["zero"], **_memory(d),
         )  # fmt: skip
         row = {"model": r["model"], "gpus": r["gpus"], "published_s": pub}
+        row["headroom_gib"] = headroom_gib(model, d["gpu"], **plan)
         for tp_comm in ("plain", "overlap"):
             if tp_comm == "overlap" and r["tp"] == 1:
                 row["overlap_s"] = row["plain_s"]
@@ -85,10 +101,11 @@ def long_context_rows(path: Path = PUBLISHED) -> list[dict[str, Any]]:
         seq = r["seq_k"] * 1024
         gbs = r["dp"] * d["microbatches_per_dp_rank"]
         pub = nemo_llama2_flops(model, gbs * seq, seq) / (r["tflops_per_gpu"] * 1e12 * r["gpus"])
-        sim = _iteration_s(
-            model, d["gpu"], **_layout({**r, "vpp": 1}), global_batch=gbs, micro_batch=1,
-            seq_len=seq, precision=d["precision"], zero=d["zero"],
+        plan = dict(
+            _layout({**r, "vpp": 1}), global_batch=gbs, micro_batch=1, seq_len=seq,
+            precision=d["precision"], zero=d["zero"], **_memory(d),
         )  # fmt: skip
+        sim = _iteration_s(model, d["gpu"], **plan)
         out.append(
             {
                 "seq_k": r["seq_k"],
@@ -97,6 +114,7 @@ def long_context_rows(path: Path = PUBLISHED) -> list[dict[str, Any]]:
                 "published_s": pub,
                 "simulated_s": sim,
                 "error_pct": 100.0 * (sim / pub - 1.0),
+                "headroom_gib": headroom_gib(model, d["gpu"], **plan),
             }
         )
     return out
@@ -106,21 +124,22 @@ def main() -> None:
     rows = fp8_rows()
     print("NeMo 24.07 FP8 pre-training on DGX H100 (tokens/s/GPU -> seconds per iteration)")
     print(f"{'model':11s} {'gpus':>5s} {'published_s':>11s} {'tp_comm plain':>12s} {'error':>7s}"
-          f" {'overlap':>8s} {'error':>7s}")  # fmt: skip
+          f" {'overlap':>8s} {'error':>7s} {'headroom_gib':>12s}")  # fmt: skip
     for r in rows:
         print(f"{r['model']:11s} {r['gpus']:5d} {r['published_s']:11.3f} "
               f"{r['plain_s']:12.3f} {r['error_pct']:+6.1f}% {r['overlap_s']:8.3f} "
-              f"{r['overlap_error_pct']:+6.1f}%")  # fmt: skip
+              f"{r['overlap_error_pct']:+6.1f}% {r['headroom_gib']:12.1f}")  # fmt: skip
     for key, what in (("error_pct", "TP comm exposed"), ("overlap_error_pct", "TP overlap model")):
         errs = [abs(r[key]) for r in rows]
         print(f"{what}: mean |error| {sum(errs) / len(errs):.1f}%  max {max(errs):.1f}%")
     rows = long_context_rows()
     print("\nNeMo 24.03 LLAMA2-7B FP8 with context parallelism on DGX H100, 4k-1M tokens")
     print(f"{'seq':>6s} {'gpus':>5s} {'cp':>3s} {'published_s':>11s} {'simulated_s':>11s} "
-          f"{'error':>7s}")  # fmt: skip
+          f"{'error':>7s} {'headroom_gib':>12s}")  # fmt: skip
     for r in rows:
         print(f"{r['seq_k']:5d}k {r['gpus']:5d} {r['cp']:3d} {r['published_s']:11.2f} "
-              f"{r['simulated_s']:11.2f} {r['error_pct']:+6.1f}%")  # fmt: skip
+              f"{r['simulated_s']:11.2f} {r['error_pct']:+6.1f}% "
+              f"{r['headroom_gib']:12.1f}")  # fmt: skip
     errs = [abs(r["error_pct"]) for r in rows]
     print(f"mean |error| {sum(errs) / len(errs):.1f}%  max {max(errs):.1f}%")
 

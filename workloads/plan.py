@@ -100,6 +100,30 @@ class TrainPlan(BaseModel):
     overlap_grad_reduce: bool = Field(
         default=True, description="DP gradient reduction overlapped with the backward pass"
     )
+    fp8_params: bool = Field(
+        default=False,
+        description="fp8 plans keep the layers' GEMM weights in fp8 only (Megatron's "
+        "--fp8-param-gather, NeMo fp8_params): 1 B weight + 1 B transpose cache, no bf16 copy",
+    )
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = Field(
+        default=None,
+        description="gradient buffer and DP reduction dtype (Megatron --grad-reduce-in-bf16, "
+        "NeMo grad_sync_dtype); default fp32 under mixed precision, bf16 under pure bf16",
+    )
+    optimizer_offload: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of the optimizer state (fp32 master, Adam m and v) held and "
+        "stepped on the host CPU (Megatron --optimizer-offload-fraction, ZeRO-Offload)",
+    )
+    activation_offload: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of each rank's layers whose saved activations are copied to "
+        "host memory in the forward and back in the backward (TE / Megatron cpu offloading)",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> TrainPlan:
@@ -156,6 +180,16 @@ class TrainPlan(BaseModel):
                     "give either layer_split or first/last stage layers, not both; allowed: "
                     "one layout"
                 )
+        if self.fp8_params and self.precision != "fp8":
+            raise PlanError(
+                f"fp8_params needs precision fp8 (got {self.precision}); allowed: "
+                "--precision fp8 or no --fp8-params"
+            )
+        if self.grad_reduce_dtype == "fp32" and self.precision == "bf16":
+            raise PlanError(
+                "grad_reduce_dtype fp32 needs fp32 master weights; pure bf16 keeps bf16 "
+                "gradients; allowed: bf16 with precision bf16"
+            )
         if self.sequence_parallel and self.tp == 1:
             raise PlanError("sequence_parallel needs tp > 1; allowed: --no-sequence-parallel")
         return self
@@ -198,6 +232,12 @@ class TrainPlan(BaseModel):
     def master_dtype(self) -> str:
         """Dtype of the weights the optimizer updates (fp32 master copy under mixed)."""
         return self._dtype_names[1]
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the gradient buffer and the DP gradient reduction."""
+        default = "bf16" if self.precision == "bf16" else "fp32"
+        return 2 if (self.grad_reduce_dtype or default) == "bf16" else 4
 
     @property
     def activation_dtype(self) -> str:

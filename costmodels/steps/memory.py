@@ -366,6 +366,9 @@ def _stage(
     lcopy_b, hcopy_b = (np.take(tab[k], prec) * 1.0 for k in ("layer_copy", "head_copy"))
     if compiled:  # torchao float8 under compile keeps the fp8 weight only (1 B), no transpose
         lcopy_b = np.where(prec == _FP8, COMPILED_FP8_COPY_BYTES, lcopy_b)
+    # a chosen gradient dtype (Megatron --grad-reduce-in-bf16 / NeMo grad_sync_dtype bf16);
+    # the fp32 main-grad copy of fp16-mixed's optimizer is unaffected
+    g_b = np.where(a["gradb"] > 0, a["gradb"], g_b) * 1.0
 
     # ---- parameters on this rank: dense (sharded over dp*cp) and expert (dp*cp/ep)
     norm_p = float(model.norm_params)
@@ -388,9 +391,19 @@ def _stage(
     g_full = g_b * (dense + expert)
     weights = sharded((w_b * dense, w_b * expert), 3)
     grads = sharded((g_b * dense, g_b * expert), 2)
-    optim = sharded((o_b * dense, o_b * expert), 1)
+    # the host holds the offloaded share of the optimizer state (ZeRO-Offload; Megatron's
+    # --optimizer-cpu-offload keeps --optimizer-offload-fraction of it on the CPU)
+    optim = sharded((o_b * dense, o_b * expert), 1) * (1.0 - a["opt_off"])
     linear = layers_r * (sh["attn"] + model.router_params + expert_layer)
     copies = lcopy_b * linear + np.where(last, hcopy_b * sh["head"], 0.0)
+    # fp8 primary weights (--fp8-param-gather): the layers' GEMM weights live in fp8
+    # (1 B, not bf16's 2) and their cached transpose is fp8 too (1 B); the embedding,
+    # norms and LM head stay bf16
+    fp8p = np.where(a["fp8p"], 1.0, 0.0)
+    lin_dense = layers_r * (sh["attn"] + model.router_params)
+    lin_w = sharded((lin_dense, layers_r * expert_layer), 3)
+    weights = weights - fp8p * (w_b - 1.0) * lin_w
+    copies = copies - fp8p * np.maximum(lcopy_b - 1.0, 0.0) * linear
     if fw == "pytorch":
         # FSDP with MixedPrecision(param_dtype=bf16) gathers bf16 weights directly: no
         # autocast copies beyond the gathered units (counted in the ZeRO-3 buffer below)
@@ -403,7 +416,12 @@ def _stage(
     stored_layers = flight * layers_r / vpp  # interleaved: the rank's mean per chunk
     # the layer being recomputed in the backward holds its full activations again
     extra = tokens * (none - kept)
-    acts = tokens * stored_layers * kept + extra
+    # activation offload: the offloaded share of the stored layers lives on the host;
+    # one layer's activations stay in flight on the device (the copy being made or
+    # prefetched; TE's cpu_offload double-buffers per layer)
+    off = a["act_off"]
+    acts = tokens * stored_layers * kept * (1.0 - off) + extra
+    acts = acts + np.where(off > 0, tokens * kept * np.minimum(1.0, stored_layers), 0.0)
     n_last = np.where(sched == _GPIPE, m, 1)  # LM-head micro-batches alive at once
     acts = acts + np.where(last, tokens * n_last * _final_acts(model, fw, t_sp, prec), 0.0)
     peak_b, kept_b = (np.take([x[i] for x in LOGIT_BYTES[fw]], prec) * 1.0 for i in (0, 1))
@@ -602,6 +620,10 @@ def plan_memory_fields(plan: TrainPlan) -> dict[str, Any]:
         "pp_schedule": plan.pp_schedule,
         "grad_bucket_bytes": plan.grad_bucket_bytes,
         "cp_kind": plan.cp_kind,
+        "fp8_params": plan.fp8_params,
+        "grad_bytes": 0 if plan.grad_reduce_dtype is None else plan.grad_bytes,  # 0: default
+        "optimizer_offload": plan.optimizer_offload,
+        "activation_offload": plan.activation_offload,
     }
 
 
@@ -639,6 +661,10 @@ def memory_bytes_many(
     cp_kind="ring",
     trim_first=0,
     trim_last=0,
+    fp8_params=False,
+    grad_bytes=None,
+    optimizer_offload=0.0,
+    activation_offload=0.0,
 ) -> np.ndarray:
     """Peak bytes per GPU of many plans at once (``estimate_memory(...).total_bytes``).
 
@@ -683,6 +709,10 @@ def memory_bytes_many(
         pp_schedule=pp_schedule,
         grad_bucket_bytes=grad_bucket_bytes,
         cp_kind=cp_kind,
+        fp8_params=fp8_params,
+        grad_bytes=grad_bytes,
+        optimizer_offload=optimizer_offload,
+        activation_offload=activation_offload,
     )
     if np.any(model.num_heads % a["tp"]):
         bad = np.unique(a["tp"][model.num_heads % a["tp"] != 0])
@@ -777,6 +807,12 @@ def _arrays(*, grad_bucket_bytes=None, **fields) -> dict:
     arrs["sched"] = _code(fields["pp_schedule"], _SCHED, "pp_schedule")
     arrs["sp"] = np.asarray(fields["sp"], dtype=bool)
     arrs["cpk"] = _code(fields.get("cp_kind", "ring"), _CP_KIND, "cp_kind")
+    arrs["fp8p"] = np.asarray(fields.get("fp8_params", False), dtype=bool)
+    # gradient bytes: the precision's default unless given (0 = default)
+    gb = fields.get("grad_bytes")
+    arrs["gradb"] = np.asarray(0 if gb is None else gb, dtype=np.int64)
+    arrs["opt_off"] = np.asarray(fields.get("optimizer_offload", 0.0), dtype=float)
+    arrs["act_off"] = np.asarray(fields.get("activation_offload", 0.0), dtype=float)
     for k in ("tp", "pp", "cp", "dp", "vpp", "ep", "mb", "m", "seq", "bucket"):
         if np.any(arrs[k] < 1):
             raise PlanError(f"{k} must be >= 1; got {np.unique(arrs[k]).tolist()}")

@@ -56,6 +56,33 @@ TP_OVERLAP_CHUNKS = 4
 COMM_INTERFERENCE = 0.7
 
 
+# CPU offload (ZeRO-Offload, Ren et al. 2021; Megatron --optimizer-cpu-offload). The host's
+# Adam streams fp32 master, m, v and the gradient in and master, m, v and the bf16 weight
+# out: 30 B per parameter. ASSUMED host bandwidth per GPU for it: a 2-socket DDR5 server
+# (8 channels x 4800 MT/s x 8 B = 307 GB/s per socket), ~60% of it streamed, shared by 8
+# GPUs = 46 GB/s per GPU. Not fitted (no host measurements); README says so.
+CPU_ADAM_BYTES_PER_PARAM = 30.0
+HOST_ADAM_BYTES_PER_S_PER_GPU = 46e9
+
+
+def optimizer_offload_s(n_params: float, grad_bytes: float, system: System) -> float:
+    """Seconds of the host-side optimizer step for ``n_params`` parameters: the CPU Adam
+    and the gradient copy down and weight copy up over the GPU's host link, pipelined in
+    chunks (Megatron's HybridDeviceOptimizer overlaps them), so the slower one counts."""
+    cpu_s = n_params * CPU_ADAM_BYTES_PER_PARAM / HOST_ADAM_BYTES_PER_S_PER_GPU
+    copy_s = n_params * (grad_bytes + 2.0) / system.host_link.bytes_per_s
+    return max(cpu_s, copy_s)
+
+
+def activation_offload_exposed_s(
+    nbytes: float, compute_s: float, system: System
+) -> float:
+    """Seconds a layer's activation copy to (forward) or from (backward) the host adds
+    when it runs beside the layer's compute on a copy stream (TE cpu_offload): what the
+    compute cannot hide."""
+    return max(0.0, nbytes / system.host_link.bytes_per_s - compute_s)
+
+
 def tp_overlap_exposed_s(comm_s: float, gemm_s: float) -> float:
     """Seconds a phase's TP collectives add under chunked overlap with its GEMMs: what
     the GEMMs cannot hide, the first chunk, and the interference of the hidden part."""

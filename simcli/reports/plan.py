@@ -29,7 +29,9 @@ PLAN_COLUMNS: dict[str, str] = {
     "recompute": "none | selective | full",
     "sequence_parallel": "Megatron sequence parallelism on",
     "precision": "training precision",
-    "layer_split": "layers per stage when uneven (balanced plans)",
+    "layer_split": "layers per model chunk when uneven (balanced plans; lighter first/last "
+    "chunks where pp*vpp does not divide the layers; 0: embedding or LM head alone)",
+    "optimizer_offload": "share of the optimizer state on the host CPU (ZeRO-Offload)",
     "balanced": "uneven stages chosen by the Galvatron-BMW-style balancing",
     "iteration_s": "simulated iteration time, seconds",
     "estimate_s": "closed-form time that selected the plan, seconds",
@@ -37,6 +39,7 @@ PLAN_COLUMNS: dict[str, str] = {
     "mfu": "model FLOPs utilisation",
     "peak_memory_gib": "peak memory of the fullest GPU, GiB",
     "memory_capacity_gib": "usable memory per GPU, GiB",
+    "memory_headroom_gib": "usable memory left at the peak, GiB (at least --memory-margin)",
     "gpu_hours_per_iteration": "GPU-hours per iteration",
     "cost_usd_per_iteration": "US$ per iteration at the GPU price",
     **{k: f"{v} (with --train-tokens)" for k, v in TO_TRAIN_COLUMNS.items()},
@@ -47,7 +50,7 @@ _SHARED = ("num_gpus", "tp", "pp", "dp", "cp", "cp_kind", "tp_comm", "ep", "vpp"
 EVALUATED_COLUMNS: dict[str, str] = {
     **{c: PLAN_COLUMNS[c] for c in _SHARED},
     "peak_memory_gib": "estimated peak memory of the fullest GPU, GiB",
-    "fits": "peak memory within capacity",
+    "fits": "peak memory plus --memory-margin within capacity",
     "estimate_s": "closed-form iteration time (equal to the simulator for even 1F1B "
     "stages), seconds; empty when the plan does not fit",
     "cost_usd_per_iteration_estimate": "US$ per iteration from estimate_s",
@@ -95,14 +98,15 @@ def build(
             "best iteration_s": best["iteration_s"],
             "best mfu": best["mfu"],
             "best peak_memory_gib": best["peak_memory_gib"],
+            "best memory_headroom_gib": best["memory_headroom_gib"],
             "best cost_usd_per_iteration": best["cost_usd_per_iteration"],
             **{k: v for k, v in summary.items() if k != "phase_seconds"},
         }
     )
 
     cols = ["rank", "tp", "pp", "dp", "cp", "cp_kind", "vpp", "zero", "micro_batch", "recompute",
-            "sequence_parallel", "iteration_s", "mfu", "peak_memory_gib",
-            "cost_usd_per_iteration"]  # fmt: skip
+            "sequence_parallel", "layer_split", "optimizer_offload", "iteration_s", "mfu",
+            "peak_memory_gib", "memory_headroom_gib", "cost_usd_per_iteration"]  # fmt: skip
     rep.table("Ranking", plans[cols])
 
     rep.heading("Time and memory of every plan tried")

@@ -23,13 +23,15 @@ CSV_SCHEMAS: dict[str, dict[str, str]] = {
         "model_tflops_per_gpu": "model TFLOP/s per GPU",
         "peak_memory_gib": "peak memory of the fullest GPU, GiB",
         "memory_capacity_gib": "usable memory per GPU, GiB",
-        "fits": "peak memory within capacity",
+        "memory_headroom_gib": "usable memory left at the peak, GiB",
+        "memory_margin_gib": "memory the plan must leave free (--memory-margin), GiB",
+        "fits": "peak memory plus the margin within capacity",
         "num_microbatches": "micro-batches per iteration per pipeline",
         **TO_TRAIN_COLUMNS,
     },
     "breakdown.csv": {
         "component": "where the critical path spends its time (compute_s, pp_bubble_s, "
-        "host_bound_s, ...)",
+        "host_bound_s, activation_offload_s, ...)",
         "time_s": "seconds of the iteration",
         "share": "fraction of the iteration",
     },

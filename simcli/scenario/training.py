@@ -27,6 +27,7 @@ from hardware_specs.prices import gpu_price
 from simcli.scenario.hardware import CostModel, Hardware, resolve_hardware
 from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
 from simcli.training.search import Objective, SearchResult, gpu_counts, search_plans
+from simcli.training.search_estimate import memory_capacity_bytes
 from simcli.training.search_space import COMPUTE_DTYPE, SearchSpace
 from simcli.training.simulator import TrainResult, simulate_iteration
 from simcli.training.to_train import to_train_fields
@@ -57,15 +58,53 @@ def parse_int_list(text: str, example: str, least: int = 1) -> tuple[int, ...] |
     except ValueError:
         raise ValueError(f"not a comma list of integers; allowed: e.g. {example}") from None
     if any(v < least for v in values):
-        raise ValueError(f"has a value < {least}; allowed: integers >= {least}")
+        raise ValueError(f"has a value < {least}; allowed: {_kind(least)}")
     return values
+
+
+def _kind(least: int) -> str:
+    return "positive integers" if least == 1 else f"integers >= {least}"
 
 
 def _int_list(value: Any, example: str, least: int = 1) -> Any:
     if isinstance(value, str):
         return parse_int_list(value, example, least)
     if isinstance(value, list | tuple) and any(isinstance(v, int) and v < least for v in value):
-        raise ValueError(f"has a value < {least}; allowed: integers >= {least}")
+        raise ValueError(f"has a value < {least}; allowed: {_kind(least)}")
+    return value
+
+
+DEFAULT_MEMORY_MARGIN = "2%"
+
+
+def memory_margin_bytes(text: str, capacity_bytes: float) -> float:
+    """``--memory-margin``: memory a plan must leave free, as GiB (``4GiB``, ``4 GiB``),
+    a percentage of the usable memory (``2%``) or a fraction of it (``0.02``). The
+    default 2% covers the memory estimator's error on our traced steps (within 1.4%)
+    and allocator growth between steps; multi-GPU estimates run 3-8% high (FSDP)."""
+    t = text.strip().lower().replace(" ", "")
+    try:
+        if t.endswith("gib"):
+            value = float(t[:-3]) * GIB
+        elif t.endswith("%"):
+            value = float(t[:-1]) / 100 * capacity_bytes
+        else:
+            frac = float(t)
+            if frac >= 1:
+                raise ValueError
+            value = frac * capacity_bytes
+    except ValueError:
+        raise ValueError(
+            f"not a memory margin: {text!r}; allowed: GiB (4GiB), a percentage (2%) or a "
+            "fraction below 1 (0.02)"
+        ) from None
+    if value < 0 or value >= capacity_bytes:
+        raise ValueError(f"memory margin {text!r} is negative or the whole GPU")
+    return value
+
+
+def _check_margin(value: str) -> str:
+    memory_margin_bytes(value, 80 * GIB)  # syntax and range (the GPU checks its own)
     return value
 
 
@@ -128,6 +167,35 @@ class TrainConfig(BaseModel):
         ge=0,
         description="Layers on the last pipeline stage (0: the LM head and loss alone).",
     )
+    fp8_params: bool = Field(
+        False,
+        description="fp8: keep the layers' weights in fp8 only (Megatron --fp8-param-gather, "
+        "NeMo fp8_params).",
+    )
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = Field(
+        None,
+        description="Gradient buffer / DP reduction dtype (Megatron --grad-reduce-in-bf16, "
+        "NeMo grad_sync_dtype); default fp32 under mixed precision.",
+    )
+    memory_margin: str = Field(
+        DEFAULT_MEMORY_MARGIN,
+        description="Memory to leave free: GiB (4GiB), % (2%) or a fraction (0.02) of the "
+        "GPU's usable memory.",
+    )
+    optimizer_offload: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the optimizer state held and stepped on the host CPU "
+        "(ZeRO-Offload, Megatron --optimizer-offload-fraction).",
+    )
+    activation_offload: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of each rank's layers whose saved activations are copied to "
+        "host memory (TE/Megatron CPU offloading).",
+    )
     framework: TrainFramework = Field(
         "megatron",
         description="Training software: megatron (fused kernels), pytorch (eager) or "
@@ -174,6 +242,11 @@ class TrainConfig(BaseModel):
     def _layer_split(cls, value: Any) -> Any:
         return _int_list(value, "7,8,8,9", least=0)
 
+    @field_validator("memory_margin")
+    @classmethod
+    def _margin(cls, value: str) -> str:
+        return _check_margin(value)
+
 
 class PlanConfig(BaseModel):
     """``simcli plan``: the best parallel plans for a model, GPU type and batch."""
@@ -212,7 +285,32 @@ class PlanConfig(BaseModel):
     max_micro_batch: int | None = Field(
         None, ge=1, description="Largest micro-batch, in sequences."
     )
+    fp8_params: bool = Field(
+        False,
+        description="fp8: keep the layers' weights in fp8 only (Megatron --fp8-param-gather, "
+        "NeMo fp8_params).",
+    )
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = Field(
+        None,
+        description="Gradient buffer / DP reduction dtype (Megatron --grad-reduce-in-bf16, "
+        "NeMo grad_sync_dtype); default fp32 under mixed precision.",
+    )
+    optimizer_offload: tuple[float, ...] | None = Field(
+        None,
+        description="Optimizer-state shares on the host CPU to try, e.g. 0,1 (ZeRO-Offload); "
+        "default: none.",
+    )
+    memory_margin: str = Field(
+        DEFAULT_MEMORY_MARGIN,
+        description="Memory to leave free: GiB (4GiB), % (2%) or a fraction (0.02) of the "
+        "GPU's usable memory.",
+    )
     precision: Precision = Field("bf16-mixed", description="Training precision.")
+    cluster: Path | None = Field(
+        None,
+        description="Hardware file describing one cluster (node groups, NICs, fabric) "
+        "instead of reference nodes on a fat-tree.",
+    )
     price_usd_per_gpu_hour: float | None = Field(
         None,
         gt=0,
@@ -232,6 +330,21 @@ class PlanConfig(BaseModel):
     @classmethod
     def _degrees(cls, value: Any) -> Any:
         return _int_list(value, "2,4,8")
+
+    @field_validator("optimizer_offload", mode="before")
+    @classmethod
+    def _offloads(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return tuple(float(x) for x in value.split(","))
+            except ValueError:
+                raise ValueError("not a comma list of shares; allowed: e.g. 0,1") from None
+        return value
+
+    @field_validator("memory_margin")
+    @classmethod
+    def _margin(cls, value: str) -> str:
+        return _check_margin(value)
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -305,6 +418,10 @@ def resolve_train(config: TrainConfig) -> TrainScenario:
         layer_split=config.layer_split,
         first_stage_layers=config.first_stage_layers,
         last_stage_layers=config.last_stage_layers,
+        fp8_params=config.fp8_params,
+        grad_reduce_dtype=config.grad_reduce_dtype,
+        optimizer_offload=config.optimizer_offload,
+        activation_offload=config.activation_offload,
     )
     files = {
         "profile": config.profile,
@@ -353,6 +470,9 @@ def resolve_plan(config: PlanConfig) -> PlanScenario:
         min_tokens_per_cp_rank=config.min_cp_tokens,
         max_micro_batch=config.max_micro_batch,
         precision=config.precision,
+        optimizer_offload=config.optimizer_offload or (0.0,),
+        fp8_params=config.fp8_params,
+        grad_reduce_dtype=config.grad_reduce_dtype,
     )
     hardware = tuple(
         resolve_hardware(
@@ -360,6 +480,7 @@ def resolve_plan(config: PlanConfig) -> PlanScenario:
             count,
             profile=config.profile,
             hardware_file=config.hardware,
+            cluster_file=config.cluster,
             price_usd_per_gpu_hour=config.price_usd_per_gpu_hour,
         )
         for count in gpu_counts(config.gpus, config.objective)
@@ -379,6 +500,7 @@ class TrainRun:
     scenario: TrainScenario
     result: TrainResult
     memory: MemoryEstimate
+    margin_bytes: float = 0.0  # --memory-margin, resolved
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``simcli train``."""
@@ -398,7 +520,9 @@ class TrainRun:
             "model_tflops_per_gpu": res.model_flops / res.iteration_s / gpus / 1e12,
             "peak_memory_gib": mem.total_bytes / GIB,
             "memory_capacity_gib": mem.capacity_bytes / GIB,
-            "fits": mem.fits,
+            "memory_headroom_gib": (mem.capacity_bytes - mem.total_bytes) / GIB,
+            "memory_margin_gib": self.margin_bytes / GIB,
+            "fits": mem.total_bytes + self.margin_bytes <= mem.capacity_bytes,
             "num_microbatches": res.num_microbatches,
             "breakdown_s": res.breakdown_s,
             "memory_gib": mem.breakdown_gib(),
@@ -457,14 +581,17 @@ def run_train(scenario: TrainScenario, *, keep_spans: bool = False) -> TrainRun:
         composition=s.composition,
     )
     memory = estimate_memory(s.model, s.plan, hw.gpu, framework=s.framework)
-    if not memory.fits and not s.config.ignore_memory:
+    margin = memory_margin_bytes(s.config.memory_margin, memory.capacity_bytes)
+    if memory.total_bytes + margin > memory.capacity_bytes and not s.config.ignore_memory:
         raise PlanError(
             f"plan does not fit: peak {memory.total_bytes / GIB:.1f} GiB per GPU on pipeline "
-            f"rank {memory.peak_stage} > {memory.capacity_bytes / GIB:.1f} GiB of "
-            f"{s.config.gpu}; allowed: plans that fit (try --recompute selective|full, a "
-            "higher --zero, more --tp/--pp, a smaller --micro-batch) or --ignore-memory"
+            f"rank {memory.peak_stage} + margin {margin / GIB:.1f} GiB > "
+            f"{memory.capacity_bytes / GIB:.1f} GiB of {s.config.gpu}; allowed: plans that "
+            "fit (try --recompute selective|full, a higher --zero, more --tp/--pp, a smaller "
+            "--micro-batch, --fp8-params, --grad-reduce-dtype bf16, --optimizer-offload, "
+            "--activation-offload, a smaller --memory-margin) or --ignore-memory"
         )
-    return TrainRun(scenario=s, result=result, memory=memory)
+    return TrainRun(scenario=s, result=result, memory=memory, margin_bytes=margin)
 
 
 def run_plan(
@@ -486,6 +613,9 @@ def run_plan(
         objective=c.objective,
         balance=c.balance,
         space=scenario.space,
+        memory_margin_bytes=memory_margin_bytes(
+            c.memory_margin, memory_capacity_bytes(scenario.hardware[0].system)
+        ),
         collect=collect,
         progress=progress,
     )

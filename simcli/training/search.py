@@ -110,6 +110,7 @@ class RankedPlan:
             "sequence_parallel": p.sp,
             "precision": p.precision,
             "layer_split": list(p.layer_split) if p.layer_split else None,
+            "optimizer_offload": p.optimizer_offload,
             "balanced": self.balanced,
             "iteration_s": self.iteration_s,
             "estimate_s": self.estimate_s,
@@ -117,6 +118,7 @@ class RankedPlan:
             "mfu": self.mfu,
             "peak_memory_gib": self.peak_memory_bytes / GIB,
             "memory_capacity_gib": self.capacity_bytes / GIB,
+            "memory_headroom_gib": (self.capacity_bytes - self.peak_memory_bytes) / GIB,
             "gpu_hours_per_iteration": self.iteration_s * p.num_gpus / 3600.0,
             "cost_usd_per_iteration": self.cost_usd_per_iteration,
         }
@@ -233,6 +235,7 @@ def search_plans(
     space: SearchSpace | None = None,
     attn_backend: str = "",
     margin: float = 0.01,
+    memory_margin_bytes: float = 0.0,
     collect: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
@@ -245,6 +248,7 @@ def search_plans(
     (NaN where none is known; the ``cost`` objective needs one).
     ``margin``: plans whose estimate is within this fraction of the ``top``-th best are
     re-simulated too, so an estimate error cannot push a better plan out of the answer.
+    ``memory_margin_bytes``: memory every plan must leave free (``--memory-margin``).
     ``collect``: keep every enumerated plan with its memory and closed-form time in
     ``SearchResult.evaluated`` (for the time/memory Pareto chart of reports).
     ``progress(done, total)``: called after each GPU count is estimated and each plan
@@ -307,6 +311,9 @@ def search_plans(
             space.precision,
             attn_backend,
             op_cache,
+            grad_bytes=_grad_bytes(space),
+            fp8_params=space.fp8_params,
+            memory_margin_bytes=memory_margin_bytes,
         )
         table = enumerate_plans(model, count, seq_len, global_batch, system.gpus_per_node, space)
         lap("enumerate")
@@ -315,7 +322,7 @@ def search_plans(
         if not n:
             continue
         mem = plan_memory_bytes(ctx, table)
-        ok = np.flatnonzero(mem <= memory_capacity_bytes(system))
+        ok = np.flatnonzero(mem + memory_margin_bytes <= memory_capacity_bytes(system))
         lap("memory")
         fit += len(ok)
         if collect:
@@ -354,6 +361,8 @@ def search_plans(
                 global_batch=global_batch,
                 precision=space.precision,
                 num_layers=model.num_layers,
+                fp8_params=space.fp8_params,
+                grad_reduce_dtype=space.grad_reduce_dtype,
             )
             candidates.append(
                 _Candidate(ctx, plan, float(t_even[j]), float(t_best[j]), float(score[j]))
@@ -465,7 +474,7 @@ def _simulate_candidates(
     for cand, variant, balanced in work:
         check_plan(variant, cand.ctx.model)
         mem = estimate_memory(cand.ctx.model, variant, cand.ctx.system.gpu)
-        if mem.fits:
+        if mem.total_bytes + cand.ctx.memory_margin_bytes <= mem.capacity_bytes:
             fitting.append((cand, variant, balanced, mem))
     costs: dict[int, StepCosts] = {}
     for ctx in {id(c.ctx): c.ctx for c, *_ in fitting}.values():
@@ -532,7 +541,7 @@ def _stage_layer_caps(ctx: EstimateContext, plan: TrainPlan) -> list[int] | None
     s2 = tuple([2] * (p - 1) + [layers - 2 * (p - 1)])
     m1 = estimate_memory(ctx.model, plan.model_copy(update={"layer_split": s1}), ctx.system.gpu)
     m2 = estimate_memory(ctx.model, plan.model_copy(update={"layer_split": s2}), ctx.system.gpu)
-    cap = m1.capacity_bytes
+    cap = m1.capacity_bytes - ctx.memory_margin_bytes
     caps = []
     for r in range(p):
         y1, y2 = m1.per_stage_total_bytes[r], m2.per_stage_total_bytes[r]
@@ -542,3 +551,10 @@ def _stage_layer_caps(ctx: EstimateContext, plan: TrainPlan) -> list[int] | None
             continue
         caps.append(int(min(layers, math.floor(s1[r] + (cap - y1) / slope + 1e-9))))
     return caps
+
+
+def _grad_bytes(space: SearchSpace) -> int | None:
+    """The gradient element size a search space fixes (None: the precision's default)."""
+    if space.grad_reduce_dtype is None:
+        return None
+    return 2 if space.grad_reduce_dtype == "bf16" else 4

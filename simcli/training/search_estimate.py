@@ -19,7 +19,11 @@ from typing import Any
 import numpy as np
 
 from costmodels.steps.memory import DRIVER_RESERVED_BYTES, memory_bytes_many
-from costmodels.steps.training import CostModel
+from costmodels.steps.training import (
+    CPU_ADAM_BYTES_PER_PARAM,
+    HOST_ADAM_BYTES_PER_S_PER_GPU,
+    CostModel,
+)
 from costmodels.steps.training_many import (
     collectives_s,
     optimizer_s,
@@ -245,6 +249,9 @@ class EstimateContext:
     precision: str
     attn_backend: str = ""
     op_cache: dict = field(default_factory=dict)
+    grad_bytes: int | None = None  # None: the precision's default (fp32 under mixed)
+    fp8_params: bool = False
+    memory_margin_bytes: float = 0.0  # memory a plan must leave free
 
     @property
     def gpn(self) -> int:
@@ -325,7 +332,7 @@ def estimate_iteration_s(
     # compute slowed by the NCCL kernels running beside it (simulator.interference)
     kappa_of = {int(x): interference(ctx.system, int(x)) for x in np.unique(dp_nodes)}
     kappa = np.array([kappa_of[int(x)] for x in dp_nodes]) if len(dp_nodes) else np.zeros(0)
-    grad_elt = 2 if ctx.precision == "bf16" else 4
+    grad_elt = ctx.grad_bytes or (2 if ctx.precision == "bf16" else 4)
 
     # ZeRO-2/3: per-layer gradient reduce-scatter every micro-batch; ZeRO-3 also the
     # parameter all-gather; prefetched (simulator._simulate).
@@ -436,6 +443,15 @@ def estimate_iteration_s(
         if not len(i):
             continue
         opt = optimizer_s(cm, ctx.model, n_opt[i], master)
+        if "off" in table:
+            # the offloaded share steps on the host (costmodels.steps.training)
+            f = table["off"][i] / 100.0
+            n_host = f * n_opt[i]
+            host = np.maximum(
+                n_host * CPU_ADAM_BYTES_PER_PARAM / HOST_ADAM_BYTES_PER_S_PER_GPU,
+                n_host * (grad_elt + 2.0) / ctx.system.host_link.bytes_per_s,
+            )
+            opt = (1 - f) * opt + np.where(f > 0, host, 0.0)
         iteration[i] = np.maximum(iteration[i], comm_end[rank][i] + opt)
     out = {
         "iteration_s": iteration,
@@ -509,6 +525,9 @@ def plan_memory_bytes(ctx: EstimateContext, table: dict[str, np.ndarray]) -> np.
             cp_kind=table["kind"],  # codes: the index in CP_KINDS
             trim_first=np.take([t[0] for t in TRIMS], table["trim"]) if "trim" in table else 0,
             trim_last=np.take([t[1] for t in TRIMS], table["trim"]) if "trim" in table else 0,
+            fp8_params=ctx.fp8_params,
+            grad_bytes=ctx.grad_bytes,
+            optimizer_offload=table["off"] / 100.0 if "off" in table else 0.0,
         ),
         dtype=float,
     )

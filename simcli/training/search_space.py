@@ -48,6 +48,12 @@ class SearchSpace:
     tp_comms: tuple[str, ...] = ("plain", "overlap")
     sequence_parallel: tuple[bool, ...] = (True, False)
     precision: str = "bf16-mixed"
+    # shares of the optimizer state offloaded to the host CPU (ZeRO-Offload); (0.0,): none
+    optimizer_offload: tuple[float, ...] = (0.0,)
+    # memory options applied to every plan (not searched): fp8 primary weights and the
+    # gradient buffer's dtype (None: the precision's default)
+    fp8_params: bool = False
+    grad_reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for name, values, allowed in (
@@ -67,11 +73,20 @@ class SearchSpace:
             raise PlanError(
                 f"precision {self.precision!r} is invalid; allowed: {', '.join(PRECISIONS)}"
             )
+        if not self.optimizer_offload or any(not 0 <= f <= 1 for f in self.optimizer_offload):
+            raise PlanError(
+                f"optimizer offload shares {list(self.optimizer_offload)} are invalid; "
+                "allowed: values in [0, 1]"
+            )
+        if self.fp8_params and self.precision != "fp8":
+            raise PlanError("fp8 params need precision fp8; allowed: --precision fp8")
 
 
 COLUMNS = (
-    "tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind", "tpc", "trim"
+    "tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind", "tpc", "trim",
+    "off",
 )  # fmt: skip
+# ``off``: the optimizer-offload share in percent (0..100)
 
 # Stage layouts where pp * vpp does not divide the layers: layers removed from the first
 # and the last model chunk of an otherwise even split (code -> (first, last)). 1: both
@@ -134,6 +149,7 @@ def enumerate_plans(
     layers = model.num_layers
     blocks: list[np.ndarray] = []
     rec_codes = [RECOMPUTE.index(r) for r in space.recompute]
+    offs = sorted({int(round(100 * f)) for f in space.optimizer_offload})
     for tp in valid_tp_degrees(model):
         if tp > max_tp or num_gpus % tp or (space.tp and tp not in space.tp):
             continue
@@ -196,10 +212,10 @@ def enumerate_plans(
                     grid = np.stack(
                         np.meshgrid(
                             np.arange(len(layouts)), zeros, rec_codes, sps, kinds, eps, tpcs,
-                            indexing="ij",
+                            offs, indexing="ij",
                         ),
                         axis=-1,
-                    ).reshape(-1, 7)  # fmt: skip
+                    ).reshape(-1, 8)  # fmt: skip
                     lay = np.array(layouts, dtype=np.int64)[grid[:, 0]]
                     block = np.empty((len(grid), len(COLUMNS)), dtype=np.int64)
                     block[:, 0:5] = (tp, pp, cp, dp, 0)
@@ -210,6 +226,7 @@ def enumerate_plans(
                     block[:, 8:12] = grid[:, 1:5]
                     block[:, 12] = grid[:, 6]
                     block[:, 13] = lay[:, 1]
+                    block[:, 14] = grid[:, 7]
                     blocks.append(block)
     table = np.concatenate(blocks) if blocks else np.zeros((0, len(COLUMNS)), np.int64)
     return {c: table[:, i] for i, c in enumerate(COLUMNS)}
@@ -229,6 +246,8 @@ def plan_from_row(
     precision: str,
     layer_split: tuple[int, ...] | None = None,
     num_layers: int | None = None,
+    fp8_params: bool = False,
+    grad_reduce_dtype: str | None = None,
 ) -> TrainPlan:
     """The TrainPlan of row ``i`` of an enumerated table (``layer_split`` replaces the
     row's stage layout)."""
@@ -256,4 +275,7 @@ def plan_from_row(
         cp_kind=CP_KINDS[int(table["kind"][i])],  # type: ignore[arg-type]
         tp_comm=TP_COMMS[int(table["tpc"][i])] if tp > 1 else "plain",  # type: ignore[arg-type]
         layer_split=layer_split,
+        optimizer_offload=int(table["off"][i]) / 100 if "off" in table else 0.0,
+        fp8_params=fp8_params,
+        grad_reduce_dtype=grad_reduce_dtype,  # type: ignore[arg-type]
     )

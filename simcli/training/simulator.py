@@ -28,14 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from costmodels.steps.composition import Composition
+from costmodels.steps.memory import layer_activation_bytes
 from costmodels.steps.training import (
     COMM_INTERFERENCE,
     CostModel,
     Framework,
     StepCosts,
+    activation_offload_exposed_s,
     collective_s,
     group_nodes,
     host_launches,
+    optimizer_offload_s,
     step_costs,
 )
 from hardware_specs.registry import System
@@ -302,7 +305,27 @@ def simulate_iteration(
         c = step_costs(model, plan, cost_model, system, attn_backend, framework, composition)
     opt_factor = 1.0 if composition is None else composition.factor(framework, "adamw")
     host_s = 0.0 if composition is None else composition.host_s_per_op(framework)
-    return _simulate(model, plan, system, cost_model, c, keep_spans, opt_factor, host_s)
+    offload = (0.0, 0.0)
+    if plan.activation_offload > 0:
+        # each layer's saved activations copied out in its forward, back in its backward
+        nbytes = plan.activation_offload * layer_activation_bytes(
+            model,
+            micro_batch=plan.micro_batch,
+            seq_len=plan.seq_len,
+            tp=plan.tp,
+            cp=plan.cp,
+            sp=plan.sp,
+            recompute=plan.recompute,
+            precision=plan.precision,
+            framework=framework,
+        )
+        offload = (
+            activation_offload_exposed_s(nbytes, c.layer_fwd.compute_s, system),
+            activation_offload_exposed_s(nbytes, c.layer_bwd.compute_s, system),
+        )
+    return _simulate(
+        model, plan, system, cost_model, c, keep_spans, opt_factor, host_s, offload
+    )
 
 
 def _simulate(
@@ -314,6 +337,7 @@ def _simulate(
     keep_spans: bool,
     opt_factor: float = 1.0,
     host_s_per_op: float = 0.0,
+    offload_s: tuple[float, float] = (0.0, 0.0),
 ) -> TrainResult:
     gpn = system.node.gpus_per_node
     dp = plan.data_parallel
@@ -345,7 +369,7 @@ def _simulate(
             na, nb = (a * dp_span) // gpn, (b * dp_span) // gpn
             if a != b:
                 p2p[a, b] = c.p2p_s * (system.slowdown([na, nb]) if na != nb else 1.0)
-    grad_elt = 2 if plan.precision == "bf16" else 4  # fp32 main grads under mixed precision
+    grad_elt = plan.grad_bytes  # fp32 main grads under mixed precision unless chosen bf16
     param_elt = 1 if plan.precision == "fp8" else 2
 
     # ZeRO-2/3: each layer's gradients reduce-scattered after its backward, every
@@ -368,7 +392,8 @@ def _simulate(
         zero3 = (zf, zb)
         if plan.zero == 2:
             zero2_s = zb
-    dur = _durations(model, plan, c, zero3)
+    per_layer = (zero3[0] + offload_s[0], zero3[1] + offload_s[1])
+    dur = _durations(model, plan, c, per_layer)
     spans: list[Span] | None = [] if keep_spans else None
     compute_end, grads_ready = _run_pipeline(plan, dur, p2p, spans)
 
@@ -425,6 +450,9 @@ def _simulate(
         if ("adamw", n_opt) not in priced:
             priced[("adamw", n_opt)] = opt_factor * float(cm.predict_many(ops_frame(ops)).sum())
         opt_s = priced[("adamw", n_opt)]
+        if plan.optimizer_offload > 0:
+            f = plan.optimizer_offload
+            opt_s = (1 - f) * opt_s + optimizer_offload_s(f * n_opt, grad_elt, system)
         if plan.zero in (1, 2) and dp > 1 and not plan.overlap_grad_reduce:
             param_gather[r] = dp_slow[r] * once_s(
                 "all_gather", params * param_elt, dp, dp_nodes, "bf16"
@@ -467,7 +495,8 @@ def _simulate(
     recompute = m * n_layers * c.layer_recompute.total_s
     zero3_s = m * n_layers * (zero3[0] + zero3[1])
     zero2_s = m * n_layers * zero2_s  # (zero3_s holds it too)
-    compute = busy - tp_comm - cp_comm - ep_comm - recompute - zero3_s
+    offload_total = m * n_layers * (offload_s[0] + offload_s[1])
+    compute = busy - tp_comm - cp_comm - ep_comm - recompute - zero3_s - offload_total
     opt_s_star = opt_end[r_star] - comm_end[r_star] - param_gather[r_star] - host_stall[r_star]
     breakdown = {
         "compute_s": compute,
@@ -476,6 +505,7 @@ def _simulate(
         "cp_comm_s": cp_comm,
         "ep_comm_s": ep_comm,
         "zero3_exposed_s": zero3_s - zero2_s,
+        "activation_offload_s": offload_total,
         "pp_bubble_s": float(compute_end[r_star] - busy),
         "dp_comm_exposed_s": float(comm_end[r_star] - compute_end[r_star])
         + float(param_gather[r_star])

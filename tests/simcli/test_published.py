@@ -15,6 +15,7 @@ def test_long_context_runs_with_context_parallelism():
     assert sum(errs) / len(errs) <= 8.0 and max(errs) <= 12.0
     # no drift with length: the 1M-token row is as close as the 16k one
     assert abs(rows[-1]["error_pct"]) <= 8.0
+    assert all(r["headroom_gib"] >= 0 for r in rows)  # published runs fit
 
 
 def test_fp8_pretraining_throughput():
@@ -23,6 +24,10 @@ def test_fp8_pretraining_throughput():
     for key in ("error_pct", "overlap_error_pct"):  # TP comm exposed / overlapped (NeMo's)
         errs = [abs(r[key]) for r in rows]
         assert sum(errs) / len(errs) <= 8.0 and max(errs) <= 12.0, key
+    # with NeMo's memory settings (fp8 weights, bf16 gradient sync) every published run
+    # fits inside the default margin (GPT-3 175B on 128 GPUs and Llama-3-8B with CP 2
+    # used to be refused)
+    assert all(r["headroom_gib"] >= 0 for r in rows)
 
 
 def test_nemo_flop_formula_counts_full_attention():

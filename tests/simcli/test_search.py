@@ -9,6 +9,8 @@ import random
 import numpy as np
 import pytest
 import typer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from costmodels.steps.memory import estimate_memory
@@ -404,3 +406,59 @@ def test_trimmed_stage_layouts_match_the_simulator_and_memory():
         assert mem[i] == pytest.approx(want, rel=1e-9)
         sim = simulate_iteration(LLAMA, plan, system=ctx.system, cost_model=ctx.cost_model)
         assert est[j] == pytest.approx(sim.iteration_s, rel=0.01)
+
+
+def test_optimizer_offload_rows_match_the_simulator_and_memory():
+    """The search's offload dimension (ZeRO-Offload): closed form and vectorised memory
+    equal the simulator and estimate_memory; offloading frees memory and costs time."""
+    from costmodels.steps.memory import estimate_memory
+
+    ctx = _context(LLAMA, 8, 4096, 16)
+    space = SearchSpace(optimizer_offload=(0.0, 0.5, 1.0), zero=(0, 1))
+    table = enumerate_plans(LLAMA, 8, 4096, 16, 8, space)
+    assert set(np.unique(table["off"]).tolist()) == {0, 50, 100}
+    mem = plan_memory_bytes(ctx, table)
+    idx = np.random.default_rng(1).choice(np.flatnonzero(table["off"] > 0), 8, replace=False)
+    est = estimate_iteration_s(ctx, {k: v[idx] for k, v in table.items()}, exact=True)
+    for j, i in enumerate(idx):
+        plan = plan_from_row(table, int(i), num_gpus=8, seq_len=4096, global_batch=16,
+                             precision="bf16-mixed", num_layers=32)  # fmt: skip
+        assert plan.optimizer_offload == table["off"][i] / 100
+        assert mem[i] == pytest.approx(estimate_memory(LLAMA, plan, ctx.system.gpu).total_bytes)
+        sim = simulate_iteration(LLAMA, plan, system=ctx.system, cost_model=ctx.cost_model)
+        assert est["iteration_s"][j] == pytest.approx(sim.iteration_s, rel=0.01)
+        twin = plan.model_copy(update={"optimizer_offload": 0.0})
+        assert estimate_memory(LLAMA, twin, ctx.system.gpu).total_bytes > mem[i]
+        base = simulate_iteration(LLAMA, twin, system=ctx.system, cost_model=ctx.cost_model)
+        assert base.iteration_s < sim.iteration_s
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gpus=st.integers(1, 16_384),
+    model_id=st.sampled_from(["llama3-8b", "llama3-70b", "gpt3-175b", "mixtral-8x7b"]),
+    seq_len=st.sampled_from([2048, 4096, 8192]),
+    batch_per_gpu=st.sampled_from([0.25, 1, 2]),
+)
+def test_search_never_crashes_and_returns_only_plans_that_fit(
+    gpus, model_id, seq_len, batch_per_gpu
+):
+    """Any GPU count from 1 to 16,384 (odd factors, primes): the search answers with
+    plans that fit (inside the memory margin) or refuses with one PlanError line."""
+    model = load_model(model_id)
+    global_batch = max(1, int(gpus * batch_per_gpu))
+    hw = resolve_hardware(GPU, gpus)
+    margin = 0.02 * memory_capacity_bytes(hw.system)
+    try:
+        res = search_plans(
+            model, [hw], seq_len=seq_len, global_batch=global_batch,
+            top=2, memory_margin_bytes=margin,
+        )  # fmt: skip
+    except PlanError as exc:
+        assert "\n" not in str(exc) and "allowed" in str(exc)
+        return
+    assert res.plans
+    for p in res.plans:
+        assert p.peak_memory_bytes + margin <= p.capacity_bytes
+        assert p.plan.num_gpus == gpus
+        check_plan(p.plan, model)

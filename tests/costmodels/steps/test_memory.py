@@ -16,6 +16,7 @@ from costmodels.steps.memory import (
     in_flight,
     layer_activation_bytes,
     memory_bytes_many,
+    memory_bytes_of_plans,
 )
 from hardware_specs.registry import get_gpu
 from hardware_specs.schema import GIB
@@ -479,3 +480,47 @@ if __name__ == "__main__":  # the validation table: python tests/simcli/test_mem
         err = f"{100 * (got / measured - 1):+.2f}" if ok else "oom"
         size = f"{row['batch']} x {row['seq_len']}"
         print(f"| {row['model']} | {size} | {measured:.2f} | {got:.2f} | {err} | {est.fits} |")
+
+
+# --------------------------------------------------------------------------- memory options
+
+
+def test_memory_options_what_real_frameworks_do():
+    """fp8 primary weights, bf16 gradient buffers, optimizer and activation offload:
+    each removes what it should from the right component, and the vectorised path
+    agrees with estimate_memory."""
+    model = get_model("llama3-8b")
+    base = dict(num_gpus=8, cp=2, global_batch=16, seq_len=8192, precision="fp8", zero=1)
+    ref = estimate_memory(model, make_plan(model, **base), H100)
+    n = model.num_params
+    per_layer = params_per_tp_rank(model, 1)["layer"] - 2 * model.norm_params
+    linear = model.num_layers * per_layer
+    fp8p = estimate_memory(model, make_plan(model, fp8_params=True, **base), H100)
+    # 1 B less weight and 1 B less cached copy per layer GEMM weight
+    saved = ref.weights_bytes - fp8p.weights_bytes
+    assert saved == pytest.approx(2 * linear, rel=0.01)
+    bf16 = estimate_memory(model, make_plan(model, grad_reduce_dtype="bf16", **base), H100)
+    assert ref.grads_bytes - bf16.grads_bytes == pytest.approx(2 * n, rel=1e-6)
+    off = estimate_memory(model, make_plan(model, optimizer_offload=1.0, **base), H100)
+    assert off.optimizer_bytes == 0 and ref.optimizer_bytes > 0
+    half = estimate_memory(model, make_plan(model, optimizer_offload=0.5, **base), H100)
+    assert half.optimizer_bytes == pytest.approx(ref.optimizer_bytes / 2)
+    acts = estimate_memory(model, make_plan(model, activation_offload=1.0, **base), H100)
+    assert acts.activations_bytes < 0.2 * ref.activations_bytes
+    plans = [
+        make_plan(model, **base, **extra)
+        for extra in (
+            {}, {"fp8_params": True}, {"grad_reduce_dtype": "bf16"},
+            {"optimizer_offload": 0.5}, {"activation_offload": 0.25},
+        )
+    ]  # fmt: skip
+    want = [estimate_memory(model, p, H100).total_bytes for p in plans]
+    np.testing.assert_allclose(memory_bytes_of_plans(model, H100, plans), want, rtol=1e-9)
+
+
+def test_memory_options_are_checked():
+    model = get_model("llama3-8b")
+    with pytest.raises(PlanError, match="fp8_params needs precision fp8"):
+        make_plan(model, num_gpus=1, global_batch=1, seq_len=128, fp8_params=True)
+    with pytest.raises(PlanError, match="optimizer_offload"):
+        make_plan(model, num_gpus=1, global_batch=1, seq_len=128, optimizer_offload=1.5)

@@ -216,3 +216,39 @@ def test_run_plan_searches_the_resolved_scenario():
     assert isinstance(result, SearchResult)
     assert 1 <= len(result.plans) <= 2 and all(p.plan.tp in (2, 4) for p in result.plans)
     assert result.summary()["num_gpus"] == 8
+
+
+def test_memory_margin_parses_gib_percent_and_fraction():
+    from simcli.scenario.training import memory_margin_bytes
+
+    cap = 80 * 1024**3
+    assert memory_margin_bytes("4GiB", cap) == 4 * 1024**3
+    assert memory_margin_bytes("4 GiB", cap) == 4 * 1024**3
+    assert memory_margin_bytes("5%", cap) == pytest.approx(0.05 * cap)
+    assert memory_margin_bytes("0.05", cap) == pytest.approx(0.05 * cap)
+    for bad in ("5x", "2", "-1GiB", "100%"):
+        with pytest.raises(ValueError):
+            memory_margin_bytes(bad, cap)
+
+
+def test_memory_margin_decides_what_fits_and_headroom_is_reported(tmp_path):
+    """The published NeMo Llama-3-8B CP 2 run (fp8, 8 H100s) fits with NeMo's memory
+    settings (fp8 primary weights, bf16 gradient sync) and not without; a margin larger
+    than the headroom refuses it with one line and writes no file."""
+    nemo = ["train", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--cp", "2",
+            "--global-batch", "128", "--seq-len", "8192", "--precision", "fp8",
+            "--zero", "1"]  # fmt: skip
+    res = runner.invoke(simcli.cli.app, nemo)
+    assert res.exit_code != 0 and "does not fit" in res.output
+    ok = nemo + ["--fp8-params", "--grad-reduce-dtype", "bf16", "--format", "json"]
+    res = runner.invoke(simcli.cli.app, ok)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["fits"] and out["memory_margin_gib"] == pytest.approx(0.02 * 79.18, rel=0.01)
+    assert out["memory_headroom_gib"] == pytest.approx(
+        out["memory_capacity_gib"] - out["peak_memory_gib"]
+    )
+    margin = f"{out['memory_headroom_gib'] + 0.5:.2f}GiB"
+    dest = tmp_path / "o"
+    res = runner.invoke(simcli.cli.app, ok + ["--memory-margin", margin, "--output", str(dest)])
+    assert res.exit_code != 0 and "does not fit" in res.output and not dest.exists()

@@ -7,13 +7,14 @@ file, so one schema validates both.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 
+import numpy as np
 import yaml
 from pydantic import ValidationError
 
@@ -27,6 +28,7 @@ from hardware_specs.schema import (
     NodeGroup,
     NodeSpec,
 )
+from hardware_specs.topology import pod_factor_many, pod_factor_of_nodes, pod_of
 
 
 class SpecError(ValueError):
@@ -67,7 +69,8 @@ def _validation_line(exc: ValidationError, where: str, data: dict | None = None)
     text = ".".join(str(p) for p in loc).replace(".[", "[")
     shown = err.get("input")
     got = "" if err["type"] == "missing" or isinstance(shown, dict | list) else f" (got {shown!r})"
-    return f"{where}: {text}: {err['msg']}{got}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{where}: {text}: {msg}{got}"
 
 
 def load_hardware_file(path: str | Path) -> HardwareFile:
@@ -221,13 +224,63 @@ class System:
         """Per-GPU scale-out bandwidth the cost models assume (the first node's NICs)."""
         return self.nic.bytes_per_s * self.node.nics_per_gpu
 
-    def slowdown(self, nodes: list[int] | range) -> float:
-        """Factor by which scale-out traffic among ``nodes`` is slower than the cost
-        models assume: the slowest NIC on a ring or path bounds it."""
+    def pod_of(self, node: int) -> int:
+        """Pod of node index ``node`` (nodes fill pods in rank order; 0 without pods)."""
+        return pod_of(self.fabric, node)
+
+    def pods_spanned(self, nodes: Sequence[int] | range) -> int:
+        """How many pods the nodes ``nodes`` (indices, rank order) lie in."""
+        return len({self.pod_of(n) for n in nodes})
+
+    def nic_slowdown(self, nodes: Sequence[int] | range) -> float:
+        """Factor by which the slowest NIC among ``nodes`` is slower than the nominal NIC
+        the cost models assume (node groups, measured links; Pipette, Yim et al. 2024)."""
         if not self.nic_bytes_per_s_by_node or len(nodes) < 2:
             return 1.0
         slowest = min(self.nic_bytes_per_s_by_node[n] for n in nodes)
         return self.nominal_nic_bytes_per_s / slowest
+
+    def slowdown(
+        self,
+        nodes: Sequence[int] | range,
+        kind: str = "all_reduce",
+        concurrent_nodes: float | None = None,
+    ) -> float:
+        """Factor by which scale-out traffic of a ``kind`` collective among ``nodes``
+        (node indices) is slower than the cost models assume: the larger of the slowest
+        NIC on it and the pod uplinks it crosses (:mod:`hardware_specs.topology`). The
+        larger, not the product: a ring (or an all-to-all) is bounded by its slowest
+        hop, and a hop runs at the lesser of its NIC and its share of the uplink; the
+        two limits act on different hops or at once, never one after the other.
+        ``concurrent_nodes``: nodes whose NICs carry copies of this traffic at once
+        (default: the group's node stride; for send/recv between pipeline stages pass
+        the stage's node count)."""
+        nic = self.nic_slowdown(nodes)
+        return max(nic, pod_factor_of_nodes(self.fabric, nodes, kind, concurrent_nodes))
+
+    def slowdown_many(
+        self,
+        first_node: np.ndarray,
+        node_stride: np.ndarray,
+        node_count: np.ndarray,
+        kind: str = "all_reduce",
+        concurrent_nodes: np.ndarray | float | None = None,
+    ) -> np.ndarray:
+        """:meth:`slowdown` of groups whose nodes are ``first_node + i * node_stride``,
+        ``i < node_count`` (integer arrays, broadcast together), as one array."""
+        first, stride, count = np.broadcast_arrays(
+            np.asarray(first_node, dtype=np.int64),
+            np.asarray(node_stride, dtype=np.int64),
+            np.asarray(node_count, dtype=np.int64),
+        )
+        out = pod_factor_many(self.fabric, first, stride, count, kind, concurrent_nodes)
+        if self.nic_bytes_per_s_by_node and first.size:
+            rows = np.stack([first.ravel(), stride.ravel(), count.ravel()], axis=1)
+            uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+            groups = [range(f, f + max(c, 1) * max(s, 1), max(s, 1)) for f, s, c in uniq]
+            nic = np.array([self.nic_slowdown(g) for g in groups])
+            out = np.maximum(out, nic[inv.reshape(-1)].reshape(first.shape))
+        return out
 
 
 def _builtin_file(name: str) -> HardwareFile:

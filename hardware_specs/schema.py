@@ -207,17 +207,80 @@ class NodeSpec(_Sourced):
         return self.intra_node_gb_per_s * GB
 
 
-class FabricSpec(_Frozen):
-    """Scale-out network between nodes."""
+class FabricSpec(_Sourced):
+    """Scale-out network between nodes: leaves, spines and, optionally, pods.
+
+    A path between two nodes takes ``switch_hops`` switches (leaf, spine, leaf) unless
+    both sit under one leaf (``leaf_nodes``: 1 hop). In a ``rail-optimized`` fabric the
+    NIC of local rank i of every node in a leaf group goes to leaf i (NVIDIA DGX SuperPOD
+    H100 reference architecture: one leaf per rail per scalable unit of 32 nodes), so
+    rings that keep to one local rank (what NCCL builds across nodes) stay on that
+    leaf; traffic between different local ranks first crosses NVLink to the GPU on the
+    destination's rail (NCCL PXN, on by default since 2.12). In ``fat-tree`` and
+    ``two-level`` (top-of-rack) fabrics all of a node's NICs sit on one leaf, and a
+    leaf holds one rack's nodes.
+
+    Pods (``pod_nodes``): nodes fill pods in rank order (node k is in pod
+    k // pod_nodes; the last pod may be partial). Inside a pod the fabric is as above
+    (``oversubscription`` at the leaves, 1.0 = full bisection); traffic leaving a pod
+    shares uplinks with ``pod_oversubscription`` times less bandwidth than the pod's
+    NICs and ``pod_switch_hops`` more switches (Llama 3, arXiv:2407.21783 sec. 3.3.1:
+    24K GPUs on a three-layer Clos, pods of 3,072 GPUs with full bisection bandwidth,
+    1:7 oversubscription at the aggregation layer between pods). Without pods the
+    cluster is one pod and every field keeps its old meaning."""
 
     topology: Literal["fat-tree", "rail-optimized", "two-level"] = "fat-tree"
-    oversubscription: float = Field(default=1.0, ge=1.0, description="1.0 = non-blocking")
-    switch_hops: int = Field(default=3, ge=1, description="switch hops across the fabric")
+    oversubscription: float = Field(
+        default=1.0, ge=1.0, description="at the leaf uplinks, inside a pod; 1.0 = non-blocking"
+    )
+    switch_hops: int = Field(
+        default=3, ge=1, description="switch hops between nodes under different leaves of a pod"
+    )
     switch_latency_us: float = Field(default=0.6, gt=0)
+    leaf_nodes: int | None = Field(
+        default=None,
+        gt=0,
+        description="nodes one leaf reaches (rail-optimized: a rail group, e.g. a DGX "
+        "SuperPOD scalable unit of 32; top-of-rack: one rack); paths among them take 1 "
+        "switch hop and no leaf uplink. None: every path takes switch_hops",
+    )
+    pod_nodes: int | None = Field(
+        default=None,
+        gt=0,
+        description="nodes per pod, in rank order (last pod may be partial); None: one pod",
+    )
+    pod_oversubscription: float = Field(
+        default=1.0,
+        ge=1.0,
+        description="pod NIC bandwidth over pod uplink bandwidth (7.0 for Llama 3's 1:7)",
+    )
+    pod_switch_hops: int = Field(
+        default=2, ge=0, description="extra switch hops of a path between pods (up and down)"
+    )
+
+    @model_validator(mode="after")
+    def _pods(self) -> FabricSpec:
+        if self.pod_oversubscription > 1.0 and self.pod_nodes is None:
+            raise ValueError(
+                f"pod_oversubscription {self.pod_oversubscription} needs pod_nodes (nodes "
+                "per pod); allowed: pod_nodes > 0 with it, or pod_oversubscription 1.0"
+            )
+        leaf, pod = self.leaf_nodes, self.pod_nodes
+        if leaf is not None and pod is not None and pod % leaf:
+            raise ValueError(
+                f"pod_nodes {pod} is not a whole number of leaf groups of leaf_nodes {leaf}; "
+                "allowed: pod_nodes a multiple of leaf_nodes"
+            )
+        return self
 
     @property
     def switch_latency_s(self) -> float:
         return self.switch_latency_us * US
+
+    @property
+    def pods_oversubscribed(self) -> bool:
+        """Pods whose uplinks are slower than their NICs (else pods cost only hops)."""
+        return self.pod_nodes is not None and self.pod_oversubscription > 1.0
 
 
 class NodeGroup(_Frozen):

@@ -221,10 +221,14 @@ def get_cost_model(
     hardware_file: str | Path | None = None,
     catalog: Catalog | None = None,
     use_shipped: bool = True,
+    system: System | None = None,
 ) -> AnalyticalCostModel | LearnedCostModel:
-    """The best model available for ``gpu_id`` (see the module docstring)."""
+    """The best model available for ``gpu_id`` (see the module docstring); ``system``
+    (a described cluster) replaces the reference nodes on a fat-tree the collectives
+    are otherwise priced on."""
     cat = catalog if catalog is not None else load_catalog(hardware_file)
-    system = cat.system(gpu_id, num_gpus)
+    if system is None:
+        system = cat.system(gpu_id, num_gpus)
     arch = system.gpu.architecture
     shipped = shipped_profiles() if use_shipped else ()
     gpu_profiles = [p for p in shipped if p.scope == "gpu"]

@@ -102,9 +102,10 @@ def resolve_hardware(
 ) -> Hardware:
     """Resolve ``gpu_id`` x ``num_gpus`` once (see the module docstring).
 
-    With ``cluster_file`` the system is that cluster's node groups; the cost model still
-    prices the reference node's links (the simulator scales other nodes' scale-out
-    traffic by their measured bandwidths, see :meth:`System.slowdown`)."""
+    With ``cluster_file`` the system is that cluster's node groups and fabric (pods,
+    leaves, oversubscription), which the collective models price; they price the first
+    node's NICs (the simulator scales other nodes' scale-out traffic by their bandwidths
+    and pod crossings, see :meth:`System.slowdown`)."""
     catalog = load_catalog(hardware_file)
     if cluster_file is not None:
         cluster = Path(cluster_file)
@@ -115,7 +116,13 @@ def resolve_hardware(
     if hardware_file is None and cluster_file is None:
         cost_model = _builtin_cost_model(gpu_id, str(profile) if profile else None, num_gpus)
     else:
-        cost_model = get_cost_model(gpu_id, profile=profile, num_gpus=num_gpus, catalog=catalog)
+        cost_model = get_cost_model(
+            gpu_id,
+            profile=profile,
+            num_gpus=num_gpus,
+            catalog=catalog,
+            system=system if cluster_file is not None else None,
+        )
     return Hardware(
         gpu_id=gpu_id,
         num_gpus=num_gpus or system.num_gpus,

@@ -41,6 +41,21 @@ def gemm_work(
     gpu: GpuSpec,
     p: GemmParams,
 ) -> Work:
+    flops, bytes_, best, hbm = _gemm_parts(m, n, k, batch, dtype, gpu, p)
+    time_s = p.launch_s + np.maximum(best, bytes_ / hbm)
+    return Work(time_s=time_s, flops=flops, bytes=bytes_)
+
+
+def _gemm_parts(
+    m: np.ndarray,
+    n: np.ndarray,
+    k: np.ndarray,
+    batch: np.ndarray,
+    dtype: np.ndarray,
+    gpu: GpuSpec,
+    p: GemmParams,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(FLOPs, operand bytes, compute-bound seconds of the best tiling, HBM bytes/s)."""
     m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
     batch = np.where(np.isnan(batch), 1.0, batch)
     in_b = by_dtype(dtype, ELEMENT_BYTES, "GEMM")
@@ -79,5 +94,65 @@ def gemm_work(
                 # each split writes and the reduction reads an fp32 m x n partial
                 t = t + 2.0 * split * m * n * batch * 4.0 / hbm
             best = np.minimum(best, t)
-    time_s = p.launch_s + np.maximum(best, bytes_ / hbm)
-    return Work(time_s=time_s, flops=flops, bytes=bytes_)
+    return flops, bytes_, best, hbm
+
+
+# --- weight-only quantised GEMMs (W8A16 / W4A16) ------------------------------------------
+# C[m,n] = A[m,k] . dequant(B[k,n]): activations and output in bf16/fp16, B stored in 4 or 8
+# bits with its group scales (`weight_bytes` per element, workloads.decompose.quant), each
+# weight dequantised in registers and multiplied on the bf16 tensor cores (vLLM's Marlin,
+# Frantar et al. 2024; Machete on Hopper). No calibration data of ours covers these kernels:
+# the analytical time below is the dense GEMM's with the weight stream shrunk and two
+# published kernel figures, and the step model scales the calibrated dense time by its
+# ratio to the dense analytical time (costmodels.steps.serving_grid.Pricer).
+#
+# Memory side: A and C at the dense GEMM's HBM rate; B's packed bytes at a fraction of it.
+# Marlin on Ampere streams them at the ideal rate (IST-DASLab/marlin README: 3.87x over
+# fp16 up to batch 16-32, the ideal with 4.125 bits per weight), so 1.0 there. On Hopper,
+# where Marlin uses Ampere's mma.sync, the published H100 runs of n = k = 8192 at m = 1
+# (vllm-project/vllm#34556 and inclusionAI/humming#2, M. Goin, 2026-03: torch bf16 2.30,
+# marlin-w4a16 4.98, marlin-w8a16 3.46 TFLOP/s) reach 2.17x and 1.50x the bf16 GEMM for
+# 4x and 2x fewer weight bytes: 0.54 and 0.75 of its weight-streaming rate. That fraction
+# is the dequantisation overhead where it shows (few rows, memory-bound).
+# Compute side: the dense bf16 GEMM's tiling, but rows padded to Marlin's 16-row MMA
+# (m16n8k16) instead of the dense library's smallest tile, so a decode-sized m is not
+# charged a 64-row tile; on Hopper at most 75% of the bf16 peak, what mma.sync reaches
+# without wgmma (vllm-project/vllm#7174). Machete, the wgmma kernel, "matches FP16
+# compute-bound performance" (Neural Magic, 2024-10): the cap is Marlin's, not Machete's.
+WEIGHT_ONLY_STREAM_EFFICIENCY: dict[str, dict[int, float]] = {"hopper": {4: 0.54, 8: 0.75}}
+WEIGHT_ONLY_MMA_CEILING: dict[str, float] = {"hopper": 0.75}
+WEIGHT_ONLY_MMA_ROWS = 16
+
+
+def weight_only_gemm_work(
+    m: np.ndarray,
+    n: np.ndarray,
+    k: np.ndarray,
+    batch: np.ndarray,
+    dtype: np.ndarray,
+    weight_bits: np.ndarray,
+    weight_bytes: np.ndarray,
+    gpu: GpuSpec,
+    p: GemmParams,
+) -> Work:
+    """A weight-only quantised GEMM: ``dtype`` is the activations' (bf16/fp16),
+    ``weight_bits`` (4 or 8) and ``weight_bytes`` (storage bytes per weight, scales
+    included) describe B. See the comment above for the two kernel figures."""
+    m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+    flops, _, best, hbm = _gemm_parts(m, n, k, batch, dtype, gpu, p)
+    batch = np.where(np.isnan(batch), 1.0, batch)
+    in_b = by_dtype(dtype, ELEMENT_BYTES, "GEMM")
+    out_b = by_dtype(dtype, GEMM_OUT_BYTES, "GEMM")
+    table = WEIGHT_ONLY_STREAM_EFFICIENCY.get(gpu.architecture, {})
+    bits = np.asarray(weight_bits, dtype=float)
+    stream = np.array([table.get(int(b), 1.0) for b in bits]) if table else np.ones(len(bits))
+    w_bytes = batch * k * n * np.asarray(weight_bytes, dtype=float)
+    act_bytes = batch * (m * k * in_b + m * n * out_b)
+    mem_s = act_bytes / hbm + w_bytes / (hbm * stream)
+    tm_min = float(min(t[0] for t in p.tiles))
+    best = best * np.minimum(1.0, cdiv(m, WEIGHT_ONLY_MMA_ROWS) * WEIGHT_ONLY_MMA_ROWS / tm_min)
+    ceiling = WEIGHT_ONLY_MMA_CEILING.get(gpu.architecture)
+    if ceiling is not None:
+        best = np.maximum(best, flops / (peak_flops(dtype, gpu) * ceiling))
+    time_s = p.launch_s + np.maximum(best, mem_s)
+    return Work(time_s=time_s, flops=flops, bytes=act_bytes + w_bytes)

@@ -43,6 +43,19 @@ pipelined engine's rate). TP adds two all-reduces of the activations per layer (
 sequence parallelism in serving), one for the vocabulary-parallel embedding and a gather
 of the logits, priced by the cost model's collectives.
 
+**Precision.** ``weight_dtype`` (bf16, fp16, fp8, int8, int4) and ``kv_cache_dtype``
+(auto, bf16, fp16, fp8 and vLLM's fp8_e4m3/fp8_e5m2) as :mod:`workloads.decompose.quant`
+stores them. fp8 weights run the quantised GEMMs as fp8 GEMMs (the calibrated fp8 class of
+the cost model: the fp8 peak for compute-bound prefill, half the weight bytes for decode)
+after an activation-quantisation kernel; int8/int4 weights run weight-only GEMMs priced as
+the calibrated bf16 GEMM scaled by :func:`costmodels.ops.gemm.weight_only_gemm_work`'s
+analytical ratio (packed weights plus group scales streamed, bf16 compute, published
+kernel figures for the dequantisation overhead). An fp8 KV cache halves the cache writes
+and the decode-attention reads (the calibrated bf16 decode scaled the same way) and the
+bytes per token of :meth:`kv_capacity_tokens`. Prefill attention keeps the activation
+dtype (FlashAttention reads the chunk's fresh K/V; the cached part of a chunked prefill
+is read as bf16 too, an overestimate of its bytes with an fp8 cache).
+
 **Simplifications.**
 
 - Attention of several prefill chunks is one varlen launch taking the longer of the sum
@@ -93,6 +106,7 @@ from costmodels.steps.serving_memory import (
 )
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import OpTemplate, serving_templates, tp_shard
+from workloads.decompose.quant import KV_CACHE_DTYPES, WEIGHT_FORMATS, kv_storage_dtype
 from workloads.decompose.serving import total_instances
 from workloads.models import ModelConfig, load_model
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
@@ -185,7 +199,9 @@ class StepModel(VllmMemory):
     ``vllm`` or ``pytorch-eager``. ``attn_backend``: the attention kernels (default
     ``flash`` for vllm, ``cudnn`` for pytorch-eager, what PyTorch's SDPA picked on the
     H100). ``max_num_batched_tokens`` / ``max_num_seqs`` size the activation workspace of
-    :meth:`kv_capacity_tokens`.
+    :meth:`kv_capacity_tokens`. ``dtype``: the activations' (bf16 | fp16); ``weight_dtype``
+    (default ``dtype``; fp8, int8, int4 quantised) and ``kv_cache_dtype`` (default
+    ``dtype``) as in the module docstring.
     """
 
     def __init__(
@@ -198,6 +214,7 @@ class StepModel(VllmMemory):
         engine: str = "vllm",
         attn_backend: str | None = None,
         dtype: str = "bf16",
+        weight_dtype: str | None = None,
         kv_cache_dtype: str | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
         max_num_seqs: int = DEFAULT_MAX_SEQS,
@@ -221,9 +238,28 @@ class StepModel(VllmMemory):
             raise StepError(f"pp={pp} exceeds the {m.num_layers} layers of {m.id}")
         if dtype not in ("bf16", "fp16"):
             raise StepError(f"dtype {dtype!r} not supported; allowed: bf16, fp16")
-        kv_dt = kv_cache_dtype or dtype
-        if kv_dt not in ("bf16", "fp16", "fp8"):
-            raise StepError(f"kv_cache_dtype {kv_dt!r}; allowed: bf16, fp16, fp8")
+        weight_dtype = weight_dtype or dtype
+        if weight_dtype not in WEIGHT_FORMATS:
+            raise StepError(
+                f"weight_dtype {weight_dtype!r}; allowed: {', '.join(WEIGHT_FORMATS)}"
+            )
+        fmt = WEIGHT_FORMATS[weight_dtype]
+        if not fmt.quantised and weight_dtype != dtype:
+            raise StepError(
+                f"weight_dtype {weight_dtype} with dtype {dtype}: unquantised weights run in "
+                f"the activation dtype; allowed: weight_dtype {dtype}, fp8, int8 or int4"
+            )
+        if (kv_cache_dtype or "auto") not in KV_CACHE_DTYPES:
+            raise StepError(
+                f"kv_cache_dtype {kv_cache_dtype!r}; allowed: {', '.join(KV_CACHE_DTYPES)}"
+            )
+        kv_dt = kv_storage_dtype(kv_cache_dtype, dtype)
+        if engine == "pytorch-eager" and (fmt.quantised or kv_dt != dtype):
+            raise StepError(
+                f"engine pytorch-eager is the plain PyTorch model with {dtype} weights and KV "
+                f"cache; got weight_dtype {weight_dtype}, kv_cache_dtype {kv_dt}; allowed: "
+                "engine vllm for quantised weights or an fp8 KV cache"
+            )
         if engine == "pytorch-eager":
             if tp != 1 or pp != 1:
                 raise StepError(
@@ -241,7 +277,8 @@ class StepModel(VllmMemory):
                     f"SwiGLU); {m.id} is not one; allowed: --engine vllm"
                 )
         self.engine, self.tp, self.pp, self.dtype = engine, tp, pp, dtype
-        self.kv_cache_dtype = kv_dt
+        self.weight_dtype, self.kv_cache_dtype = weight_dtype, kv_dt
+        self.gemm_dtype = fmt.gemm_dtype or dtype  # what the quantised GEMMs compute in
         self.attn_backend = attn_backend or ("cudnn" if engine == "pytorch-eager" else "flash")
         self.max_num_batched_tokens, self.max_num_seqs = max_num_batched_tokens, max_num_seqs
         self.gpu_id = gpu_id
@@ -253,6 +290,12 @@ class StepModel(VllmMemory):
         self.cost_model = cost_model
         system = cost_model.system
         self.gpu = system.gpu
+        for what, value in (("weight_dtype", self.gemm_dtype), ("kv_cache_dtype", kv_dt)):
+            if value == "fp8" and not self.gpu.supports("fp8"):
+                raise StepError(
+                    f"{what} fp8 needs fp8 tensor cores; {self.gpu.id} has none; allowed: "
+                    + ("bf16, fp16, int8, int4" if what == "weight_dtype" else "auto, bf16, fp16")
+                )
         gpn = system.node.gpus_per_node
         self.shape = _Shape(
             model=m,
@@ -273,7 +316,7 @@ class StepModel(VllmMemory):
         self._check_weights_fit()
         tpls = serving_templates(
             m, shard, engine, dtype, pp=pp, tp_nodes=self.shape.tp_nodes,
-            pp_nodes=self.shape.pp_nodes,
+            pp_nodes=self.shape.pp_nodes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dt,
         )  # fmt: skip
         self._tpls = tpls
         self._layer_tpls = tpls["head"] + tpls["layer"] + tpls["tail"]
@@ -327,6 +370,8 @@ class StepModel(VllmMemory):
             self.engine,
             self.attn_backend,
             self.dtype,
+            self.weight_dtype,
+            self.kv_cache_dtype,
             self.label,
             id(self.cost_model),
             None if self.composition is None else repr(sorted(self.composition.factors.items())),
@@ -432,13 +477,26 @@ class StepModel(VllmMemory):
         return w1.reshape(shape), wf.reshape(shape)
 
     def _decode_attention_work(self, batch: np.ndarray, kv: np.ndarray) -> np.ndarray:
+        """Decode attention work over ``batch`` caches of ``kv`` keys. An fp8 cache is
+        priced as its calibrated bf16/fp16 twin scaled by the analytical model's ratio
+        (the same kernel reading half the K/V bytes, Q and output counted at one byte
+        too: they are 1/context of the traffic); no decode over an fp8 cache was
+        measured for the shipped profiles."""
+        frame = self._decode_frame(batch, kv, self.dtype)
+        launch = np.full(len(batch), self._launch["decode"])
+        if self.kv_cache_dtype == self.dtype:
+            return self._pricer.work(frame, launch)
+        fp8 = self._pricer.analytical_of(self._decode_frame(batch, kv, self.kv_cache_dtype))
+        return self._pricer.work(frame, launch, fp8)
+
+    def _decode_frame(self, batch: np.ndarray, kv: np.ndarray, dtype: str) -> pd.DataFrame:
         s = self.shape
         size = len(batch)
-        frame = normalise_frame(
+        return normalise_frame(
             pd.DataFrame(
                 {
                     "op": "attn_decode",
-                    "dtype": self.dtype,
+                    "dtype": dtype,
                     "batch": np.asarray(batch, dtype=np.int64),
                     "seq_q": np.ones(size, dtype=np.int64),
                     "seq_kv": np.asarray(kv, dtype=np.int64),
@@ -449,7 +507,6 @@ class StepModel(VllmMemory):
                 }
             ).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
         )
-        return self._pricer.work(frame, np.full(size, self._launch["decode"]))
 
     # --- time ------------------------------------------------------------------------
     def _args(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any):

@@ -13,7 +13,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from costmodels.ops.analytical import frame_columns
+from costmodels.ops.gemm import weight_only_gemm_work
 from workloads.decompose import OpTemplate
+from workloads.decompose.quant import weight_only_bytes
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, INT_COLUMNS, normalise_frame
 
 
@@ -59,15 +62,50 @@ class Pricer:
     def __post_init__(self) -> None:
         self.analytical = getattr(self.cost_model, "base", self.cost_model)
 
-    def work(self, frame: pd.DataFrame, launch: np.ndarray) -> np.ndarray:
+    def work(
+        self, frame: pd.DataFrame, launch: np.ndarray, analytical_s: np.ndarray | None = None
+    ) -> np.ndarray:
         """Seconds per row with the launch removed: ``t * (t_an - launch) / t_an`` (the
-        learned correction scales the analytical time; keep its ratio on the rest)."""
+        learned correction scales the analytical time; keep its ratio on the rest).
+
+        ``analytical_s``: the analytical time of what actually runs when ``frame`` only
+        describes its calibrated twin (a weight-only quantised GEMM priced from the bf16
+        GEMM, decode attention over an fp8 cache from the bf16 one): the twin's learned
+        correction is kept, ``t * (analytical_s - launch) / t_an``."""
         t = np.asarray(self.cost_model.predict_many(frame, validated=True), dtype=float)
         if self.analytical is self.cost_model:
             ta = t
         else:
             ta = np.asarray(self.analytical.predict_many(frame, validated=True), dtype=float)
-        return t * np.maximum(ta - launch, 0.0) / np.maximum(ta, 1e-30)
+        run = ta if analytical_s is None else analytical_s
+        return t * np.maximum(run - launch, 0.0) / np.maximum(ta, 1e-30)
+
+    def analytical_of(self, frame: pd.DataFrame) -> np.ndarray:
+        """The analytical model's seconds per row."""
+        return np.asarray(self.analytical.predict_many(frame, validated=True), dtype=float)
+
+    def weight_only_s(self, frame: pd.DataFrame, bits: np.ndarray) -> np.ndarray:
+        """Analytical seconds per row, the rows with ``bits > 0`` priced as weight-only
+        quantised GEMMs with B stored in that many bits
+        (:func:`costmodels.ops.gemm.weight_only_gemm_work`)."""
+        run = self.analytical_of(frame)
+        mask = bits > 0
+        gpu = getattr(self.analytical, "gpu", None)
+        params = getattr(self.analytical, "params", None)
+        if gpu is None or params is None:
+            raise StepError(
+                "weight-only quantised GEMMs need an analytical GEMM model (the cost model "
+                f"{type(self.analytical).__name__} has none); allowed: --weight-dtype bf16, "
+                "fp16 or fp8"
+            )
+        cols = frame_columns(frame.loc[mask])
+        b = bits[mask]
+        w = weight_only_gemm_work(
+            cols["m"], cols["n"], cols["k"], cols["batch"], cols["dtype"], b,
+            np.array([weight_only_bytes(int(v)) for v in b]), gpu, params.gemm,
+        )  # fmt: skip
+        run[mask] = w.time_s
+        return run
 
     def templates(self, tpls: Sequence[OpTemplate], x: np.ndarray) -> np.ndarray:
         """[len(tpls), len(x)] seconds of work per template instance (MoE: x active)."""
@@ -77,7 +115,9 @@ class Pricer:
             return out
         frame = frame_of(real, x, self.dtype, self.strided_scale)
         launch = np.repeat([self.launch_s[t.launch] for t in real], len(x))
-        w = self.work(frame, launch).reshape(len(real), len(x))
+        bits = np.repeat([t.weight_bits or 0 for t in real], len(x))
+        run = self.weight_only_s(frame, bits) if bits.any() else None
+        w = self.work(frame, launch, run).reshape(len(real), len(x))
         j = 0
         for i, t in enumerate(tpls):
             if not t.op:

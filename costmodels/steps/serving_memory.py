@@ -3,8 +3,10 @@ workspace of the profile run, the runtime's own memory, CUDA graph pools, and th
 capacity that is left (vLLM's ``determine_available_memory``).
 
 :class:`VllmMemory` is mixed into :class:`costmodels.steps.serving.StepModel`, which
-holds the attributes it reads (``model``, ``tp``, ``pp``, ``dtype``, ``kv_cache_dtype``,
-``shape``, ``gpu``, ``max_num_batched_tokens``, ``max_num_seqs``).
+holds the attributes it reads (``model``, ``tp``, ``pp``, ``dtype``, ``weight_dtype``,
+``kv_cache_dtype``, ``shape``, ``gpu``, ``max_num_batched_tokens``, ``max_num_seqs``).
+Weights count at their stored size (:mod:`workloads.decompose.quant`: int4/int8/fp8 linear
+layers with their scales), the KV cache at ``kv_cache_dtype``'s.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from costmodels.steps.serving_grid import StepError
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import params_per_tp_rank
+from workloads.decompose.quant import quantised_params_per_layer, weight_format
 
 GIB = 1024**3
 
@@ -40,6 +43,7 @@ class VllmMemory:
     tp: int
     pp: int
     dtype: str
+    weight_dtype: str
     kv_cache_dtype: str
     shape: Any
     gpu: Any
@@ -67,14 +71,36 @@ class VllmMemory:
         return base
 
     def weight_bytes_per_gpu(self, stage: int = 0) -> float:
+        """Weights on one GPU of ``stage``: a layer's quantised linear weights at the
+        weight format's bytes (group scales included), everything else (embedding, LM head,
+        norms, biases, router) in the activation dtype."""
         p = params_per_tp_rank(self.model, self.tp)
-        n = p["layer"] * self.stage_layers()[stage]
+        layers = self.stage_layers()[stage]
+        n = p["layer"] * layers
         if stage == 0:
             n += p["embedding"]
         if stage == self.pp - 1:
             head = p["lm_head"] or (p["embedding"] if self.pp > 1 else 0)  # tied: own copy
             n += head + p["final_norm"]
-        return float(n * DTYPE_BYTES[Dtype(self.dtype)])
+        elt = DTYPE_BYTES[Dtype(self.dtype)]
+        fmt = weight_format(self.weight_dtype)
+        if not fmt.quantised:
+            return float(n * elt)
+        q = quantised_params_per_layer(self.model, self.tp) * layers
+        return float((n - q) * elt + q * fmt.bytes_per_weight)
+
+    @property
+    def weight_bytes_total(self) -> float:
+        """Weights of the whole model as stored (what one replica holds over its tp x pp
+        GPUs, less the copies TP replicates)."""
+        m = self.model
+        n = m.num_params
+        fmt = weight_format(self.weight_dtype)
+        elt = DTYPE_BYTES[Dtype(self.dtype)]
+        if not fmt.quantised:
+            return float(n * elt)
+        q = quantised_params_per_layer(m, 1) * m.num_layers
+        return float((n - q) * elt + q * fmt.bytes_per_weight)
 
     def _non_torch_bytes(self) -> float:
         return NON_TORCH_BYTES if self.tp * self.pp == 1 else NON_TORCH_MULTI_GPU_BYTES

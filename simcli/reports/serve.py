@@ -54,6 +54,8 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "tp": "tensor-parallel GPUs per replica",
     "pp": "pipeline stages per replica",
     "engine": "step-time engine (vllm | pytorch-eager)",
+    "weight_dtype": "weight precision: bf16 | fp16 | fp8 (W8A8) | int8 | int4 (weight-only)",
+    "kv_cache_dtype": "KV-cache element type as stored (bf16 | fp16 | fp8)",
     "replicas": "replicas (disaggregated: prefill + decode)",
     "scheduler": "replica scheduler (vllm | orca | sarathi)",
     "router": "request router",
@@ -62,11 +64,17 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "decode_tp": "disaggregated: tensor-parallel GPUs per decode replica",
     "draft_model": "speculative decoding: draft model id",
     "spec_hierarchy": "speculative decoding: tiny model drafting for the draft",
+    "weight_gib_per_gpu": "model weights on the fullest GPU of a (decode) replica, as stored "
+    "(quantised layers with their scales), GiB",
     "op_model_provenance": "how the op models were obtained: calibrated, transferred or "
     "datasheet",
     "op_model_expected_error_pct": "expected op-time error of those models (held-out MAPE, or "
     "the documented figure for transferred and datasheet models), percent",
     "requests_completed": "requests simulated to completion",
+    "requests_rejected_too_long": "requests refused, not simulated: prompt longer than "
+    "max_model_len (vLLM rejects them)",
+    "requests_output_capped": "requests whose output (or a branch's) was cut so prompt + "
+    "output fits max_model_len",
     "duration_s": "first arrival to last completion, simulated seconds",
     **{
         f"{m}_{q}": f"{desc} ({_Q[q]})"
@@ -86,6 +94,8 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "kv_util_mean": "fraction of KV blocks in use, time-weighted mean over engines",
     "kv_util_max": "fraction of KV blocks in use, maximum",
     "kv_capacity_tokens_per_replica": "KV cache tokens per (decode) replica",
+    "max_model_len": "longest prompt + output served, tokens (--max-model-len; default the "
+    "model's max_position_embeddings)",
     "preemptions": "preemptions over all engines",
     "prefix_cache_hits": "prompts that reused cached prefix blocks",
     "prefix_cache_hit_tokens": "prompt tokens served from the prefix cache",
@@ -179,6 +189,9 @@ EVALUATED_SCHEMA = {
     "scheduler": "replica scheduler",
     "chunk_size": "Sarathi token budget per iteration (empty for others)",
     "pd_ratio": "prefill:decode pool ratio (empty: colocated)",
+    "engine": SUMMARY_SCHEMA["engine"],
+    "weight_dtype": SUMMARY_SCHEMA["weight_dtype"],
+    "kv_cache_dtype": "KV-cache dtype as given (auto: the activation dtype)",
     "usd_per_gpu_hour": "US$ per GPU-hour",
     "replicas": "replicas simulated (empty: config not simulated, see status)",
     "prefill_replicas": SUMMARY_SCHEMA["prefill_replicas"],
@@ -218,6 +231,9 @@ DEPLOYMENTS_SCHEMA = {
     "usd_per_hour": "US$ per hour of the deployment",
     "usd_per_million_output_tokens": "US$ per million output tokens over the simulated run",
     "slo_attainment": "fraction of requests meeting the SLOs",
+    "engine": SUMMARY_SCHEMA["engine"],
+    "weight_dtype": SUMMARY_SCHEMA["weight_dtype"],
+    "kv_cache_dtype": "KV-cache dtype as given (auto: the activation dtype)",
     "ttft_s_p50": SUMMARY_SCHEMA["ttft_s_p50"],
     "ttft_s_p99": SUMMARY_SCHEMA["ttft_s_p99"],
     "tpot_s_p50": SUMMARY_SCHEMA["tpot_s_p50"],
@@ -381,6 +397,8 @@ def _timeline_figures(timeline: pd.DataFrame, max_lines: int = 8):
 
 KEY_METRICS = (
     "requests_completed",
+    "requests_rejected_too_long",
+    "requests_output_capped",
     "duration_s",
     "ttft_s_p50",
     "ttft_s_p99",
@@ -419,7 +437,8 @@ def serve_report(
     rep = Report(title, command="serve", subtitle=f"arrivals: {out.get('arrivals')}")
     setup = {
         k: out.get(k)
-        for k in ("model", "gpu", "tp", "pp", "engine", "replicas", "scheduler", "router",
+        for k in ("model", "gpu", "tp", "pp", "engine", "weight_dtype", "kv_cache_dtype",
+                  "weight_gib_per_gpu", "max_model_len", "replicas", "scheduler", "router",
                   "arrivals", "price_per_gpu_hour")
     }  # fmt: skip
     if out.get("disaggregated"):

@@ -34,6 +34,7 @@ from simcli.scenario.serving_options import (
     ServePlanOptions,
     StepOptions,
 )
+from simcli.scenario.serving_precision import activation_dtype, check_precision
 from simcli.serving.disagg import DisaggConfig
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.plan_inputs import SLO, Candidate, PlanSpace, Workload
@@ -49,6 +50,7 @@ from simcli.serving.requests import (
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, ServeResult, Simulator
 from simcli.serving.timeline import StepRecorder
+from workloads.decompose.quant import kv_storage_dtype
 from workloads.lengths import parse_dist
 from workloads.models import ModelConfig, load_model
 
@@ -64,6 +66,8 @@ def build_step_model(
     engine: str = "vllm",
     attn_pattern: str | None = None,
     attn_backend: str | None = None,
+    weight_dtype: str = "bf16",
+    kv_cache_dtype: str = "auto",
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
     max_num_seqs: int = DEFAULT_MAX_SEQS,
     composition: Composition | None | str = "shipped",
@@ -71,12 +75,17 @@ def build_step_model(
     """The step model of one replica of ``tp x pp`` ``hardware`` GPUs, priced by the
     hardware's op cost model and ``composition`` (default: the GPU's shipped file); with
     ``attn_pattern`` the sparse-attention variant
-    (:class:`simcli.sparsity.serving.PatternStepModel`)."""
+    (:class:`simcli.sparsity.serving.PatternStepModel`). ``weight_dtype`` fp16 runs the
+    activations in fp16, every other in bf16 (:mod:`workloads.decompose.quant`)."""
+    check_precision(hardware.gpu_id, weight_dtype, kv_cache_dtype)
     kw: dict[str, Any] = dict(
         tp=tp,
         pp=pp,
         engine=engine,
         attn_backend=attn_backend,
+        dtype=activation_dtype(weight_dtype),
+        weight_dtype=weight_dtype,
+        kv_cache_dtype=kv_cache_dtype,
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         cost_model=hardware.cost_model,
@@ -154,7 +163,9 @@ def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) 
             kv_transfer_overlap=o.kv_transfer_overlap,
             decode_router=o.decode_router or "kv_aware",
         )
+    limit = model_len_limit(model, o.max_model_len)
     return ServeConfig(
+        max_model_len=limit,
         replicas=o.total_replicas,
         gpus_per_replica=o.tp * o.pp,
         pp=o.pp,
@@ -165,7 +176,7 @@ def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) 
         scheduler=SchedulerConfig(
             kind=o.scheduler,
             max_batch_size=o.max_batch_size,
-            max_tokens=o.max_tokens or max(model.max_seq_len, 2048),  # vLLM's default
+            max_tokens=o.max_tokens or max(limit, 2048),  # vLLM's default
             chunk_size=o.chunk_size,
             preemption=o.preemption,
         ),
@@ -201,6 +212,8 @@ def resolve_deployment(
     kw: dict[str, Any] = dict(
         pp=o.pp,
         engine=o.engine,
+        weight_dtype=o.weight_dtype,
+        kv_cache_dtype=o.kv_cache_dtype,
         composition=_composition(o.composition),
         max_num_batched_tokens=o.chunk_size if o.scheduler == "sarathi" else sched.max_tokens,
         max_num_seqs=o.max_batch_size,
@@ -348,6 +361,8 @@ class ServeScenario:
             "tp": o.tp,
             "pp": o.pp,
             "engine": o.engine,
+            "weight_dtype": o.weight_dtype,
+            "kv_cache_dtype": kv_storage_dtype(o.kv_cache_dtype, activation_dtype(o.weight_dtype)),
             "replicas": o.total_replicas,
             "scheduler": o.scheduler,
             "router": o.router,
@@ -356,6 +371,7 @@ class ServeScenario:
             "decode_tp": o.decode_tp_or_tp if disaggregated else None,
             "draft_model": drafts[0].id if drafts else None,
             "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
+            "weight_gib_per_gpu": weight_gib_per_gpu(self.deployment.step),
             **provenance_fields(self.deployment.hardware.cost_model),
             **summary,
             "price_per_gpu_hour": self.deployment.hardware.usd_per_gpu_hour,
@@ -448,6 +464,7 @@ class CandidateDeployments:
         catalog = load_catalog()
         for g in space.gpus:
             catalog.gpu(g)  # one-line error listing the known ids
+            check_precision(g, space.weight_dtype, space.kv_cache_dtype, gpu_flag="--gpus-types")
         self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.gpus}
         self.deployments: dict[Candidate, ServeDeployment] = {}
 
@@ -469,6 +486,9 @@ class CandidateDeployments:
             max_batch_size=sp.max_batch_size,
             block_size=sp.block_size,
             gpu_memory_utilization=sp.gpu_memory_utilization,
+            engine=sp.engine,
+            weight_dtype=sp.weight_dtype,
+            kv_cache_dtype=sp.kv_cache_dtype,
             price_per_gpu_hour=prices.get(c.gpu, prices.get("*")),
             qps=w.qps,
             num_requests=w.num_requests,
@@ -564,6 +584,7 @@ def resolve_step(options: StepOptions) -> StepScenario:
     hardware = resolve_hardware(o.gpu, o.tp * o.pp, profile=o.profile)
     step = build_step_model(
         model, hardware, tp=o.tp, pp=o.pp, engine=o.engine, attn_backend=o.attn_backend,
+        weight_dtype=o.weight_dtype, kv_cache_dtype=o.kv_cache_dtype,
         composition=_composition(o.composition),
     )  # fmt: skip
     return StepScenario(o, hardware, step, o.step_batch())
@@ -581,15 +602,30 @@ def step_seq_lens(args: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray
     return np.concatenate([pre_new + pre_past, dec + 1]).astype(np.int64)
 
 
-def check_model_len(model: ModelConfig, max_model_len: int | None, longest: int) -> int:
-    """The engine's max model length (vLLM: ``max_model_len``, default the model's
-    ``max_position_embeddings``); a longer sequence is refused in one line."""
-    limit = max_model_len or model.max_seq_len
+def weight_gib_per_gpu(step: Any) -> float | None:
+    """Weights on the fullest GPU of a replica (any pipeline stage), GiB (None for a step
+    model that does not say)."""
+    per_gpu = getattr(step, "weight_bytes_per_gpu", None)
+    if per_gpu is None:
+        return None
+    return max(per_gpu(i) for i in range(getattr(step, "pp", 1))) / GIB
+
+
+def model_len_limit(model: ModelConfig, max_model_len: int | None) -> int:
+    """The engine's max model length: ``--max-model-len`` (vLLM's ``max_model_len``), at
+    most and by default the model's ``max_position_embeddings``."""
     if max_model_len is not None and max_model_len > model.max_seq_len:
         raise ValueError(
             f"--max-model-len {max_model_len} exceeds {model.id}'s max_position_embeddings "
             f"{model.max_seq_len}; allowed: <= {model.max_seq_len}"
         )
+    return max_model_len or model.max_seq_len
+
+
+def check_model_len(model: ModelConfig, max_model_len: int | None, longest: int) -> int:
+    """The engine's max model length (:func:`model_len_limit`); a longer sequence is
+    refused in one line."""
+    limit = model_len_limit(model, max_model_len)
     if longest > limit:
         raise ValueError(
             f"a sequence of {longest} tokens exceeds the max model length {limit} of "
@@ -613,6 +649,8 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
         "model": sm.model.id,
         "gpu": o.gpu,
         "engine": o.engine,
+        "weight_dtype": sm.weight_dtype,
+        "kv_cache_dtype": sm.kv_cache_dtype,
         "cost_model": sm.label,
         **provenance_fields(sm.cost_model),
         "attn_backend": sm.attn_backend,
@@ -630,6 +668,7 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
         "step_ms": 1e3 * step_s,
         "tokens_per_s": tokens / step_s,
         "stage_ms": 1e3 * sm.stage_s(*args),
+        "weight_gib_per_gpu": weight_gib_per_gpu(sm),
         "kv_bytes_per_token": sm.kv_bytes_per_token,
         "kv_capacity_tokens": capacity,
         "kv_cache_gib": capacity * sm.kv_bytes_per_token / GIB,
@@ -652,6 +691,7 @@ __all__ = [
     "StepOptions",
     "StepScenario",
     "build_step_model",
+    "model_len_limit",
     "plan_deployments",
     "resolve_arrivals",
     "resolve_deployment",

@@ -23,6 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.fields import FieldInfo
 
 from simcli.options import flags, literal_choices
+from simcli.scenario.serving_precision import (
+    KV_CACHE_DTYPE_HELP,
+    WEIGHT_DTYPE_HELP,
+    KvCacheDtype,
+    WeightDtype,
+    check_engine_precision,
+)
 from simcli.serving.branches import BranchConfig
 from simcli.serving.plan_inputs import (
     DEFAULT_GPUS,
@@ -194,6 +201,15 @@ class ServeOptions(CommandConfig):
     engine: Literal["vllm", "pytorch-eager"] = Field(
         "vllm", description="Step-time engine: vllm (CUDA graphs) | pytorch-eager."
     )
+    weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
+    kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
+    max_model_len: int | None = Field(
+        None,
+        gt=0,
+        description="Longest prompt + output a replica accepts, as vLLM's --max-model-len "
+        "(default: the model's max_position_embeddings): longer prompts are refused "
+        "(counted, not simulated), outputs cut so prompt + output fits.",
+    )
     attn_pattern: str | None = Field(
         None,
         description="Sparse attention pattern of the served model (e.g. window:4096, nsa; see "
@@ -267,6 +283,7 @@ class ServeOptions(CommandConfig):
 
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
+        check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
         spec = self.speculative()
         branching = self.branching()
         if not self.disaggregate:
@@ -558,6 +575,14 @@ class ServePlanOptions(CommandConfig):
     max_batch_size: int = Field(
         256, gt=0, description="Running sequences per replica (max_num_seqs)."
     )
+    engine: Literal["vllm", "pytorch-eager"] = Field(
+        "vllm", description="Step-time engine of every deployment: vllm | pytorch-eager."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
+    )
+    weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
+    kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
     top: int = Field(5, gt=0, description="How many deployments to return.")
     price: str | None = Field(
         None,
@@ -603,6 +628,7 @@ class ServePlanOptions(CommandConfig):
     @model_validator(mode="after")
     def _some_slo(self) -> ServePlanOptions:
         self.slo()
+        check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
         return self
 
     def space(self) -> PlanSpace:
@@ -614,6 +640,10 @@ class ServePlanOptions(CommandConfig):
             pd_ratios=parse_ratios(self.pd_ratios),
             max_replicas=self.max_replicas,
             max_batch_size=self.max_batch_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            engine=self.engine,
+            weight_dtype=self.weight_dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
             prices=parse_prices(self.price),
         )
 
@@ -673,6 +703,8 @@ class StepOptions(CommandConfig):
         None,
         description="Attention kernels: flash | cudnn | flex | efficient (default per engine).",
     )
+    weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
+    kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
@@ -692,6 +724,7 @@ class StepOptions(CommandConfig):
 
     @model_validator(mode="after")
     def _phase_inputs(self) -> StepOptions:
+        check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
         self.step_batch()
         return self
 

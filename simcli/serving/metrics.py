@@ -143,17 +143,19 @@ class EnergyMeter:
         if power is None or model is None or gpu is None:
             return None
         head = 2.0 * model.vocab_size * model.hidden_size
-        elt = 2.0  # bf16/fp16 weights
+        elt = 2.0  # bf16/fp16 weights, unless the step model knows how they are stored
+        weights = getattr(step, "weight_bytes_total", None)
         return cls(
             power,
             gpu,
             matmul_flops_per_token=2.0 * model.matmul_params_per_token - head,
             head_flops_per_seq=head,
             attn_flops_per_pair=4.0 * model.num_layers * model.q_size,
-            weight_bytes=elt * model.num_params,
+            weight_bytes=float(weights) if weights is not None else elt * model.num_params,
             kv_bytes_per_token=float(step.kv_bytes_per_token),
             tp=int(getattr(step, "tp", 1)),
             pp=int(getattr(step, "pp", 1)),
+            dtype=str(getattr(step, "gemm_dtype", "bf16")),
         )
 
     def add(

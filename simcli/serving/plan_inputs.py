@@ -105,6 +105,15 @@ class PlanSpace(BaseModel):
     max_batch_size: int = Field(default=256, gt=0, description="running sequences per replica")
     block_size: int = Field(default=16, gt=0)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    engine: Literal["vllm", "pytorch-eager"] = Field(
+        default="vllm", description="step-time engine of every deployment"
+    )
+    weight_dtype: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field(
+        default="bf16", description="weight precision (workloads.decompose.quant)"
+    )
+    kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="auto", description="KV-cache element type (auto: the activation dtype)"
+    )
     prices: dict[str, float] = Field(
         default_factory=dict, description="US$ per GPU-hour overrides by GPU id; '*' for all"
     )

@@ -59,7 +59,9 @@ class Deployment:
             c.pd_ratio or "",
         )
 
-    def record(self) -> dict[str, Any]:
+    def record(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The deployment as a row; ``settings``: the search's engine and precision
+        (:data:`SETTING_COLUMNS`), the same for every deployment."""
         s = self.probe.summary or {}
         c = self.candidate
         pools = c.pools(self.replicas)
@@ -77,6 +79,7 @@ class Deployment:
             "usd_per_hour": self.usd_per_hour,
             "usd_per_million_output_tokens": self.usd_per_million_output_tokens,
             "slo_attainment": self.probe.attainment,
+            **{k: (settings or {}).get(k) for k in SETTING_COLUMNS},
             **{
                 k: s.get(k)
                 for k in (
@@ -95,6 +98,10 @@ class Deployment:
             "attainment_one_fewer": self.fewer.attainment if self.fewer else None,
         }
 
+
+# The search's deployment settings repeated on every row of ``records`` and ``evaluated`` (a
+# row is then the flags of a `simcli serve` run).
+SETTING_COLUMNS = ("engine", "weight_dtype", "kv_cache_dtype")
 
 # Simulator metrics of a probe that ``PlanResult.evaluated`` reports (None when stopped early).
 PROBE_METRICS = (
@@ -149,6 +156,8 @@ class PlanResult:
     searched: list[tuple[Candidate, str, str, dict[int, Probe]]] = field(default_factory=list)
     prices: dict[str, float] = field(default_factory=dict)  # gpu -> US$ per GPU-hour
     cost_model_labels: dict[str, str] = field(default_factory=dict)  # gpu -> StepModel.label
+    # engine, precision, memory fraction, max model length and what it refused or cut
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -159,6 +168,7 @@ class PlanResult:
             "num_requests": self.workload.num_requests,
             "seed": self.workload.seed,
             "slo": self.slo.model_dump(),
+            **self.settings,
             "configs_evaluated": self.configs_evaluated,
             "configs_feasible": self.configs_feasible,
             "configs_pruned": self.configs_pruned,
@@ -172,7 +182,9 @@ class PlanResult:
         }
 
     def records(self) -> list[dict[str, Any]]:
-        return [{"rank": i + 1, **d.record()} for i, d in enumerate(self.deployments)]
+        return [
+            {"rank": i + 1, **d.record(self.settings)} for i, d in enumerate(self.deployments)
+        ]
 
     def evaluated(self) -> list[dict[str, Any]]:
         """Every deployment the search looked at: one row per (config, replica count)
@@ -191,6 +203,7 @@ class PlanResult:
                 "scheduler": c.scheduler,
                 "chunk_size": c.chunk_size,
                 "pd_ratio": c.pd_ratio,
+                **{k: self.settings.get(k) for k in SETTING_COLUMNS},
                 "usd_per_gpu_hour": price,
             }
             if not probes:
@@ -238,4 +251,11 @@ class PlanResult:
         return rows
 
 
-__all__ = ["EVALUATED_STATUS", "PROBE_METRICS", "Deployment", "PlanResult", "Probe"]
+__all__ = [
+    "EVALUATED_STATUS",
+    "PROBE_METRICS",
+    "SETTING_COLUMNS",
+    "Deployment",
+    "PlanResult",
+    "Probe",
+]

@@ -122,7 +122,7 @@ from simcli.serving.plan_result import (
     PlanResult,
     Probe,
 )
-from simcli.serving.requests import Request, synthetic_requests
+from simcli.serving.requests import Request, output_within_model_len, synthetic_requests
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, Simulator
 from workloads.models import ModelConfig
@@ -205,15 +205,47 @@ class Planner:
         self.space, self.slo, self.workload, self.top = space, slo, workload, top
         self.builder = builder
         self.prices = {g: builder.usd_per_gpu_hour(g) for g in space.gpus}
+        # every deployment serves at most the model's max_position_embeddings (what `simcli
+        # serve` defaults --max-model-len to): longer prompts are refused, outputs cut, once
+        # here for all probes and bounds, as the simulator would for each
+        limit = model.max_seq_len
         arrivals, prompts, outputs = [], [], []
+        rejected = capped = 0
         for r in synthetic_requests(workload.spec()):
+            out = output_within_model_len(r.prompt_tokens, r.output_tokens, limit)
+            if out == 0:
+                rejected += 1
+                continue
+            capped += out != r.output_tokens
             arrivals.append(r.arrival_s)
             prompts.append(r.prompt_tokens)
-            outputs.append(r.output_tokens)
+            outputs.append(out)
+        if not arrivals:
+            raise PlanError(
+                f"every one of the {rejected} requests has a prompt longer than {model.id}'s "
+                f"max model length {limit}; allowed: shorter prompts (--prompt-len)"
+            )
         self.arrivals = arrivals
         self.prompts = np.asarray(prompts, dtype=np.int64)
         self.outputs = np.asarray(outputs, dtype=np.int64)
-        self.result = PlanResult(self.model.id, slo, workload, [], prices=dict(self.prices))
+        settings = {
+            "engine": space.engine,
+            "weight_dtype": space.weight_dtype,
+            "kv_cache_dtype": space.kv_cache_dtype,
+            "gpu_memory_utilization": space.gpu_memory_utilization,
+            "max_model_len": limit,
+            "requests_rejected_too_long": rejected,
+            "requests_output_capped": capped,
+        }
+        self.result = PlanResult(
+            self.model.id, slo, workload, [], prices=dict(self.prices), settings=settings
+        )
+        if rejected or capped:
+            self.result.notes.append(
+                f"{rejected} of the workload's {rejected + len(arrivals)} requests have a "
+                f"prompt longer than the max model length {limit} and are refused (not "
+                f"simulated), {capped} outputs cut so prompt + output fits, as vLLM serves them"
+            )
         self._done = 0
         self._total = 0
         self._probes: dict[tuple, Probe] = {}  # by deployment shape, across configs

@@ -36,6 +36,19 @@ class TraceError(ValueError):
     """A malformed request trace; the message is one line naming the file and line."""
 
 
+def output_within_model_len(prompt_tokens: int, output_tokens: int, limit: int | None) -> int:
+    """Output tokens a request gets under a max model length ``limit``, as vLLM serves
+    it: a prompt longer than the limit is refused (0: not served; vLLM's input
+    processor raises), a longer request stops when prompt + generated reaches the limit
+    (``FINISHED_LENGTH_CAPPED``), after at least the one token its prefill samples (a
+    prompt of exactly ``limit`` tokens gets one). ``limit`` None: no limit."""
+    if limit is None or prompt_tokens + output_tokens <= limit:
+        return output_tokens
+    if prompt_tokens > limit:
+        return 0
+    return max(1, limit - prompt_tokens)
+
+
 # Sequence states
 WAITING = 0  # queued for (re)prefill, holds no KV blocks
 PREFILLING = 1  # admitted, KV blocks held, prompt partly in the cache (chunked prefill)
@@ -89,6 +102,13 @@ class Request:
         self.replica = -1
         self.preemptions = 0
         self.branch = None  # multi-branch state (simcli.serving.branches.BranchState)
+
+    def with_output(self, output_tokens: int) -> Request:
+        """This request (not yet simulated) asking for ``output_tokens`` instead."""
+        return Request(
+            self.id, self.arrival_s, self.prompt_tokens, output_tokens, self.prefix_key,
+            self.prefix_tokens,
+        )  # fmt: skip
 
     @property
     def generated_tokens(self) -> int:

@@ -37,7 +37,7 @@ from simcli.serving.branches import BranchConfig, BranchState, BranchStats
 from simcli.serving.disagg import DisaggConfig, Disaggregation, KVTransferModel
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.replica import Replica
-from simcli.serving.requests import Request
+from simcli.serving.requests import Request, output_within_model_len
 from simcli.serving.router import make_router
 from simcli.serving.schedulers import SchedulerConfig, make_scheduler
 from simcli.serving.spec import (
@@ -79,6 +79,12 @@ class ServeConfig(BaseModel):
     )
     speculative: SpecConfig | None = None
     branching: BranchConfig | None = None
+    max_model_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="longest prompt + output served (vLLM's max_model_len): longer prompts "
+        "are refused, longer outputs cut (requests.output_within_model_len); None: no limit",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServeConfig:
@@ -301,14 +307,28 @@ class Simulator:
         self.check = check
         self.now_s = 0.0
         self.arrived = 0
+        self.rejected_too_long = 0  # prompts beyond max_model_len: refused, not simulated
+        self.output_capped = 0  # requests whose output (or a branch's) was cut to fit
         self._stream: Iterator[Request] | None = None
         self._last_arrival_s = 0.0
 
     # --- events -----------------------------------------------------------------------------
     def arrive(self, req: Request, now_s: float) -> list:
-        out = req.output_tokens
+        limit = self.config.max_model_len
+        out = output_within_model_len(req.prompt_tokens, req.output_tokens, limit)
+        if out == 0:  # vLLM refuses the prompt: counted, never routed
+            self.rejected_too_long += 1
+            nxt = self._next_arrival()
+            return [nxt] if nxt is not None else []
+        capped = out != req.output_tokens
+        if capped:
+            req = req.with_output(out)
         if self.branching is not None:
             st = BranchState.draw(self.branching, req, self.config.seed, self.branch_output_lengths)
+            if limit is not None:  # every branch stops at the limit too
+                cut = np.minimum(st.lengths, max(1, limit - req.prompt_tokens))
+                capped = capped or bool((cut != st.lengths).any())
+                st.lengths = cut
             req.branch = st
             req.seqs_left = self.branching.m
             out = int(st.lengths.max())
@@ -335,6 +355,7 @@ class Simulator:
                 f"{min(self.engine_capacity_tokens, self.prefill_engine_capacity_tokens)}; "
                 "allowed: shorter requests or more KV room (more --tp, a bigger GPU)"
             )
+        self.output_capped += capped
         self.arrived += 1
         replica = self.router.choose(self.entry, req)
         events = replica.add_request(req, now_s)
@@ -387,6 +408,13 @@ class Simulator:
         m = self.metrics
         if m.progress is not None:
             m.progress(m.completed, m.progress_total or m.completed)
+        if self.arrived == 0:
+            raise SimulationError(
+                f"every one of the {self.rejected_too_long} requests has a prompt longer than "
+                f"the max model length {self.config.max_model_len}; allowed: prompts of at "
+                "most that many tokens (--max-model-len, up to the model's "
+                "max_position_embeddings)"
+            )
         if self.metrics.completed != self.arrived:
             raise SimulationError(
                 f"internal: {self.arrived - self.metrics.completed} of {self.arrived} "
@@ -403,6 +431,9 @@ class Simulator:
         out["kv_util_mean"] = m.kv_block_s / (len(engines) * dur) if dur > 0 else math.nan
         out["kv_util_max"] = m.kv_util_max
         out["kv_capacity_tokens_per_replica"] = self.kv_capacity_tokens
+        out["max_model_len"] = cfg.max_model_len
+        out["requests_rejected_too_long"] = self.rejected_too_long
+        out["requests_output_capped"] = self.output_capped
         out["preemptions"] = sum(e.preemptions for e in engines)
         hits = sum(e.kv.prefix_hits for e in engines)
         out["prefix_cache_hits"] = hits

@@ -32,7 +32,8 @@ def test_window_speeds_up_long_steps_and_never_slows_any():
 
 
 def test_serve_cli_attention_pattern():
-    args = ["serve", "--model", "llama3-8b", "--gpu", "h100-sxm", "--tp", "1", "--replicas",
+    # a 32k prompt: Llama-3.1-8B (128k context; Llama-3-8B's 8k would refuse it)
+    args = ["serve", "--model", "llama3.1-8b", "--gpu", "h100-sxm", "--tp", "1", "--replicas",
             "1", "--qps", "0.5", "--num-requests", "20", "--prompt-len", "fixed:32768",
             "--output-len", "fixed:64", "--seed", "0", "--format", "json"]  # fmt: skip
     dense = json.loads(runner.invoke(app, args).stdout)

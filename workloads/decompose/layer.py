@@ -147,14 +147,16 @@ def layer_templates(
     kernels: LayerKernels,
     sequence_parallel: bool = False,
     serving: bool = False,
+    kv_dtype: str | None = None,
 ) -> list[OpTemplate]:
     """Forward templates of one layer on one TP rank, in execution order, ``x`` = tokens.
 
     ``kernels``: ``fused`` (Megatron/TE: norm, residual add, RoPE, activation as one
     kernel each), ``vllm`` (fused residual-add + norm reading and writing both tensors,
     in-place rotary, ``silu_and_mul``) or ``eager`` (PyTorch's kernels one by one).
-    ``serving`` adds the KV-cache write. Region markers stand where Megatron's f/g
-    operators are (:func:`expand_regions`)."""
+    ``serving`` adds the KV-cache write (``kv_dtype``: the cache's element type, default
+    ``dtype``). Region markers stand where Megatron's f/g operators are
+    (:func:`expand_regions`)."""
     h, d, e = model.hidden_size, model.head_dim, DTYPE_BYTES[Dtype(dtype)]
     nk = norm_kind(model)
     qkv = (sh.heads + 2 * sh.kv_heads) * d
@@ -199,7 +201,8 @@ def layer_templates(
                 traffic("cache_v", kv, "kv_cache_write", strided=True),
             ]
         else:  # reshape_and_cache_flash: reads k and v, writes them into the paged cache
-            out.append(traffic("kv_cache_write", 2.0 * 2 * sh.kv_heads * d * e))
+            kv_e = e if kv_dtype is None else DTYPE_BYTES[Dtype(kv_dtype)]
+            out.append(traffic("kv_cache_write", 2.0 * sh.kv_heads * d * (e + kv_e)))
     out += [attention(), gemm("o_proj", sh.heads * d, h, dtype), region("attn", "exit")]
     out += residual("residual_1")
     out += [*pre_mlp, region("mlp", "enter")]

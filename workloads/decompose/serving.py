@@ -12,11 +12,20 @@ evaluate them at one size for inspection and tests.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import get_engine
 from workloads.decompose.layer import expand_forward, layer_templates, norm_kind, rms_eager
+from workloads.decompose.quant import (
+    FP8_QUANT_BYTES_PER_ELEMENT,
+    QUANTISED_GEMMS,
+    WeightFormat,
+    kv_storage_dtype,
+    weight_format,
+)
 from workloads.decompose.shard import TPShard, positive_int, tp_shard
 from workloads.decompose.templates import (
     LayerOp,
@@ -43,16 +52,21 @@ def serving_templates(
     pp: int = 1,
     tp_nodes: int = 1,
     pp_nodes: int = 1,
+    weight_dtype: str | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> Templates:
     """``head``, ``layer``, ``tail`` (x = tokens) and ``seq`` (x = sequences) templates of
-    one iteration of ``engine`` on one TP rank, in execution order."""
+    one iteration of ``engine`` on one TP rank, in execution order. ``dtype``: the
+    activations'; ``weight_dtype`` (default ``dtype``) and ``kv_cache_dtype`` (default
+    ``dtype``): how weights and KV cache are stored (:mod:`workloads.decompose.quant`)."""
     kernels = get_engine(engine, "serve").kernels["serve"]
     tp, h = shard.tp, model.hidden_size
     e = DTYPE_BYTES[Dtype(dtype)]
-    layer = expand_forward(
-        layer_templates(model, shard, dtype, kernels, serving=True), tp, False, h * e, dtype,
-        tp_nodes,
-    )  # fmt: skip
+    kv_dt = kv_storage_dtype(kv_cache_dtype, dtype)
+    layer = layer_templates(model, shard, dtype, kernels, serving=True, kv_dtype=kv_dt)
+    if weight_dtype is not None:
+        layer = quantise_gemms(layer, weight_format(weight_dtype), model)
+    layer = expand_forward(layer, tp, False, h * e, dtype, tp_nodes)
     lm_head = gemm("lm_head", h, shard.vocab, dtype, per_layer=False)
     if kernels == "eager":
         # final norm and LM head on the last token of each sequence (x[:, -1]); decode adds
@@ -96,6 +110,40 @@ def serving_templates(
     )
     head = expand_forward(head, tp, False, h * e, dtype, tp_nodes, per_layer=False)
     return {"head": head, "layer": layer, "tail": tail, "seq": seq}
+
+
+def quantise_gemms(
+    tpls: list[OpTemplate], fmt: WeightFormat, model: ModelConfig
+) -> list[OpTemplate]:
+    """The layer's :data:`~workloads.decompose.quant.QUANTISED_GEMMS` in weight format
+    ``fmt``: weight-only formats mark the GEMM with its weight bits (it still computes in
+    the activation dtype); fp8 (W8A8) runs it in fp8 after a quantisation kernel on its
+    input (:data:`~workloads.decompose.quant.FP8_QUANT_BYTES_PER_ELEMENT` per element; for
+    experts, each routed token's row)."""
+    if not fmt.quantised:
+        return list(tpls)
+    out: list[OpTemplate] = []
+    for t in tpls:
+        if t.op != "gemm" or t.name not in QUANTISED_GEMMS:
+            out.append(t)
+            continue
+        if fmt.weight_only:
+            out.append(replace(t, weight_bits=fmt.bits))
+            continue
+        k = int(t.fields_at(np.ones(1, np.int64))["k"])  # type: ignore[misc]
+        rows = model.experts_per_token if t.mult is not None else 1  # routed rows per token
+        out.append(
+            traffic(f"{t.name}_quant", FP8_QUANT_BYTES_PER_ELEMENT * k * rows, "fp8_quant")
+        )
+        out.append(replace(t, fields=_with_dtype(t.fields, fmt.gemm_dtype)))  # type: ignore[arg-type]
+    return out
+
+
+def _with_dtype(fields, dtype: str):
+    def f(x: np.ndarray) -> dict:
+        return {**fields(x), "dtype": dtype}
+
+    return f
 
 
 def _concrete(

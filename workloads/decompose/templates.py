@@ -51,7 +51,9 @@ class OpTemplate:
     calibrated strided-kernel slowdown. ``region``: a tensor-parallel region boundary
     (Megatron's f/g operators), expanded into collectives per phase. ``regather``: a
     column-parallel GEMM whose sequence-sharded input is gathered again for its weight
-    gradient under sequence parallelism.
+    gradient under sequence parallelism. ``weight_bits``: a weight-only quantised GEMM
+    (W8A16/W4A16, :mod:`workloads.decompose.quant`) whose ``B`` operand is stored in that
+    many bits; the op itself keeps the activation dtype it computes in.
     """
 
     name: str
@@ -67,6 +69,7 @@ class OpTemplate:
     strided: bool = False
     region: Region | None = None
     regather: bool = False
+    weight_bits: int | None = None
 
     @property
     def is_attention(self) -> bool:

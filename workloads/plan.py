@@ -6,9 +6,10 @@ which pipeline schedule runs, what is recomputed and in which precision. It hold
 costs. :func:`check_plan` checks it against a model and rejects impossible combinations
 with one line saying what, the value and the valid choices.
 
-Rank order follows Megatron-LM (``initialize_model_parallel``): TP is the fastest-varying
-rank index (so TP groups sit inside a node), then CP, then DP, then PP (so pipeline
-neighbours are the farthest apart).
+Rank order follows Megatron-LM (``initialize_model_parallel``) by default: TP is the
+fastest-varying rank index (so TP groups sit inside a node), then CP, then DP, then PP (so
+pipeline neighbours are the farthest apart); ``rank_order="tp-cp-pp-dp"`` is Llama 3's
+(data parallelism outermost, the dimension that best tolerates a multi-hop network).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ PPSchedule = Literal["1f1b", "gpipe", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
 CPKind = Literal["ring", "ulysses", "tokenring", "allgather", "hierarchical"]
 TPComm = Literal["plain", "overlap", "ladder"]
+RankOrder = Literal["tp-cp-dp-pp", "tp-cp-pp-dp"]
+RANK_ORDERS: tuple[str, ...] = ("tp-cp-dp-pp", "tp-cp-pp-dp")
 
 PRECISIONS: tuple[str, ...] = ("bf16-mixed", "fp16-mixed", "bf16", "fp8")
 PP_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
@@ -99,6 +102,12 @@ class TrainPlan(BaseModel):
     )
     overlap_grad_reduce: bool = Field(
         default=True, description="DP gradient reduction overlapped with the backward pass"
+    )
+    rank_order: RankOrder = Field(
+        default="tp-cp-dp-pp",
+        description="how ranks are laid out, fastest-varying first: Megatron-LM's "
+        "tp-cp-dp-pp (pipeline stages farthest apart) or Llama 3's tp-cp-pp-dp (data "
+        "parallelism outermost, across pods; arXiv:2407.21783 sec. 3.3.2)",
     )
     fp8_params: bool = Field(
         default=False,
@@ -232,6 +241,18 @@ class TrainPlan(BaseModel):
     def master_dtype(self) -> str:
         """Dtype of the weights the optimizer updates (fp32 master copy under mixed)."""
         return self._dtype_names[1]
+
+    @property
+    def dp_stride(self) -> int:
+        """Rank distance between neighbours of a data-parallel group."""
+        inner = self.tp * self.cp
+        return inner if self.rank_order == "tp-cp-dp-pp" else inner * self.pp
+
+    @property
+    def stage_stride(self) -> int:
+        """Rank distance between the same rank of neighbouring pipeline stages."""
+        inner = self.tp * self.cp
+        return inner * self.data_parallel if self.rank_order == "tp-cp-dp-pp" else inner
 
     @property
     def grad_bytes(self) -> int:

@@ -220,8 +220,7 @@ def step_costs(
     elt = DTYPE_BYTES[Dtype(act_dtype)]
     tokens = mb * seq_local
     p2p_bytes = tokens * model.hidden_size * elt / (tp if plan.sp else 1)
-    stage_span = tp * cp * plan.data_parallel
-    p2p_nodes = 2 if stage_span >= gpn else 1
+    p2p_nodes = 2 if plan.stage_stride >= gpn else 1
     p2p_op = Op(op=OpKind.send_recv, dtype=Dtype(act_dtype), bytes=int(p2p_bytes), ranks=2)
     p2p_op = with_nodes(p2p_op, p2p_nodes)
     p2p_s = float(cost_model.predict_many(ops_frame([p2p_op]))[0]) if plan.pp > 1 else 0.0
@@ -434,7 +433,7 @@ def ep_comm(model: ModelConfig, plan: TrainPlan, gpus_per_node: int) -> Comm | N
     layer (GShard); None without expert parallelism."""
     if model.num_experts == 1 or plan.ep == 1:
         return None
-    nodes = group_nodes(plan.ep, plan.tp * plan.cp, gpus_per_node)
+    nodes = group_nodes(plan.ep, plan.dp_stride, gpus_per_node)
     elt = DTYPE_BYTES[Dtype(plan.activation_dtype)]
     tokens = plan.micro_batch * plan.seq_len // plan.cp
     nbytes = tokens * model.experts_per_token * model.hidden_size * elt

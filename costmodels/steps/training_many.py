@@ -196,7 +196,8 @@ def step_costs_many(
             plan.seq_len,
             plan.activation_dtype,
             plan.pp > 1,
-            plan.tp * plan.cp * plan.data_parallel >= system.node.gpus_per_node,
+            plan.stage_stride >= system.node.gpus_per_node,
+            plan.dp_stride,
         )
         if key not in seen:
             seen[key] = _comm_requests(model, plan, system, pricer)
@@ -257,8 +258,7 @@ def _comm_requests(
     req["p2p_bytes"] = p2p_bytes
     req["p2p"] = -1
     if plan.pp > 1:
-        stage_span = plan.tp * cp * plan.data_parallel
-        p2p_nodes = 2 if stage_span >= gpn else 1
+        p2p_nodes = 2 if plan.stage_stride >= gpn else 1
         op = Op(op=OpKind.send_recv, dtype=Dtype(act), bytes=int(p2p_bytes), ranks=2)
         req["p2p"] = pricer.add(with_nodes(op, p2p_nodes))
     return req

@@ -32,6 +32,8 @@ PLAN_COLUMNS: dict[str, str] = {
     "layer_split": "layers per model chunk when uneven (balanced plans; lighter first/last "
     "chunks where pp*vpp does not divide the layers; 0: embedding or LM head alone)",
     "optimizer_offload": "share of the optimizer state on the host CPU (ZeRO-Offload)",
+    "rank_order": "rank layout, fastest-varying first (tp-cp-dp-pp Megatron, tp-cp-pp-dp "
+    "Llama 3)",
     "balanced": "uneven stages chosen by the Galvatron-BMW-style balancing",
     "iteration_s": "simulated iteration time, seconds",
     "estimate_s": "closed-form time that selected the plan, seconds",

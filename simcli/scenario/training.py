@@ -34,10 +34,12 @@ from simcli.training.to_train import to_train_fields
 from workloads.models import ModelConfig, load_model
 from workloads.plan import (
     PRECISIONS,
+    RANK_ORDERS,
     CPKind,
     PlanError,
     PPSchedule,
     Precision,
+    RankOrder,
     Recompute,
     TPComm,
     TrainPlan,
@@ -182,6 +184,11 @@ class TrainConfig(BaseModel):
         description="Memory to leave free: GiB (4GiB), % (2%) or a fraction (0.02) of the "
         "GPU's usable memory.",
     )
+    rank_order: RankOrder = Field(
+        "tp-cp-dp-pp",
+        description="Rank layout, fastest-varying first: tp-cp-dp-pp (Megatron-LM) or "
+        "tp-cp-pp-dp (Llama 3: data parallelism outermost, across pods).",
+    )
     optimizer_offload: float = Field(
         0.0,
         ge=0,
@@ -300,6 +307,11 @@ class PlanConfig(BaseModel):
         description="Optimizer-state shares on the host CPU to try, e.g. 0,1 (ZeRO-Offload); "
         "default: none.",
     )
+    rank_order: tuple[str, ...] | None = Field(
+        None,
+        description="Rank layouts to try: tp-cp-dp-pp (Megatron-LM, default), tp-cp-pp-dp "
+        "(Llama 3), or both comma-separated.",
+    )
     memory_margin: str = Field(
         DEFAULT_MEMORY_MARGIN,
         description="Memory to leave free: GiB (4GiB), % (2%) or a fraction (0.02) of the "
@@ -330,6 +342,16 @@ class PlanConfig(BaseModel):
     @classmethod
     def _degrees(cls, value: Any) -> Any:
         return _int_list(value, "2,4,8")
+
+    @field_validator("rank_order", mode="before")
+    @classmethod
+    def _orders(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = tuple(x.strip() for x in value.split(",") if x.strip())
+        bad = [x for x in value or () if x not in RANK_ORDERS]
+        if bad:
+            raise ValueError(f"unknown rank order {bad[0]!r}; allowed: {', '.join(RANK_ORDERS)}")
+        return value
 
     @field_validator("optimizer_offload", mode="before")
     @classmethod
@@ -422,6 +444,7 @@ def resolve_train(config: TrainConfig) -> TrainScenario:
         grad_reduce_dtype=config.grad_reduce_dtype,
         optimizer_offload=config.optimizer_offload,
         activation_offload=config.activation_offload,
+        rank_order=config.rank_order,
     )
     files = {
         "profile": config.profile,
@@ -471,6 +494,7 @@ def resolve_plan(config: PlanConfig) -> PlanScenario:
         max_micro_batch=config.max_micro_batch,
         precision=config.precision,
         optimizer_offload=config.optimizer_offload or (0.0,),
+        rank_orders=config.rank_order or ("tp-cp-dp-pp",),
         fp8_params=config.fp8_params,
         grad_reduce_dtype=config.grad_reduce_dtype,
     )

@@ -111,6 +111,7 @@ class RankedPlan:
             "precision": p.precision,
             "layer_split": list(p.layer_split) if p.layer_split else None,
             "optimizer_offload": p.optimizer_offload,
+            "rank_order": p.rank_order,
             "balanced": self.balanced,
             "iteration_s": self.iteration_s,
             "estimate_s": self.estimate_s,

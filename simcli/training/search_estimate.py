@@ -328,7 +328,24 @@ def estimate_iteration_s(
     d0 = np.take(np.array([t[0] for t in TRIMS]), trim)
     dl = np.take(np.array([t[1] for t in TRIMS]), trim)
     lc = (ctx.model.num_layers + d0 + dl) // n_chunks
-    dp_nodes = _group_nodes_many(dp, tp * cp, gpn)
+    # rank layout (TrainPlan.dp_stride / stage_stride): Megatron's or Llama 3's order
+    llama = table.get("ord", np.zeros(len(tp), dtype=np.int64)) == 1
+    dp_stride = np.where(llama, tp * cp * pp, tp * cp)
+    stage_stride = np.where(llama, tp * cp, tp * cp * dp)
+    dp_nodes = _group_nodes_many(dp, dp_stride, gpn)
+    # pods / heterogeneous NICs (System.slowdown): the first stage's DP group, and the
+    # first pipeline hop, as the simulator prices them per stage and per pair
+    dp_slow = ctx.system.slowdown_many(
+        0, np.where(dp_stride >= gpn, dp_stride // gpn, 1), dp_nodes, "all_reduce"
+    )
+    hop_slow = np.where(
+        stage_stride >= gpn,
+        ctx.system.slowdown_many(
+            0, np.maximum(1, stage_stride // gpn), 2, "send_recv",
+            concurrent_nodes=np.maximum(1, (tp * cp * dp) // gpn),
+        ),
+        1.0,
+    )  # fmt: skip
     # compute slowed by the NCCL kernels running beside it (simulator.interference)
     kappa_of = {int(x): interference(ctx.system, int(x)) for x in np.unique(dp_nodes)}
     kappa = np.array([kappa_of[int(x)] for x in dp_nodes]) if len(dp_nodes) else np.zeros(0)
@@ -342,10 +359,12 @@ def estimate_iteration_s(
     if z3.any():
         i = np.flatnonzero(z3)
         lp = k["layer_params"][i]
-        gather = np.where(zero[i] == 3, 1.0, 0.0) * collectives_s(
+        gather = np.where(zero[i] == 3, dp_slow[i], 0.0) * collectives_s(
             cm, "all_gather", lp * 2, dp[i], dp_nodes[i], "bf16"
         )
-        rs = collectives_s(cm, "reduce_scatter", lp * grad_elt, dp[i], dp_nodes[i], "fp32")
+        rs = dp_slow[i] * collectives_s(
+            cm, "reduce_scatter", lp * grad_elt, dp[i], dp_nodes[i], "fp32"
+        )
         cf = k["lf_compute"][i]
         cb = k["lb_compute"][i] + k["rc"][i]
         kz = kappa[i]
@@ -354,12 +373,12 @@ def estimate_iteration_s(
 
     f_mid = lc * (k["lf"] + zf)
     b_mid = lc * (k["lb"] + k["rc"] + zb)
-    act_nodes = np.where(tp * cp * dp >= gpn, 2, 1)
+    act_nodes = np.where(stage_stride >= gpn, 2, 1)
     c = np.zeros(len(tp))
     piped = pp > 1
     if piped.any():
         i = np.flatnonzero(piped)
-        c[i] = collectives_s(
+        c[i] = hop_slow[i] * collectives_s(
             cm, "send_recv", k["p2p_bytes"][i], 2, act_nodes[i], _act_dtype(ctx.precision)
         )
     f_layer, b_layer = k["lf"] + zf, k["lb"] + k["rc"] + zb
@@ -399,7 +418,9 @@ def estimate_iteration_s(
             r = np.broadcast_to(dp[i], (4, len(i))).reshape(-1)
             nd = np.broadcast_to(dp_nodes[i], (4, len(i))).reshape(-1)
             per = (nbytes[:, i] / nb[:, i]).reshape(-1)
-            tb[:, i] = collectives_s(cm, coll, per, r, nd, _grad_dtype(grad_elt)).reshape(4, -1)
+            tb[:, i] = dp_slow[i] * collectives_s(
+                cm, coll, per, r, nd, _grad_dtype(grad_elt)
+            ).reshape(4, -1)
     gap = pp * (b_mid + c)
 
     def chunk_types(rank: str, ell: int, idx: np.ndarray) -> np.ndarray:

@@ -15,7 +15,15 @@ import numpy as np
 from costmodels.steps.training import hierarchical_split
 from workloads.decompose import valid_tp_degrees
 from workloads.models import ModelConfig
-from workloads.plan import CP_KINDS, PRECISIONS, RECOMPUTE, TP_COMMS, PlanError, TrainPlan
+from workloads.plan import (
+    CP_KINDS,
+    PRECISIONS,
+    RANK_ORDERS,
+    RECOMPUTE,
+    TP_COMMS,
+    PlanError,
+    TrainPlan,
+)
 
 SCHEDULES = ("1f1b", "interleaved")
 # the tensor-core type each precision computes in
@@ -50,6 +58,8 @@ class SearchSpace:
     precision: str = "bf16-mixed"
     # shares of the optimizer state offloaded to the host CPU (ZeRO-Offload); (0.0,): none
     optimizer_offload: tuple[float, ...] = (0.0,)
+    # rank layouts (workloads.plan.RANK_ORDERS): Megatron's, or also Llama 3's DP-outermost
+    rank_orders: tuple[str, ...] = ("tp-cp-dp-pp",)
     # memory options applied to every plan (not searched): fp8 primary weights and the
     # gradient buffer's dtype (None: the precision's default)
     fp8_params: bool = False
@@ -80,13 +90,19 @@ class SearchSpace:
             )
         if self.fp8_params and self.precision != "fp8":
             raise PlanError("fp8 params need precision fp8; allowed: --precision fp8")
+        bad = [o for o in self.rank_orders if o not in RANK_ORDERS]
+        if bad or not self.rank_orders:
+            raise PlanError(
+                f"rank orders {list(self.rank_orders)} are invalid; allowed: "
+                f"{', '.join(RANK_ORDERS)}"
+            )
 
 
 COLUMNS = (
     "tp", "pp", "cp", "dp", "ep", "vpp", "mb", "m", "zero", "rec", "sp", "kind", "tpc", "trim",
-    "off",
+    "off", "ord",
 )  # fmt: skip
-# ``off``: the optimizer-offload share in percent (0..100)
+# ``off``: the optimizer-offload share in percent (0..100); ``ord``: RANK_ORDERS index
 
 # Stage layouts where pp * vpp does not divide the layers: layers removed from the first
 # and the last model chunk of an otherwise even split (code -> (first, last)). 1: both
@@ -150,6 +166,7 @@ def enumerate_plans(
     blocks: list[np.ndarray] = []
     rec_codes = [RECOMPUTE.index(r) for r in space.recompute]
     offs = sorted({int(round(100 * f)) for f in space.optimizer_offload})
+    ords = [RANK_ORDERS.index(o) for o in space.rank_orders]
     for tp in valid_tp_degrees(model):
         if tp > max_tp or num_gpus % tp or (space.tp and tp not in space.tp):
             continue
@@ -212,10 +229,10 @@ def enumerate_plans(
                     grid = np.stack(
                         np.meshgrid(
                             np.arange(len(layouts)), zeros, rec_codes, sps, kinds, eps, tpcs,
-                            offs, indexing="ij",
+                            offs, ords if pp > 1 and dp > 1 else ords[:1], indexing="ij",
                         ),
                         axis=-1,
-                    ).reshape(-1, 8)  # fmt: skip
+                    ).reshape(-1, 9)  # fmt: skip
                     lay = np.array(layouts, dtype=np.int64)[grid[:, 0]]
                     block = np.empty((len(grid), len(COLUMNS)), dtype=np.int64)
                     block[:, 0:5] = (tp, pp, cp, dp, 0)
@@ -227,6 +244,7 @@ def enumerate_plans(
                     block[:, 12] = grid[:, 6]
                     block[:, 13] = lay[:, 1]
                     block[:, 14] = grid[:, 7]
+                    block[:, 15] = grid[:, 8]
                     blocks.append(block)
     table = np.concatenate(blocks) if blocks else np.zeros((0, len(COLUMNS)), np.int64)
     return {c: table[:, i] for i, c in enumerate(COLUMNS)}
@@ -276,6 +294,7 @@ def plan_from_row(
         tp_comm=TP_COMMS[int(table["tpc"][i])] if tp > 1 else "plain",  # type: ignore[arg-type]
         layer_split=layer_split,
         optimizer_offload=int(table["off"][i]) / 100 if "off" in table else 0.0,
+        rank_order=RANK_ORDERS[int(table["ord"][i])] if "ord" in table else "tp-cp-dp-pp",  # type: ignore[arg-type]
         fp8_params=fp8_params,
         grad_reduce_dtype=grad_reduce_dtype,  # type: ignore[arg-type]
     )

@@ -341,17 +341,20 @@ def _simulate(
 ) -> TrainResult:
     gpn = system.node.gpus_per_node
     dp = plan.data_parallel
-    dp_span = plan.tp * plan.cp * dp
-    dp_nodes = group_nodes(dp, plan.tp * plan.cp, gpn)
-    # Heterogeneous clusters: a ring or a point-to-point path crossing nodes runs at the
-    # slowest NIC on it (Megatron rank order: stage r starts at rank r * tp * cp * dp).
-    stride = plan.tp * plan.cp
+    # Rank layout (plan.rank_order): stage r starts at rank r * stage_stride, its DP
+    # group's ranks are dp_stride apart. Heterogeneous clusters and pods: a ring or a
+    # point-to-point path crossing nodes runs at its slowest NIC / pod uplink share
+    # (System.slowdown).
+    stride, first_of = plan.dp_stride, plan.stage_stride
+    dp_nodes = group_nodes(dp, stride, gpn)
 
     def stage_nodes(r: int) -> list[int]:
-        first = r * dp_span
+        first = r * first_of
         return sorted({(first + d * stride) // gpn for d in range(dp)})
 
     dp_slow = [system.slowdown(stage_nodes(r)) for r in range(plan.pp)]
+    # the nodes sending pipeline activations at once: a whole stage
+    stage_nodes_n = max(1, (plan.tp * plan.cp * dp) // gpn)
     kappa = interference(system, dp_nodes)
     # Collectives and optimizer steps priced once per distinct argument set (a plan has
     # many identical DP buckets; pricing one op at a time dominates otherwise).
@@ -366,9 +369,10 @@ def _simulate(
     p2p = np.zeros((plan.pp, plan.pp))
     for a in range(plan.pp):
         for b in range(plan.pp):
-            na, nb = (a * dp_span) // gpn, (b * dp_span) // gpn
+            na, nb = (a * first_of) // gpn, (b * first_of) // gpn
             if a != b:
-                p2p[a, b] = c.p2p_s * (system.slowdown([na, nb]) if na != nb else 1.0)
+                slow = system.slowdown([na, nb], "send_recv", concurrent_nodes=stage_nodes_n)
+                p2p[a, b] = c.p2p_s * (slow if na != nb else 1.0)
     grad_elt = plan.grad_bytes  # fp32 main grads under mixed precision unless chosen bf16
     param_elt = 1 if plan.precision == "fp8" else 2
 

@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from hardware_specs.registry import load_catalog
 from simcli.options import flags, literal_choices
 from simcli.scenario.serving_precision import (
     KV_CACHE_DTYPE_HELP,
@@ -534,7 +535,8 @@ class ServePlanOptions(CommandConfig):
     model: str = Field(description="Built-in model id or config.json.")
     gpu_types: str = Field(
         ",".join(DEFAULT_GPUS),
-        description="GPU ids to consider, comma-separated (see `simcli specs list`).",
+        description="GPU ids to consider, comma-separated (see `simcli specs list`); the "
+        "default list drops GPUs without fp8 for fp8 weights or KV cache.",
         json_schema_extra={"cli": ["--gpus-types", "--gpu-types"]},
     )
     tp: str = Field("1,2,4", description="Tensor-parallel degrees to consider, comma-separated.")
@@ -632,8 +634,16 @@ class ServePlanOptions(CommandConfig):
         return self
 
     def space(self) -> PlanSpace:
+        gpus = parse_list(self.gpu_types)
+        if self.gpu_types == ",".join(DEFAULT_GPUS) and (
+            self.weight_dtype == "fp8" or self.kv_cache_dtype.startswith("fp8")
+        ):
+            # the default list: only the GPUs that run fp8 (named GPUs are checked and
+            # refused one by one in CandidateDeployments)
+            catalog = load_catalog()
+            gpus = [g for g in gpus if catalog.gpu(g).supports("fp8")]
         return PlanSpace(
-            gpus=parse_list(self.gpu_types),
+            gpus=gpus,
             tp=parse_ints(self.tp),
             schedulers=parse_list(self.schedulers),  # type: ignore[arg-type]
             chunk_sizes=parse_ints(self.chunk_sizes),

@@ -72,7 +72,7 @@ def test_step_kv_fit_uses_the_cache_dtype():
         ),
         (
             ("serve", "plan", "--model", "llama3-8b", "--qps", "1", "--slo-ttft-s", "1",
-             "--weight-dtype", "fp8"),
+             "--weight-dtype", "fp8", "--gpus-types", "h100-sxm,a100-sxm-80gb"),
             "error: --weight-dtype fp8 needs fp8 tensor cores, which a100-sxm-80gb lacks; "
             "allowed on a100-sxm-80gb: bf16, fp16, int8, int4 (or leave a100-sxm-80gb out "
             "of --gpus-types)",
@@ -229,3 +229,15 @@ def test_serve_plan_refuses_and_caps_the_workload_like_serve():
     d = json.loads(res.stdout)
     assert d["requests_rejected_too_long"] > 0 and d["requests_output_capped"] > 0
     assert any("max model length 8192" in n for n in d["notes"])
+
+
+def test_serve_plan_default_gpus_drop_those_without_fp8():
+    """Asked for fp8 weights with the default GPU list, serve plan considers only the
+    GPUs that run fp8 (a named A100 is refused, above)."""
+    from simcli.scenario.serving_options import ServePlanOptions
+
+    opts = ServePlanOptions(model="llama3-8b", qps=1.0, slo_ttft_s=1.0, weight_dtype="fp8")
+    gpus = opts.space().gpus
+    assert gpus and "a100-sxm-80gb" not in gpus and "h100-sxm" in gpus
+    plain = ServePlanOptions(model="llama3-8b", qps=1.0, slo_ttft_s=1.0).space().gpus
+    assert "a100-sxm-80gb" in plain

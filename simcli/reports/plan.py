@@ -107,7 +107,8 @@ def build(
     )
 
     cols = ["rank", "tp", "pp", "dp", "cp", "cp_kind", "vpp", "zero", "micro_batch", "recompute",
-            "sequence_parallel", "layer_split", "optimizer_offload", "iteration_s", "mfu",
+            "sequence_parallel", "layer_split", "optimizer_offload", "rank_order", "iteration_s",
+            "mfu",
             "peak_memory_gib", "memory_headroom_gib", "cost_usd_per_iteration"]  # fmt: skip
     rep.table("Ranking", plans[cols])
 

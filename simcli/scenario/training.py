@@ -112,6 +112,23 @@ def _check_margin(value: str) -> str:
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True)
 
+# Memory options train and plan share (pydantic copies a FieldInfo per model)
+_FP8_PARAMS = Field(
+    False,
+    description="fp8: keep the layers' weights in fp8 only (Megatron --fp8-param-gather, "
+    "NeMo fp8_params).",
+)
+_GRAD_REDUCE_DTYPE = Field(
+    None,
+    description="Gradient buffer / DP reduction dtype (Megatron --grad-reduce-in-bf16, "
+    "NeMo grad_sync_dtype); default fp32 under mixed precision.",
+)
+_MEMORY_MARGIN = Field(
+    DEFAULT_MEMORY_MARGIN,
+    description="Memory to leave free: GiB (4GiB), % (2%) or a fraction (0.02) of the "
+    "GPU's usable memory.",
+)
+
 
 class TrainConfig(BaseModel):
     """``simcli train``: one training iteration of one parallel plan."""
@@ -169,21 +186,9 @@ class TrainConfig(BaseModel):
         ge=0,
         description="Layers on the last pipeline stage (0: the LM head and loss alone).",
     )
-    fp8_params: bool = Field(
-        False,
-        description="fp8: keep the layers' weights in fp8 only (Megatron --fp8-param-gather, "
-        "NeMo fp8_params).",
-    )
-    grad_reduce_dtype: Literal["fp32", "bf16"] | None = Field(
-        None,
-        description="Gradient buffer / DP reduction dtype (Megatron --grad-reduce-in-bf16, "
-        "NeMo grad_sync_dtype); default fp32 under mixed precision.",
-    )
-    memory_margin: str = Field(
-        DEFAULT_MEMORY_MARGIN,
-        description="Memory to leave free: GiB (4GiB), % (2%) or a fraction (0.02) of the "
-        "GPU's usable memory.",
-    )
+    fp8_params: bool = _FP8_PARAMS
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = _GRAD_REDUCE_DTYPE
+    memory_margin: str = _MEMORY_MARGIN
     rank_order: RankOrder = Field(
         "tp-cp-dp-pp",
         description="Rank layout, fastest-varying first: tp-cp-dp-pp (Megatron-LM) or "
@@ -292,16 +297,8 @@ class PlanConfig(BaseModel):
     max_micro_batch: int | None = Field(
         None, ge=1, description="Largest micro-batch, in sequences."
     )
-    fp8_params: bool = Field(
-        False,
-        description="fp8: keep the layers' weights in fp8 only (Megatron --fp8-param-gather, "
-        "NeMo fp8_params).",
-    )
-    grad_reduce_dtype: Literal["fp32", "bf16"] | None = Field(
-        None,
-        description="Gradient buffer / DP reduction dtype (Megatron --grad-reduce-in-bf16, "
-        "NeMo grad_sync_dtype); default fp32 under mixed precision.",
-    )
+    fp8_params: bool = _FP8_PARAMS
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = _GRAD_REDUCE_DTYPE
     optimizer_offload: tuple[float, ...] | None = Field(
         None,
         description="Optimizer-state shares on the host CPU to try, e.g. 0,1 (ZeRO-Offload); "
@@ -312,11 +309,7 @@ class PlanConfig(BaseModel):
         description="Rank layouts to try: tp-cp-dp-pp (Megatron-LM, default), tp-cp-pp-dp "
         "(Llama 3), or both comma-separated.",
     )
-    memory_margin: str = Field(
-        DEFAULT_MEMORY_MARGIN,
-        description="Memory to leave free: GiB (4GiB), % (2%) or a fraction (0.02) of the "
-        "GPU's usable memory.",
-    )
+    memory_margin: str = _MEMORY_MARGIN
     precision: Precision = Field("bf16-mixed", description="Training precision.")
     cluster: Path | None = Field(
         None,

@@ -58,11 +58,20 @@ COMM_INTERFERENCE = 0.7
 
 # CPU offload (ZeRO-Offload, Ren et al. 2021; Megatron --optimizer-cpu-offload). The host's
 # Adam streams fp32 master, m, v and the gradient in and master, m, v and the bf16 weight
-# out: 30 B per parameter. ASSUMED host bandwidth per GPU for it: a 2-socket DDR5 server
-# (8 channels x 4800 MT/s x 8 B = 307 GB/s per socket), ~60% of it streamed, shared by 8
-# GPUs = 46 GB/s per GPU. Not fitted (no host measurements); README says so.
+# out: 30 B per parameter. Measured (calibrate/data/offload-h100-sxm, `python3 -m
+# calibrate.steps.offload_bench`): torch's fused CPU AdamW with 16 threads steps 139 GB/s
+# in those bytes on the lent H100 host (one process alone). With every GPU of a node
+# offloading at once the host's memory bus bounds it: a 2-socket DDR5 server (8 channels x
+# 4800 MT/s x 8 B = 307 GB/s per socket), ~60% of it streamed, over 8 GPUs = 46 GB/s per
+# GPU, ASSUMED (not measurable on one lent GPU). The slower of the two counts.
 CPU_ADAM_BYTES_PER_PARAM = 30.0
-HOST_ADAM_BYTES_PER_S_PER_GPU = 46e9
+CPU_ADAM_PROCESS_BYTES_PER_S = 139e9
+HOST_ADAM_BYTES_PER_S_PER_GPU = min(CPU_ADAM_PROCESS_BYTES_PER_S, 46e9)
+# Pinned host <-> device copies run at 86.5% of the host link's raw rate (measured: 54.5
+# GB/s of PCIe 5.0 x16's 63, 64 MiB-1 GiB, both directions; same data), and a copy on its
+# own stream hid completely behind a bf16 GEMM chain (0.331 s together vs 0.330 s GEMMs
+# alone, 0.156 s copy alone): no interference term for activation offload.
+HOST_COPY_EFFICIENCY = 0.865
 
 
 def optimizer_offload_s(n_params: float, grad_bytes: float, system: System) -> float:
@@ -70,17 +79,15 @@ def optimizer_offload_s(n_params: float, grad_bytes: float, system: System) -> f
     and the gradient copy down and weight copy up over the GPU's host link, pipelined in
     chunks (Megatron's HybridDeviceOptimizer overlaps them), so the slower one counts."""
     cpu_s = n_params * CPU_ADAM_BYTES_PER_PARAM / HOST_ADAM_BYTES_PER_S_PER_GPU
-    copy_s = n_params * (grad_bytes + 2.0) / system.host_link.bytes_per_s
+    copy_s = n_params * (grad_bytes + 2.0) / (system.host_link.bytes_per_s * HOST_COPY_EFFICIENCY)
     return max(cpu_s, copy_s)
 
 
-def activation_offload_exposed_s(
-    nbytes: float, compute_s: float, system: System
-) -> float:
+def activation_offload_exposed_s(nbytes: float, compute_s: float, system: System) -> float:
     """Seconds a layer's activation copy to (forward) or from (backward) the host adds
     when it runs beside the layer's compute on a copy stream (TE cpu_offload): what the
     compute cannot hide."""
-    return max(0.0, nbytes / system.host_link.bytes_per_s - compute_s)
+    return max(0.0, nbytes / (system.host_link.bytes_per_s * HOST_COPY_EFFICIENCY) - compute_s)
 
 
 def tp_overlap_exposed_s(comm_s: float, gemm_s: float) -> float:
@@ -147,9 +154,7 @@ def with_nodes(op: Op, nodes: int) -> Op:
     return op
 
 
-def sum_phase(
-    items: list[LayerOp], times: np.ndarray, plan: TrainPlan, attn_scale: float
-) -> Phase:
+def sum_phase(items: list[LayerOp], times: np.ndarray, plan: TrainPlan, attn_scale: float) -> Phase:
     compute = tp = gemm = 0.0
     launches = 0
     by_op: dict[str, float] = {}

@@ -22,6 +22,7 @@ from costmodels.steps.memory import DRIVER_RESERVED_BYTES, memory_bytes_many
 from costmodels.steps.training import (
     CPU_ADAM_BYTES_PER_PARAM,
     HOST_ADAM_BYTES_PER_S_PER_GPU,
+    HOST_COPY_EFFICIENCY,
     CostModel,
 )
 from costmodels.steps.training_many import (
@@ -470,7 +471,9 @@ def estimate_iteration_s(
             n_host = f * n_opt[i]
             host = np.maximum(
                 n_host * CPU_ADAM_BYTES_PER_PARAM / HOST_ADAM_BYTES_PER_S_PER_GPU,
-                n_host * (grad_elt + 2.0) / ctx.system.host_link.bytes_per_s,
+                n_host
+                * (grad_elt + 2.0)
+                / (ctx.system.host_link.bytes_per_s * HOST_COPY_EFFICIENCY),
             )
             opt = (1 - f) * opt + np.where(f > 0, host, 0.0)
         iteration[i] = np.maximum(iteration[i], comm_end[rank][i] + opt)

@@ -262,6 +262,12 @@ def _run_pipeline(
     return free, grads_ready
 
 
+def _clean(seconds: float) -> float:
+    """A difference of two sums of the same durations: float rounding can leave -1e-16
+    where the answer is 0 (pp = 1 has no bubble), so tiny negatives are 0."""
+    return 0.0 if seconds < 1e-12 else seconds
+
+
 def task_dependency(t: Task, last_chunk: int, p: int) -> Task | None:
     """The task whose output ``t`` waits for (None: the first chunk's forward)."""
     if t.phase == "F":
@@ -510,7 +516,7 @@ def _simulate(
         "ep_comm_s": ep_comm,
         "zero3_exposed_s": zero3_s - zero2_s,
         "activation_offload_s": offload_total,
-        "pp_bubble_s": float(compute_end[r_star] - busy),
+        "pp_bubble_s": _clean(float(compute_end[r_star] - busy)),
         "dp_comm_exposed_s": float(comm_end[r_star] - compute_end[r_star])
         + float(param_gather[r_star])
         + zero2_s,
@@ -527,7 +533,7 @@ def _simulate(
                 "layers": sum(dur.layers[ch] for ch in ch_r),
                 "busy_s": busy_r,
                 "compute_end_s": float(compute_end[r]),
-                "bubble_s": float(compute_end[r] - busy_r),
+                "bubble_s": _clean(float(compute_end[r] - busy_r)),
                 "dp_comm_exposed_s": float(comm_end[r] - compute_end[r]),
                 "host_bound_s": float(host_stall[r]),
                 "end_s": float(opt_end[r]),

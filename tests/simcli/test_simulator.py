@@ -391,3 +391,15 @@ def test_train_cli_attention_pattern():
     assert json.loads(res.stdout)["iteration_s"] < 0.9 * dense
     bad = runner.invoke(app, [*args, "--attn-pattern", "bogus"])
     assert bad.exit_code == 2 and "unknown sparsity pattern" in bad.output
+
+
+def test_breakdown_has_no_negative_rounding_residue():
+    """pp = 1 has no bubble: the breakdown says 0, never -8.9e-16 (issue 18 item 5)."""
+    model = load_model("llama3-8b")
+    for tp, gb, seq, rc in ((1, 4, 1024, "full"), (2, 8, 2048, "none"), (8, 16, 4096, "selective")):
+        plan = make_plan(model, num_gpus=8, tp=tp, global_batch=gb * 8 // tp, seq_len=seq,
+                         recompute=rc)  # fmt: skip
+        res = _simulate(model, plan, "h100-sxm")
+        assert res.breakdown_s["pp_bubble_s"] == 0.0
+        assert all(v >= 0 for v in res.breakdown_s.values()), res.breakdown_s
+        assert all(s["bubble_s"] >= 0 for s in res.stages)

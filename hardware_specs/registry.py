@@ -169,6 +169,10 @@ class Catalog:
             num_gpus = node.gpus_per_node
         if num_gpus <= 0:
             raise SpecError(f"--gpus must be positive, got {num_gpus}")
+        if num_gpus > MAX_GPUS:
+            raise SpecError(
+                f"--gpus {num_gpus} is beyond any cluster simcli models; allowed: 1..{MAX_GPUS:,}"
+            )
         num_nodes = -(-num_gpus // node.gpus_per_node)
         cluster = ClusterSpec(name=f"{num_nodes}x{node.id}", node=node.id, num_nodes=num_nodes)
         return self.system_for_cluster(cluster, num_gpus)
@@ -177,15 +181,17 @@ class Catalog:
         node = self.node(cluster.node)
         total = cluster.num_nodes * node.gpus_per_node
         groups = cluster.node_groups or [NodeGroup(node=cluster.node, num_nodes=cluster.num_nodes)]
-        per_node: list[float] = []
-        for g in groups:
-            gnode = self.node(g.node)
-            bw = self.link(gnode.nic).bytes_per_s * gnode.nics_per_gpu
-            per_node += [bw] * g.num_nodes
-        if cluster.measured_nic_gb_per_s is not None:
-            per_node = [x * GB for x in cluster.measured_nic_gb_per_s]
         nominal = self.link(node.nic).bytes_per_s * node.nics_per_gpu
-        uniform = all(abs(x - nominal) <= 1e-9 * nominal for x in per_node)
+        # per-node bandwidths by group (a few entries), expanded to nodes only when they differ
+        runs = [
+            (self.link(self.node(g.node).nic).bytes_per_s * self.node(g.node).nics_per_gpu,
+             g.num_nodes)
+            for g in groups
+        ]  # fmt: skip
+        if cluster.measured_nic_gb_per_s is not None:
+            runs = [(x * GB, 1) for x in cluster.measured_nic_gb_per_s]
+        uniform = all(abs(bw - nominal) <= 1e-9 * nominal for bw, _ in runs)
+        per_node = () if uniform else tuple(bw for bw, n in runs for _ in range(n))
         return System(
             gpu=self.gpu(node.gpu),
             node=node,
@@ -195,7 +201,7 @@ class Catalog:
             num_nodes=cluster.num_nodes,
             num_gpus=total if num_gpus is None else num_gpus,
             fabric=cluster.fabric,
-            nic_bytes_per_s_by_node=() if uniform else tuple(per_node),
+            nic_bytes_per_s_by_node=per_node,
         )
 
 
@@ -281,6 +287,11 @@ class System:
             nic = np.array([self.nic_slowdown(g) for g in groups])
             out = np.maximum(out, nic[inv.reshape(-1)].reshape(first.shape))
         return out
+
+
+# The largest GPU count a system may have (the biggest published training runs use ~10^5;
+# beyond 2^20 the per-node structures stop being meaningful and work grows without bound)
+MAX_GPUS = 1 << 20
 
 
 def _builtin_file(name: str) -> HardwareFile:

@@ -1,9 +1,12 @@
-"""Progress bars for long work, on stderr, only for people watching a terminal.
+"""Progress of long work, on stderr: a bar for people watching a terminal, a periodic
+plain line for logs.
 
 Simulators below the CLI take a plain ``progress(done, total)`` callback so that they do
-not depend on rich; this module turns such callbacks into a rich bar. The bar is drawn on
-stderr and only when stderr is a terminal and ``--quiet`` was not given, so ``--format
-json`` keeps stdout machine-clean and pipes and CI logs stay free of control codes.
+not depend on rich; this module turns such callbacks into a rich bar when stderr is a
+terminal, and otherwise (pipes, CI logs, nohup) into one plain line every
+:data:`LINE_EVERY_S` once the work has run that long, so long work is never silent and
+logs stay free of control codes. ``--quiet`` silences both; stdout is never touched, so
+``--format json`` stays machine-clean.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ _state = {"quiet": False}
 
 # A bar appears only once the work has run this long: short commands stay silent.
 SHOW_AFTER_S = float(os.environ.get("SIMCLI_PROGRESS_AFTER_S", "1.0"))
+# Without a terminal: a plain progress line at most this often, the first after this long.
+LINE_EVERY_S = float(os.environ.get("SIMCLI_PROGRESS_EVERY_S", "10.0"))
 
 Advance = Callable[..., None]
 
@@ -87,6 +92,32 @@ class _Bar:
             self._rich.stop()
 
 
+class _Lines:
+    """The bar's stand-in without a terminal: ``label: done/total (pct), elapsed`` on
+    stderr, at most every :data:`LINE_EVERY_S`."""
+
+    def __init__(self, label: str, total: float | None) -> None:
+        self.label, self.total, self.done = label, total, 0.0
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, done: float | None = None, total: float | None = None, **extra) -> None:
+        self.done = self.done + 1 if done is None else done
+        if total is not None:
+            self.total = total
+        now = time.perf_counter()
+        if now - self.last < LINE_EVERY_S:
+            return
+        self.last = now
+        of = f"/{self.total:g}" if self.total else ""
+        pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        more = "".join(f", {k} {v}" for k, v in extra.items())
+        print(f"{self.label}: {self.done:g}{of}{pct}{more}, {now - self.start:.0f} s elapsed",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        return None
+
+
 def _noop(done: float | None = None, total: float | None = None, **extra) -> None:
     return None
 
@@ -99,10 +130,10 @@ def progress_bar(
 
     ``fields`` are extra counters shown beside the bar (e.g. ``failed`` for sweeps).
     """
-    if not enabled():
+    if _state["quiet"]:
         yield _noop
         return
-    bar = _Bar(label, total, fields)
+    bar: _Bar | _Lines = _Bar(label, total, fields) if _stderr_is_tty() else _Lines(label, total)
     try:
         yield bar
     finally:

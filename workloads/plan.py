@@ -40,6 +40,10 @@ PP_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 CP_KINDS: tuple[str, ...] = ("ring", "ulysses", "tokenring", "allgather", "hierarchical")
 TP_COMMS: tuple[str, ...] = ("plain", "overlap", "ladder")
+# Forward tasks of one iteration (micro-batches x model chunks) the event simulator will
+# schedule: ~13 s at this bound on one core; real runs stay far below (GPT-3 175B on 1,024
+# GPUs: 1,536 micro-batches at most, Llama 3 405B: 32 x 128 chunks).
+MAX_PIPELINE_TASKS = 1 << 20
 
 
 class TrainPlan(BaseModel):
@@ -155,6 +159,13 @@ class TrainPlan(BaseModel):
             raise PlanError(
                 f"global_batch={self.global_batch} is not a multiple of micro_batch*dp="
                 f"{self.micro_batch}*{dp}={per_step}; allowed: multiples of {per_step}"
+            )
+        tasks = self.num_microbatches * self.pp * self.vpp
+        if tasks > MAX_PIPELINE_TASKS:
+            raise PlanError(
+                f"{self.num_microbatches} micro-batches x {self.pp * self.vpp} model chunks = "
+                f"{tasks:,} pipeline tasks per iteration; allowed: at most "
+                f"{MAX_PIPELINE_TASKS:,} (a larger micro_batch or a smaller global_batch)"
             )
         if self.pp_schedule == "interleaved":
             if self.vpp < 2 or self.pp < 2:

@@ -17,6 +17,7 @@ from workloads.decompose import valid_tp_degrees
 from workloads.models import ModelConfig
 from workloads.plan import (
     CP_KINDS,
+    MAX_PIPELINE_TASKS,
     PRECISIONS,
     RANK_ORDERS,
     RECOMPUTE,
@@ -224,6 +225,8 @@ def enumerate_plans(
                             if not (space.max_vpp and v > space.max_vpp)
                             for t in stage_trims(layers, pp * v)
                         ]
+                    # the event simulator's bound (workloads.plan.MAX_PIPELINE_TASKS)
+                    layouts = [(v, t) for v, t in layouts if m * pp * v <= MAX_PIPELINE_TASKS]
                     if not layouts:
                         continue
                     grid = np.stack(

@@ -73,3 +73,21 @@ def test_json_stdout_is_clean_while_a_bar_draws_on_stderr(tmp_path):
         [sys.executable, "-c", code, "--quiet", *args], capture_output=True, env=env, timeout=120
     )
     assert quiet.returncode == 0 and quiet.stderr == b""
+
+
+def test_without_a_terminal_long_work_prints_periodic_lines(monkeypatch, capsys):
+    """Pipes and CI logs: no bar, but a plain line at most every LINE_EVERY_S (issue 18
+    item 7: long work is never silent); quiet still silences it."""
+    monkeypatch.setitem(progress._state, "quiet", False)
+    monkeypatch.setattr(progress, "_stderr_is_tty", lambda: False)
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    with progress.progress_bar("plan search", total=4) as advance:
+        advance(1)
+        advance(3, failed=1)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("plan search: 1/4 (25%)") and "elapsed" in err[0]
+    assert err[1].startswith("plan search: 3/4 (75%), failed 1")
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 3600.0)
+    with progress.progress_bar("quick", total=2) as advance:
+        advance(2)
+    assert capsys.readouterr().err == ""  # short work stays silent

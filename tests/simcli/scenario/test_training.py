@@ -252,3 +252,21 @@ def test_memory_margin_decides_what_fits_and_headroom_is_reported(tmp_path):
     dest = tmp_path / "o"
     res = runner.invoke(simcli.cli.app, ok + ["--memory-margin", margin, "--output", str(dest)])
     assert res.exit_code != 0 and "does not fit" in res.output and not dest.exists()
+
+
+def test_huge_inputs_are_refused_or_bounded_quickly():
+    """Issue 18 item 7: `plan --global-batch 100000000` ran for minutes and `--gpus
+    1000000000` took 40 s to refuse; now both answer in about a second with one line
+    (a hang here would hold the suite)."""
+    cases = [
+        (["plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8",
+          "--global-batch", "100000000", "--seq-len", "4096"], "error: no plan"),
+        (["plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "1000000000",
+          "--global-batch", "1024", "--seq-len", "4096"], "allowed: 1..1,048,576"),
+        (["train", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8",
+          "--global-batch", "100000000", "--seq-len", "4096"], "pipeline tasks per iteration"),
+    ]  # fmt: skip
+    for argv, want in cases:
+        res = runner.invoke(simcli.cli.app, argv)
+        assert res.exit_code == 2 and want in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1

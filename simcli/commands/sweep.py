@@ -79,7 +79,8 @@ def run(
     results: Path | None = typer.Option(
         None,
         "--results",
-        help="Store path (default: SPEC.results.sqlite, or SPEC.results.parquet/ folder).",
+        help="Store path (default: SPEC_NAME.results.sqlite, or SPEC_NAME.results.parquet/ "
+        "folder, in the current folder).",
     ),
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="Rerun points stored as failed (others are skipped)."
@@ -101,7 +102,7 @@ def run(
     with user_errors():
         from simcli.sweep.runner import run_sweep
         from simcli.sweep.spec import expand, load_spec
-        from simcli.sweep.store import default_path, open_store
+        from simcli.sweep.store import default_path, open_store, remove_store, summary_rows
 
         spec = load_spec(spec_path)
         points = expand(spec, str(spec_path))
@@ -118,8 +119,19 @@ def run(
                 title="simcli sweep --dry-run",
             )
             return
+        # everything that can fail before the work, checked before the store exists
+        if output is not None:
+            from simcli.reports.bundle import check_output_path
+
+            check_output_path(output)
+        if executor.value == "ray":
+            from simcli.sweep.executors import check_ray
+
+            check_ray(ray_address)
         path = results or default_path(spec_path, store_kind.value)
+        created = not path.exists()
         store = open_store(path, store_kind.value, create=True)
+        ok = False
         try:
             summary = run_sweep(
                 spec,
@@ -136,8 +148,11 @@ def run(
                 from simcli.sweep.report import points_frame, write_report
 
                 write_report(output, points_frame(store.frame()), store.meta(), str(path))
+            ok = True
         finally:
             store.close()
+            if not ok and created and summary_rows(path) == 0:
+                remove_store(path)  # a sweep that failed before any point leaves nothing
         out = summary.as_dict()
         if output is not None and not summary.interrupted:
             out["output"] = str(output)

@@ -153,6 +153,26 @@ def _package_root() -> str:
     return str(Path(simcli.__file__).resolve().parent.parent)
 
 
+def check_ray(address: str) -> None:
+    """What can be known about ``--executor ray`` before any work: ray is installed, and
+    ``auto`` has a running cluster to find (Ray's own discovery: RAY_ADDRESS, or the
+    address file ``ray start`` writes). One :class:`SweepError` line otherwise."""
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("ray") is None:
+        raise SweepError("--executor ray needs ray: pip install 'simcli[ray]'")
+    if address != "auto" or os.environ.get("RAY_ADDRESS"):
+        return
+    tmp = os.environ.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "ray")
+    if not os.path.exists(os.path.join(tmp, "ray_current_cluster")):
+        raise SweepError(
+            "--ray-address auto: no running Ray cluster found (start one with `ray start "
+            "--head`, or set RAY_ADDRESS); allowed: local, auto with a running cluster, "
+            "HOST:PORT"
+        )
+
+
 class RayExecutor:
     """``ray.init(address)``: ``auto`` / ``HOST:PORT`` joins a cluster, ``local`` starts one."""
 

@@ -70,8 +70,33 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 
 def default_path(spec_path: Path, kind: str) -> Path:
+    """The store of a spec when --results is not given: ``NAME.results.sqlite`` (or a
+    ``.parquet`` folder) in the current folder, never beside the spec (specs ship in the
+    source tree, e.g. examples/sweeps/)."""
     suffix = ".sqlite" if kind == "sqlite" else ".parquet"
-    return spec_path.with_name(spec_path.stem + ".results" + suffix)
+    return Path(spec_path.stem + ".results" + suffix)
+
+
+def summary_rows(path: Path) -> int:
+    """Points stored at ``path`` (0 when it holds none or cannot be read)."""
+    try:
+        store = open_store(path)
+    except Exception:  # noqa: BLE001 - a half-created store holds no points
+        return 0
+    try:
+        return len(store.frame())
+    finally:
+        store.close()
+
+
+def remove_store(path: Path) -> None:
+    """Delete a store (file, or Parquet folder)."""
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def detect_kind(path: Path) -> str:

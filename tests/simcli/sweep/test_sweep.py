@@ -432,3 +432,42 @@ def test_ctrl_c_stores_what_finished_and_exits_130(tmp_path):
     assert "interrupted" in err.decode() and "rerun the same command to resume" in err.decode()
     n = _count(db)
     assert 4 <= n < len(expand(parse_spec(doc)))
+
+
+def test_a_sweep_that_cannot_finish_checks_first_and_leaves_nothing(sweep, tmp_path, monkeypatch):
+    """Issue 18 item 8: a bad --output or an unreachable Ray cluster used to run every
+    point and leave a store beside the spec (in the source tree for shipped specs); now
+    they fail before any work, and the default store goes to the current folder."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    spec = write_spec(specs, GEMM)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "no-ray"))
+    res = sweep(spec, "--output", tmp_path / "missing" / "x")
+    assert res.exit_code == 2 and "does not exist" in res.output
+    res = sweep(spec, "--executor", "ray", "--ray-address", "auto")
+    assert res.exit_code == 2 and "no running Ray cluster" in res.output
+    assert sorted(p.name for p in specs.iterdir()) == ["spec.yaml"]
+    assert list(work.iterdir()) == []
+    assert sweep(spec, "--workers", "1").exit_code == 0
+    assert (work / "spec.results.sqlite").exists() and len(list(specs.iterdir())) == 1
+
+
+def test_a_store_created_by_a_sweep_that_failed_before_any_point_is_removed(
+    sweep, tmp_path, monkeypatch
+):
+    import simcli.sweep.runner as runner_mod
+    from simcli.sweep.errors import SweepError
+
+    def broken(*args, **kwargs):
+        raise SweepError("--ray-address 10.0.0.1:6379: cannot start or join Ray: timeout")
+
+    monkeypatch.setattr(runner_mod, "run_sweep", broken)
+    spec = write_spec(tmp_path, GEMM)
+    db = tmp_path / "r.sqlite"
+    res = sweep(spec, "--results", db)
+    assert res.exit_code == 2 and "cannot start or join Ray" in res.output
+    assert not db.exists()

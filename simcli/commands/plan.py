@@ -8,7 +8,7 @@ import pandas as pd
 import typer
 
 from simcli.errors import user_errors
-from simcli.options import config_options
+from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, atomic_write_json, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports.bundle import (
@@ -22,7 +22,9 @@ from simcli.scenario.training import PlanConfig, resolve_plan, run_plan
 from simcli.training.search import SearchResult
 from simcli.training.to_train import to_train_fields
 
-app = typer.Typer(help="Search parallel training plans (tp, pp, cp, dp, ZeRO, recompute, ...).")
+app = typer.Typer(
+    cls=SimcliGroup, help="Search parallel training plans (tp, pp, cp, dp, ZeRO, recompute, ...)."
+)
 
 # Columns of the human table (JSON and CSV carry every field).
 TABLE_COLUMNS = (
@@ -66,6 +68,11 @@ def _records(result: SearchResult, train_tokens: float | None = None) -> list[di
     return out
 
 
+def _pareto(result: SearchResult) -> list[dict]:
+    """The time / memory / cost front (closed-form times) as JSON records."""
+    return [p.record() for p in result.pareto]
+
+
 def _write(
     result: SearchResult, path: Path, inputs: dict, train_tokens: float | None = None
 ) -> None:
@@ -76,8 +83,9 @@ def _write(
         from simcli.reports import plan as plan_report
 
         csvs, page = plan_report.build(
-            result.summary(), records, result.evaluated, [p.breakdown_s for p in result.plans]
-        )
+            result.summary(), records, result.evaluated, [p.breakdown_s for p in result.plans],
+            [p.record() for p in result.pareto],
+        )  # fmt: skip
         resolved = {"summary": result.summary(), "best_plan": result.plans[0].plan}
         config = config_document("plan", inputs, resolved=resolved)
         write_output_dir(path, csvs=csvs, config=config, report_html=page)
@@ -87,7 +95,7 @@ def _write(
         pd.DataFrame(records).to_csv(buf, index=False, float_format="%.6g")
         atomic_write_text(path, buf.getvalue())
     else:
-        obj = {**result.summary(), "plans": records}
+        obj = {**result.summary(), "plans": records, "pareto": _pareto(result)}
         atomic_write_json(path, obj)
 
 
@@ -99,7 +107,8 @@ def plan(
         None,
         "--output",
         help="Also write the result: CSV of plans (.csv), JSON (.json), or a folder with "
-        "plans.csv, evaluated.csv (every plan tried), config.json and report.html.",
+        "plans.csv, pareto.csv (the time/memory/cost front), evaluated.csv (every plan "
+        "tried), config.json and report.html.",
     ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
@@ -130,4 +139,6 @@ def plan(
             rows = [{c: r.get(c) for c in columns} for r in records]
             emit_records(rows, fmt, title=title)
         else:
+            if fmt == Format.json:
+                summary["pareto"] = _pareto(result)
             emit_records(records, fmt, json_wrapper=summary, json_key="plans")

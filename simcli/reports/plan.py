@@ -58,8 +58,19 @@ EVALUATED_COLUMNS: dict[str, str] = {
     "cost_usd_per_iteration_estimate": "US$ per iteration from estimate_s",
 }
 
+PARETO_COLUMNS: dict[str, str] = {
+    **{c: PLAN_COLUMNS[c] for c in _SHARED if c != "num_microbatches"},
+    "layer_split": PLAN_COLUMNS["layer_split"],
+    "optimizer_offload": PLAN_COLUMNS["optimizer_offload"],
+    "rank_order": PLAN_COLUMNS["rank_order"],
+    "estimate_s": "closed-form iteration time (not simulated), seconds",
+    "peak_memory_gib": "estimated peak memory of the fullest GPU, GiB",
+    "cost_usd_per_iteration": "US$ per iteration from estimate_s at the GPU price",
+}
+
 CSV_SCHEMAS: dict[str, dict[str, str]] = {
     "plans.csv": PLAN_COLUMNS,
+    "pareto.csv": PARETO_COLUMNS,
     "evaluated.csv": EVALUATED_COLUMNS,
 }
 
@@ -78,14 +89,21 @@ def build(
     records: list[dict[str, Any]],
     evaluated: dict[str, np.ndarray] | None,
     breakdowns: list[dict[str, float]],
+    pareto: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, pd.DataFrame], str]:
-    """CSVs and page of one search (``records``: the ranked plans' rows)."""
+    """CSVs and page of one search (``records``: the ranked plans' rows; ``pareto``: the
+    plans no other beats in time, memory and cost together)."""
     plans = pd.DataFrame(records).reindex(columns=list(PLAN_COLUMNS))
     plans["layer_split"] = [
         "" if not v else ",".join(str(x) for x in v) for v in plans["layer_split"]
     ]
     ev = pd.DataFrame(evaluated or {}).reindex(columns=list(EVALUATED_COLUMNS))
-    csvs = {"plans.csv": plans, "evaluated.csv": ev}
+    front = pd.DataFrame(pareto or []).reindex(columns=list(PARETO_COLUMNS))
+    front["layer_split"] = [
+        "" if not isinstance(v, list) else ",".join(str(x) for x in v)
+        for v in front["layer_split"]
+    ]
+    csvs = {"plans.csv": plans, "pareto.csv": front, "evaluated.csv": ev}
 
     rep = Report(
         f"Plans for {summary['model']} on {summary['num_gpus']} x {summary['gpu']}",

@@ -125,6 +125,62 @@ class RankedPlan:
         }
 
 
+@dataclass(frozen=True)
+class ParetoPlan:
+    """A plan on the time / memory / cost front (closed-form time: not simulated)."""
+
+    plan: TrainPlan
+    estimate_s: float
+    peak_memory_bytes: float
+    cost_usd_per_iteration: float
+
+    def record(self) -> dict[str, Any]:
+        p = self.plan
+        return {
+            "num_gpus": p.num_gpus,
+            "tp": p.tp,
+            "pp": p.pp,
+            "dp": p.data_parallel,
+            "cp": p.cp,
+            "cp_kind": p.cp_kind if p.cp > 1 else "",
+            "tp_comm": p.tp_comm,
+            "ep": p.ep,
+            "vpp": p.vpp,
+            "zero": p.zero,
+            "micro_batch": p.micro_batch,
+            "recompute": p.recompute,
+            "sequence_parallel": p.sp,
+            "layer_split": list(p.layer_split) if p.layer_split else None,
+            "optimizer_offload": p.optimizer_offload,
+            "rank_order": p.rank_order,
+            "estimate_s": self.estimate_s,
+            "peak_memory_gib": self.peak_memory_bytes / GIB,
+            "cost_usd_per_iteration": self.cost_usd_per_iteration,
+        }
+
+
+def pareto_mask(*objectives: np.ndarray) -> np.ndarray:
+    """True where no other point is at least as good in every objective and better in
+    one (all minimised). Two objectives: one sort; more: pairwise over the 2-D fronts'
+    union, which the callers keep small."""
+    pts = np.stack([np.asarray(o, dtype=float) for o in objectives], axis=1)
+    if len(pts) == 0:
+        return np.zeros(0, dtype=bool)
+    # equal points share one verdict (two plans with the same figures are both kept)
+    uniq, inv = np.unique(pts, axis=0, return_inverse=True)
+    if uniq.shape[1] == 2:
+        # sorted by the first objective, then the second: a point is on the front when
+        # its second objective beats every point before it
+        best = np.minimum.accumulate(uniq[:, 1])
+        prev = np.concatenate([[np.inf], best[:-1]])
+        keep = uniq[:, 1] < prev
+    else:
+        le = (uniq[:, None, :] <= uniq[None, :, :]).all(axis=2)
+        lt = (uniq[:, None, :] < uniq[None, :, :]).any(axis=2)
+        keep = ~(le & lt).any(axis=0)
+    return keep[inv.reshape(-1)]
+
+
 @dataclass
 class SearchResult:
     model: str
@@ -147,6 +203,8 @@ class SearchResult:
     # how the op models were obtained (the cost model's provenance), for the JSON
     op_model_provenance: str | None = None
     op_model_expected_error_pct: float | None = None
+    # plans no other fitting plan beats in closed-form time, peak memory and cost at once
+    pareto: list[ParetoPlan] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -295,6 +353,7 @@ def search_plans(
         clock = now
 
     candidates: list[_Candidate] = []
+    front: list[tuple] = []  # (ctx, table, row, count, estimate_s, memory_bytes)
     collected: list[dict[str, np.ndarray]] = []
     counts = [hw.num_gpus for hw in hardware]
     report = progress or (lambda done, total: None)
@@ -351,6 +410,9 @@ def search_plans(
             collected[-1]["estimate_s"] = full
         factor = count * price / 3600.0 if objective == "cost" else 1.0
         score = t_best * factor
+        # the time / memory front of this GPU count (cost is time x count x price)
+        for j in np.flatnonzero(pareto_mask(t_best, mem[ok])):
+            front.append((ctx, sub, int(j), count, float(t_best[j]), float(mem[ok][j])))
         # keep only what could make the answer: the best few hundred by score
         keep = np.argsort(score, kind="stable")[: max(4 * top, 50)]
         for j in keep:
@@ -369,6 +431,7 @@ def search_plans(
                 _Candidate(ctx, plan, float(t_even[j]), float(t_best[j]), float(score[j]))
             )
         lap("estimate")
+    pareto = _pareto(front, price, model, seq_len, global_batch, space)
     if not candidates:
         if not evaluated:
             raise PlanError(
@@ -421,7 +484,38 @@ def search_plans(
         phase_seconds=phases,
         evaluated=_decode_collected(collected, price) if collect else None,
         **provenance_fields(hardware[0].cost_model),
+        pareto=pareto,
     )
+
+
+def _pareto(
+    front: list[tuple],
+    price: float,
+    model: ModelConfig,
+    seq_len: int,
+    global_batch: int,
+    space: SearchSpace,
+) -> list[ParetoPlan]:
+    """The plans no other beats in time, memory and cost together: the union of each GPU
+    count's time / memory front, filtered on all three; sorted by time."""
+    if not front:
+        return []
+    t = np.array([f[4] for f in front])
+    mem = np.array([f[5] for f in front])
+    count = np.array([f[3] for f in front], dtype=float)
+    cost = t * count * (price if np.isfinite(price) else 1.0) / 3600.0
+    keep = np.flatnonzero(pareto_mask(t, mem, cost))
+    out = []
+    for i in keep[np.argsort(t[keep], kind="stable")]:
+        ctx, table, row, n = front[i][:4]
+        plan = plan_from_row(
+            table, row, num_gpus=n, seq_len=seq_len, global_batch=global_batch,
+            precision=space.precision, num_layers=model.num_layers,
+            fp8_params=space.fp8_params, grad_reduce_dtype=space.grad_reduce_dtype,
+        )  # fmt: skip
+        usd = float(t[i] * n * price / 3600.0) if np.isfinite(price) else float("nan")
+        out.append(ParetoPlan(plan, float(t[i]), float(mem[i]), usd))
+    return out
 
 
 

@@ -7,6 +7,7 @@ import json
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 import typer
 from hypothesis import given, settings
@@ -20,7 +21,7 @@ from hardware_specs.registry import builtin_catalog
 from simcli.commands import plan as plan_cmd
 from simcli.errors import set_debug
 from simcli.scenario import resolve_hardware
-from simcli.training.search import gpu_counts, search_plans
+from simcli.training.search import gpu_counts, pareto_mask, search_plans
 from simcli.training.search_estimate import (
     EstimateContext,
     _pipeline_exact,
@@ -490,3 +491,37 @@ def test_rank_order_on_pods_closed_form_and_simulator_agree():
         assert est[j] == pytest.approx(sim.iteration_s, rel=0.01)
         sims[plan.rank_order] = sim.iteration_s
     assert sims["tp-cp-pp-dp"] < sims["tp-cp-dp-pp"]
+
+
+def test_pareto_mask_matches_brute_force():
+    rng = np.random.default_rng(5)
+    for dims in (2, 3):
+        pts = rng.integers(0, 12, size=(300, dims)).astype(float)
+        got = pareto_mask(*pts.T)
+        want = np.array([
+            not any((q <= p).all() and (q < p).any() for q in pts) for p in pts
+        ])  # fmt: skip
+        np.testing.assert_array_equal(got, want)
+
+
+def test_plan_reports_the_time_memory_cost_front(tmp_path):
+    """Issue 18 item 17: the front is in the JSON (`pareto`) and pareto.csv, and no
+    fitting plan the search estimated beats a front member in time and memory at once."""
+    res = CliRunner().invoke(
+        _cli(),
+        ["plan", "--model", "llama3-8b", "--gpu", GPU, "--gpus", "8", "--seq-len", "4096",
+         "--global-batch", "64", "--format", "json", "--output", str(tmp_path / "out")],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    front = json.loads(res.stdout)["pareto"]
+    assert len(front) >= 3
+    times = [p["estimate_s"] for p in front]
+    mems = [p["peak_memory_gib"] for p in front]
+    assert times == sorted(times) and mems == sorted(mems, reverse=True)
+    ev = pd.read_csv(tmp_path / "out" / "evaluated.csv")
+    ev = ev[ev.fits.astype(bool)]
+    for t, m in zip(times, mems, strict=True):
+        # (evaluated.csv holds 6 significant digits)
+        assert not ((ev.estimate_s < t * (1 - 1e-5)) & (ev.peak_memory_gib < m * (1 - 1e-5))).any()
+    csv = pd.read_csv(tmp_path / "out" / "pareto.csv")
+    assert len(csv) == len(front)

@@ -2,11 +2,13 @@
 
 import io
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
 import typer
 
+from hardware_specs.published import mfu_note
 from simcli.errors import user_errors
 from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, atomic_write_json, atomic_write_text, emit_records
@@ -68,13 +70,25 @@ def _records(result: SearchResult, train_tokens: float | None = None) -> list[di
     return out
 
 
+def _mfu_note(result: SearchResult, config: PlanConfig) -> str | None:
+    """Why the best plan's MFU is above every published run on this GPU (None if not)."""
+    best = result.plans[0]
+    if config.precision == "fp8":
+        return None  # fp8 MFU is against the fp8 peak; published ceilings are bf16
+    return mfu_note(config.gpu, best.mfu, best.plan.num_gpus)
+
+
 def _pareto(result: SearchResult) -> list[dict]:
     """The time / memory / cost front (closed-form times) as JSON records."""
     return [p.record() for p in result.pareto]
 
 
 def _write(
-    result: SearchResult, path: Path, inputs: dict, train_tokens: float | None = None
+    result: SearchResult,
+    path: Path,
+    inputs: dict,
+    train_tokens: float | None = None,
+    note: str | None = None,
 ) -> None:
     """``--output``: CSV of the plans for a .csv name, the JSON object for .json, else a
     folder with plans.csv, evaluated.csv, config.json and report.html."""
@@ -96,6 +110,7 @@ def _write(
         atomic_write_text(path, buf.getvalue())
     else:
         obj = {**result.summary(), "plans": records, "pareto": _pareto(result)}
+        obj["mfu_note"] = note
         atomic_write_json(path, obj)
 
 
@@ -123,7 +138,7 @@ def plan(
             collect = output is not None and output_is_dir(output)
             result = run_plan(scenario, collect=collect, progress=advance)
         if output is not None:
-            _write(result, output, inputs, config.train_tokens)
+            _write(result, output, inputs, config.train_tokens, _mfu_note(result, config))
         records = _records(result, config.train_tokens)
         summary = result.summary()
         if fmt == Format.table:
@@ -141,4 +156,8 @@ def plan(
         else:
             if fmt == Format.json:
                 summary["pareto"] = _pareto(result)
+                summary["mfu_note"] = _mfu_note(result, config)
             emit_records(records, fmt, json_wrapper=summary, json_key="plans")
+        note = _mfu_note(result, config)
+        if note and not quiet:
+            sys.stderr.write(f"note: the best plan's {note}\n")

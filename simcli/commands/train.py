@@ -3,6 +3,7 @@
 Options are :class:`~simcli.scenario.training.TrainConfig`'s fields (plus where the
 results go); the command parses, resolves the scenario, runs it and emits the result."""
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -57,6 +58,9 @@ def train(
             run.result.write_trace(trace)
         title = f"{scenario.model.id} on {config.gpus} x {config.gpu}"
         emit_object(run.flat() if fmt == Format.csv else run.to_dict(), fmt, title=title)
+        note = run.mfu_note()
+        if note and not quiet:
+            sys.stderr.write(f"note: {note}\n")
 
 
 def _write_output(path: Path, run: TrainRun, inputs: dict) -> None:

@@ -24,6 +24,7 @@ from costmodels.steps.composition import Composition, load_composition, shipped_
 from costmodels.steps.memory import MemoryEstimate, estimate_memory
 from costmodels.steps.training import step_costs
 from hardware_specs.prices import gpu_price
+from hardware_specs.published import mfu_note
 from simcli.scenario.hardware import CostModel, Hardware, resolve_hardware
 from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
 from simcli.training.search import Objective, SearchResult, gpu_counts, search_plans
@@ -519,6 +520,12 @@ class TrainRun:
     memory: MemoryEstimate
     margin_bytes: float = 0.0  # --memory-margin, resolved
 
+    def mfu_note(self) -> str | None:
+        """Why an MFU above every published run on this GPU is printed (None if not)."""
+        if self.result.mfu_peak_dtype not in ("bf16", "fp16"):
+            return None  # published ceilings are against the bf16 peak
+        return mfu_note(self.scenario.config.gpu, self.result.mfu, self.scenario.config.gpus)
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``simcli train``."""
         s, res, mem = self.scenario, self.result, self.memory
@@ -534,6 +541,7 @@ class TrainRun:
             "tokens_per_s_per_gpu": res.tokens_per_s / gpus,
             "mfu": res.mfu,
             "mfu_peak_dtype": res.mfu_peak_dtype,
+            "mfu_note": self.mfu_note(),
             "model_tflops_per_gpu": res.model_flops / res.iteration_s / gpus / 1e12,
             "peak_memory_gib": mem.total_bytes / GIB,
             "memory_capacity_gib": mem.capacity_bytes / GIB,

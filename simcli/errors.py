@@ -9,6 +9,11 @@ from contextlib import contextmanager
 import typer
 from pydantic import ValidationError
 
+try:  # typer >= 0.29 vendors click; earlier releases run on click itself
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import UsageError
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
 
@@ -26,21 +31,45 @@ def debug_enabled() -> bool:
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
         err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or exc.title
+        msg = err["msg"].removeprefix("Value error, ")
+        loc = ".".join(str(p) for p in err["loc"])
+        if not loc:  # a model validator's own message (it names its fields)
+            return msg
         got = (
             f" (got {err['input']!r})"
             if "input" in err and not isinstance(err["input"], dict)
             else ""
         )
-        return f"{exc.title}: {loc}: {err['msg']}{got}"
+        return f"{exc.title}: {loc}: {msg}{got}"
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
+
+
+def usage_message(exc: BaseException) -> str:
+    """A click/typer usage error (bad or missing option value, unknown option or command)
+    as one line: its message without pydantic's ``Value error, `` prefix."""
+    fmt = getattr(exc, "format_message", None)
+    text = (fmt() if callable(fmt) else str(exc)).strip() or type(exc).__name__
+    return " ".join(text.replace("Value error, ", "").split())
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     """Print ``error: message`` to stderr and return the Exit to raise."""
     sys.stderr.write(f"error: {message}\n")
     return typer.Exit(code)
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    """Click usage errors (a value that does not parse, ``--format xml``, a missing or
+    unknown option) as one ``error: ...`` line and exit 2, like every other bad input,
+    instead of click's or rich's multi-line usage box."""
+    try:
+        yield
+    except UsageError as exc:
+        if debug_enabled():
+            raise
+        raise fail(usage_message(exc)) from None
 
 
 @contextmanager

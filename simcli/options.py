@@ -11,11 +11,13 @@ fields and cannot drift. Options that are about output rather than the scenario
 A field's ``json_schema_extra`` may carry ``cli``: the flag spellings (``["--gpu-types",
 "--gpus-types"]``; the first is the canonical one), ``cli_type``: the type the command
 line reads when it differs from the field's (a comma list parsed by a validator), and
-``cli_hidden``: kept out of ``--help``.
+``cli_hidden``: kept out of ``--help``; ``le_why``: why an upper bound (``le``) is what it
+is, said in the error.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import types
@@ -27,8 +29,10 @@ from typing import Any, Literal, TypeVar
 import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
+from typer.core import TyperGroup
 
-from simcli.errors import user_errors
+from simcli.errors import usage_errors, user_errors
+from simcli.progress import set_quiet
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -116,6 +120,11 @@ def validate(model: type[M], values: dict[str, Any]) -> M:
         flag = flags(name, field)[0].split("/")[0] if field is not None else name
         got = values.get(name, err.get("input"))
         msg = err["msg"].removeprefix("Value error, ")
+        extra = field.json_schema_extra if field is not None else None
+        why = extra.get("le_why") if isinstance(extra, dict) else None
+        if err["type"] in ("less_than_equal", "less_than") and why:
+            bound = err.get("ctx", {}).get("le", err.get("ctx", {}).get("lt"))
+            msg = f"too large; allowed: at most {bound} ({why})"
         raise OptionError(f"{flag} {got}: {msg}" if name in values else msg) from None
 
 
@@ -151,3 +160,74 @@ def config_options(
         return wrapper
 
     return decorate
+
+
+# --------------------------------------------------------------------------- command groups
+
+QUIET_HELP = "No progress bars (the same as `simcli --quiet ...`)."
+
+
+def _quiet_callback(value: bool) -> bool:
+    if value:
+        set_quiet(True)
+    return value
+
+
+@functools.cache
+def _quiet_template() -> Any:
+    """typer's own ``--quiet`` flag (built through its public API, so it works on every
+    typer release), not passed to the command function."""
+    holder = typer.Typer()
+
+    @holder.command()
+    def _holder(
+        quiet: bool = typer.Option(False, "--quiet", help=QUIET_HELP, callback=_quiet_callback),
+    ) -> None:  # pragma: no cover (never run)
+        pass
+
+    return typer.main.get_command(holder).params[0]
+
+
+def _quiet_option() -> Any:
+    option = copy.copy(_quiet_template())
+    option.expose_value = False  # handled by its callback: the command never sees it
+    return option
+
+
+def _has_option(command: Any, flag: str) -> bool:
+    return any(flag in getattr(p, "opts", ()) for p in command.params)
+
+
+class SimcliGroup(TyperGroup):
+    """The click group of every ``simcli`` command (``typer.Typer(cls=SimcliGroup)``).
+
+    - ``--quiet`` works after the command too (``simcli serve ... --quiet``): added to the
+      group and to each of its commands that does not declare its own;
+    - help is plain text: rich markup would eat ``[calibrate]`` and turn ``:A:`` in
+      ``uniform:A:B`` into an emoji;
+    - ``Usage:`` shows ``COMMAND [ARGS]...`` only where there are subcommands;
+    - usage errors (a value that does not parse, ``--format xml``, a missing option) are one
+      ``error: ...`` line and exit 2, as every other bad input (:func:`usage_errors`).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for command in (self, *self.commands.values()):
+            if hasattr(command, "rich_markup_mode"):
+                command.rich_markup_mode = None
+            if not _has_option(command, "--quiet"):
+                command.params.append(_quiet_option())
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)
+        if not self.commands and pieces and pieces[-1] == self.subcommand_metavar:
+            pieces.pop()
+        return pieces
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with usage_errors():  # also the subcommand's parsing, done here
+            return super().invoke(ctx)

@@ -16,6 +16,7 @@ import typer
 
 from simcli import progress
 from simcli.errors import fail, user_errors
+from simcli.options import SimcliGroup
 from simcli.output import (
     Format,
     atomic_write_csv,
@@ -27,7 +28,9 @@ from simcli.output import (
 from simcli.reports.bundle import check_output_path, output_is_dir
 
 app = typer.Typer(
-    help="Microbenchmarks on a GPU, fitted profiles, fidelity reports.", no_args_is_help=True
+    cls=SimcliGroup,
+    help="Microbenchmarks on a GPU, fitted profiles, fidelity reports.",
+    no_args_is_help=True,
 )
 
 FormatOpt = typer.Option(Format.table, "--format", help="table | json | csv")
@@ -74,7 +77,12 @@ def _stages(label: str, total: int) -> Iterator[Callable[[str], None]]:
 
 @app.command("run")
 def run(
-    out: Path = typer.Option(..., "--out", help="Dataset folder to write (resumes if it exists)."),
+    out: Path = typer.Option(
+        ...,
+        "--output",
+        "--out",
+        help="Dataset folder to write (resumes if it exists; --out is an alias).",
+    ),
     suite: str = typer.Option(
         "all",
         "--suite",
@@ -126,6 +134,13 @@ def run(
             raise fail(f"the benchmark runner stopped with status {code}")
 
 
+def _check_json_output(path: Path) -> None:
+    """A profile or composition file is JSON: refuse a .csv name (it would get JSON)."""
+    check_output_path(path, "--output", kind="file")
+    if path.suffix.lower() == ".csv":
+        raise fail(f"--output {path}: this file is JSON; allowed: a name ending in .json")
+
+
 HardwareOpt = typer.Option(
     None,
     "--hardware",
@@ -138,7 +153,9 @@ HardwareOpt = typer.Option(
 def fit(
     data: list[Path] = DataOpt,
     gpu: str = typer.Option(..., "--gpu", help="GPU id the data was measured on."),
-    out: Path = typer.Option(..., "--out", help="Profile file to write (JSON)."),
+    out: Path = typer.Option(
+        ..., "--output", "--out", help="Profile file to write (JSON; --out is an alias)."
+    ),
     name: str | None = typer.Option(None, "--name", help="Profile name (default: the GPU id)."),
     scope: str = typer.Option(
         "gpu", "--scope", help="gpu | collectives (NCCL data of a node fabric)"
@@ -162,7 +179,7 @@ def fit(
         progress.set_quiet(quiet)
         if scope not in ("gpu", "collectives"):
             raise fail(f"unknown --scope {scope!r}; allowed: gpu, collectives")
-        check_output_path(out, "--out", kind="file")
+        _check_json_output(out)
         check_output_path(report_dir, "--report", kind="folder")
         with _stages("calibrate fit", len(data) + 1 + (report_dir is not None)) as step:
             datasets = []
@@ -292,7 +309,9 @@ def from_trace(
         ..., "--config", help="Trace config (YAML/JSON) of the --trace in the same position."
     ),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU id; default: each config's gpu."),
-    out: Path = typer.Option(..., "--out", help="Composition file to write (JSON)."),
+    out: Path = typer.Option(
+        ..., "--output", "--out", help="Composition file to write (JSON; --out is an alias)."
+    ),
     held_out: list[str] = typer.Option(
         [],
         "--held-out-model",
@@ -312,7 +331,7 @@ def from_trace(
                 f"{len(traces)} --trace but {len(configs)} --config; allowed: one --config "
                 "per --trace, in the same order"
             )
-        check_output_path(out, "--out", kind="file")
+        _check_json_output(out)
         steps = [traced_step(t, c, gpu=gpu) for t, c in zip(traces, configs, strict=True)]
         gpus = {gpu} if gpu else {_config_gpu(c) for c in configs}
         if len(gpus) != 1:

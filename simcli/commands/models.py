@@ -5,11 +5,14 @@ from __future__ import annotations
 import typer
 
 from simcli.errors import user_errors
+from simcli.options import SimcliGroup
 from simcli.output import Format, emit_object, emit_records
 from workloads.models import list_models, load_model
 
 app = typer.Typer(
-    help="Model architectures simcli knows (or reads from config.json).", no_args_is_help=True
+    cls=SimcliGroup,
+    help="Model architectures simcli knows (or reads from config.json).",
+    no_args_is_help=True,
 )
 
 FormatOpt = typer.Option(Format.table, "--format", help="table | json | csv")

@@ -15,7 +15,7 @@ import pandas as pd
 import typer
 
 from simcli.errors import user_errors
-from simcli.options import config_options
+from simcli.options import SimcliGroup, config_options
 from simcli.output import (
     Format,
     atomic_write_csv,
@@ -47,6 +47,7 @@ from simcli.scenario.predict import (
 )
 
 app = typer.Typer(
+    cls=SimcliGroup,
     help=(
         "Predict op times. Batch: simcli predict --gpu ID --input ops.csv --output pred.csv. "
         "One op: simcli predict gemm|attention|decode|blocksparse|collective|elementwise ..."

@@ -25,7 +25,7 @@ import typer
 
 from simcli.commands.serve_plan import serve_plan
 from simcli.errors import fail, user_errors
-from simcli.options import config_options
+from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, emit_object
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir
@@ -45,7 +45,9 @@ from simcli.scenario.serving import ServeOptions, ServeRun, ServeScenario, resol
 from simcli.serving.requests import Request
 from simcli.serving.timeline import StepRecorder
 
-app = typer.Typer(help="Simulate serving a model: latency, throughput, goodput, cost.")
+app = typer.Typer(
+    cls=SimcliGroup, help="Simulate serving a model: latency, throughput, goodput, cost."
+)
 
 REQUEST_COLUMNS = tuple(REQUESTS_SCHEMA)
 

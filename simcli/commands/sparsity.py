@@ -11,7 +11,7 @@ import pandas as pd
 import typer
 
 from simcli.errors import user_errors
-from simcli.options import config_options
+from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, atomic_write_json, atomic_write_text, emit_records
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports.bundle import check_output_path, output_is_dir
@@ -22,7 +22,9 @@ from simcli.scenario.sparsity import (
 )
 from simcli.sparsity.whatif import COLUMNS
 
-app = typer.Typer(help="Attention sparsity what-ifs (patterns: see `sparsity compare --help`).")
+app = typer.Typer(
+    cls=SimcliGroup, help="Attention sparsity what-ifs (patterns: see `sparsity compare --help`)."
+)
 
 # the columns a person reads in the table; csv and json carry all of COLUMNS
 TABLE_COLUMNS = {

@@ -8,9 +8,12 @@ import typer
 
 from hardware_specs.registry import SpecError, load_catalog
 from simcli.errors import user_errors
+from simcli.options import SimcliGroup
 from simcli.output import Format, emit_object, emit_records
 
-app = typer.Typer(help="GPUs, links and reference nodes simcli knows.", no_args_is_help=True)
+app = typer.Typer(
+    cls=SimcliGroup, help="GPUs, links and reference nodes simcli knows.", no_args_is_help=True
+)
 
 FormatOpt = typer.Option(Format.table, "--format", help="table | json | csv")
 HardwareOpt = typer.Option(None, "--hardware", help="Extra hardware spec file (YAML/JSON).")

@@ -8,12 +8,13 @@ model (:func:`~simcli.scenario.serving.resolve_step`), prices the iteration
 import typer
 
 from simcli.errors import user_errors
-from simcli.options import config_options
+from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, emit_object
 from simcli.scenario.serving import StepOptions, resolve_step, run_step
 
 app = typer.Typer(
-    help="Latency of one prefill, decode or mixed (chunked-prefill) engine iteration."
+    cls=SimcliGroup,
+    help="Latency of one prefill, decode or mixed (chunked-prefill) engine iteration.",
 )
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
 
 from simcli.errors import fail, user_errors
+from simcli.options import SimcliGroup
 from simcli.output import Format, atomic_write_text, emit_object, jsonable
 from simcli.progress import set_quiet
 
 
-class DefaultGroup(TyperGroup):
+class DefaultGroup(SimcliGroup):
     """A group whose first argument, when it names no subcommand, goes to ``run``.
 
     So ``simcli sweep SPEC.yaml`` means ``simcli sweep run SPEC.yaml`` while ``status``,

@@ -16,6 +16,7 @@ import pandas as pd
 import typer
 
 from simcli.errors import user_errors
+from simcli.options import SimcliGroup
 from simcli.output import (
     Format,
     atomic_write_csv,
@@ -34,7 +35,9 @@ from simcli.reports.bundle import (
 from simcli.scenario.trace import TraceRun, resolve_trace, run_trace
 
 app = typer.Typer(
-    help="Profiler traces of real steps against simcli's prediction.", no_args_is_help=True
+    cls=SimcliGroup,
+    help="Profiler traces of real steps against simcli's prediction.",
+    no_args_is_help=True,
 )
 
 

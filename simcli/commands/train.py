@@ -10,7 +10,7 @@ import pandas as pd
 import typer
 
 from simcli.errors import user_errors
-from simcli.options import config_options
+from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, atomic_write_csv, atomic_write_json, emit_object
 from simcli.progress import set_quiet
 from simcli.reports.bundle import (
@@ -22,7 +22,7 @@ from simcli.reports.bundle import (
 )
 from simcli.scenario.training import TrainConfig, TrainRun, resolve_train, run_train
 
-app = typer.Typer(help="Simulate one training iteration of a parallel plan.")
+app = typer.Typer(cls=SimcliGroup, help="Simulate one training iteration of a parallel plan.")
 
 
 @app.callback(invoke_without_command=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from simcli.errors import fail, user_errors
+from simcli.options import SimcliGroup
 from simcli.output import Format, emit_object, emit_records
 from simcli.scenario import resolve_hardware
 from simcli.training.varlen import STRATEGIES, make_varlen_config, simulate_varlen
@@ -23,6 +24,7 @@ from workloads.lengths import load_histogram_csv, parse_dist
 from workloads.models import load_model
 
 app = typer.Typer(
+    cls=SimcliGroup,
     help=(
         "Variable-length data: simulate steps of packed documents and compare a static plan "
         "with Hydraulis-, ByteScale- and FlexSP-style dynamic layouts."

@@ -11,8 +11,8 @@ fields and cannot drift. Options that are about output rather than the scenario
 A field's ``json_schema_extra`` may carry ``cli``: the flag spellings (``["--gpu-types",
 "--gpus-types"]``; the first is the canonical one), ``cli_type``: the type the command
 line reads when it differs from the field's (a comma list parsed by a validator), and
-``cli_hidden``: kept out of ``--help``; ``le_why``: why an upper bound (``le``) is what it
-is, said in the error.
+``cli_hidden``: kept out of ``--help``; ``le_why`` / ``gt_why``: why an upper / lower bound
+is what it is, said in the error (:func:`check_value`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import annotated_types
 import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
@@ -104,6 +106,80 @@ def option_parameters(model: type[BaseModel], exclude: tuple[str, ...] = ()) -> 
     return params
 
 
+def option_flag(name: str, field: FieldInfo) -> str:
+    """The canonical spelling of a field's option (``--gpus-types`` of ``gpu_types``)."""
+    return flags(name, field)[0].split("/")[0]
+
+
+def _bounds(field: FieldInfo) -> tuple[float | None, bool, float | None, bool]:
+    """(low, low is open, high, high is open) of a field's ``gt/ge/lt/le`` constraints."""
+    lo = hi = None
+    lo_open = hi_open = False
+    for m in field.metadata:
+        if isinstance(m, annotated_types.Gt):
+            lo, lo_open = m.gt, True
+        elif isinstance(m, annotated_types.Ge):
+            lo, lo_open = m.ge, False
+        elif isinstance(m, annotated_types.Lt):
+            hi, hi_open = m.lt, True
+        elif isinstance(m, annotated_types.Le):
+            hi, hi_open = m.le, False
+    return lo, lo_open, hi, hi_open  # type: ignore[return-value]
+
+
+def _num(x: float) -> str:
+    """A bound as written: whole numbers in full (16777216, not 1.67772e+07)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _is_int(field: FieldInfo) -> bool:
+    """An ``int`` (or ``int | None``) field."""
+    args = [a for a in typing.get_args(field.annotation) if a is not type(None)]
+    return field.annotation is int or args == [int]
+
+
+def allowed_range(field: FieldInfo) -> str | None:
+    """``a number > 0``, ``0 < value <= 1``, ``1 to 1024`` (an integer field bounded on both
+    sides), ... for a field with bounds (None without)."""
+    lo, lo_open, hi, hi_open = _bounds(field)
+    if lo is not None and hi is not None and _is_int(field):
+        first = math.floor(lo) + 1 if lo_open else math.ceil(lo)
+        last = math.ceil(hi) - 1 if hi_open else math.floor(hi)
+        return f"{first} to {last}"
+    low = None if lo is None else f"{_num(lo)} {'<' if lo_open else '<='}"
+    high = None if hi is None else f"{'<' if hi_open else '<='} {_num(hi)}"
+    if low and high:
+        return f"{low} value {high}"
+    if low:
+        return f"a number {'>' if lo_open else '>='} {_num(lo)}"
+    if high:
+        return f"a number {high}"
+    return None
+
+
+def check_value(name: str, field: FieldInfo, value: Any) -> None:
+    """A field's choices (``Literal``) and bounds, as simcli's one-line errors."""
+    flag = option_flag(name, field)
+    choices = literal_choices(field.annotation)
+    if choices is not None:
+        if str(value) not in choices:
+            raise ValueError(f"unknown {flag} {value!r}; allowed: {', '.join(choices)}")
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    allowed = allowed_range(field)
+    if allowed is None:
+        return
+    lo, lo_open, hi, hi_open = _bounds(field)
+    low = lo is not None and (value <= lo if lo_open else value < lo)
+    high = hi is not None and (value >= hi if hi_open else value > hi)
+    if low or high or not math.isfinite(value):
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        why = extra.get("le_why" if high else "gt_why") if (low or high) else None
+        because = f" ({why})" if why else ""
+        raise ValueError(f"{flag} {value} is invalid; allowed: {allowed}{because}")
+
+
 class OptionError(ValueError):
     """A command-line value its config rejects; one line naming the flag."""
 
@@ -121,11 +197,16 @@ def validate(model: type[M], values: dict[str, Any]) -> M:
         got = values.get(name, err.get("input"))
         msg = err["msg"].removeprefix("Value error, ")
         extra = field.json_schema_extra if field is not None else None
-        why = extra.get("le_why") if isinstance(extra, dict) else None
-        if err["type"] in ("less_than_equal", "less_than") and why:
-            bound = err.get("ctx", {}).get("le", err.get("ctx", {}).get("lt"))
-            msg = f"too large; allowed: at most {bound} ({why})"
+        why = isinstance(extra, dict) and ("le_why" in extra or "gt_why" in extra)
+        if why and name in values and err["type"] in BOUND_ERRORS:
+            try:
+                check_value(name, field, got)  # "--m 0 is invalid; allowed: 0 < value <= ..."
+            except ValueError as bound:
+                raise OptionError(str(bound)) from None
         raise OptionError(f"{flag} {got}: {msg}" if name in values else msg) from None
+
+
+BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 
 
 def config_options(

@@ -40,7 +40,10 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise OSError(f"output folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
     try:
         with os.fdopen(fd, "w", newline="") as fh:
             fh.write(text)
@@ -48,9 +51,17 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise cannot_write(path, exc) from None
         raise
+
+
+def cannot_write(path: str | Path, exc: OSError) -> OSError:
+    """``cannot write PATH: Permission denied``: the output the user named, never the temp
+    file beside it that failed."""
+    return OSError(f"cannot write {path}: {exc.strerror or type(exc).__name__}")
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:

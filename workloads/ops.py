@@ -152,6 +152,48 @@ INT_COLUMNS = (
 )
 DEFAULT_DTYPE = Dtype.bf16
 
+# The largest size a user may give (``simcli predict`` flags and ops CSVs; the decomposition
+# builds its own ops unchecked): far above any real kernel, yet small enough that every
+# product the cost models form stays finite and int64-safe. (bound, why), per column.
+MAX_DIM = 2**31 - 1  # cuBLAS and CUDA grids take 32-bit signed sizes
+MAX_TOKENS = 2**24  # 16,777,216 tokens per sequence: beyond any model's context window
+MAX_HEADS = 4096
+MAX_HEAD_DIM = 1024
+MAX_BYTES = 2**40  # 1 TiB: more than any GPU's memory
+MAX_RANKS = 2**20
+MAX_NODES = 2**17
+MAX_PARAMS = 2**40  # adamw's n: parameters stepped on one GPU
+SIZE_LIMITS: dict[str, tuple[int, str]] = {
+    "m": (MAX_DIM, "2^31 - 1, the 32-bit sizes cuBLAS and CUDA kernels take"),
+    "n": (MAX_DIM, "2^31 - 1, the 32-bit sizes cuBLAS and CUDA kernels take"),
+    "k": (MAX_DIM, "2^31 - 1, the 32-bit sizes cuBLAS and CUDA kernels take"),
+    "batch": (MAX_DIM, "2^31 - 1, cuBLAS's 32-bit batch count"),
+    "seq_q": (MAX_TOKENS, "2^24 tokens, beyond any model's context window"),
+    "seq_kv": (MAX_TOKENS, "2^24 tokens, beyond any model's context window"),
+    "heads_q": (MAX_HEADS, "4096 heads"),
+    "heads_kv": (MAX_HEADS, "4096 heads"),
+    "head_dim": (MAX_HEAD_DIM, "1024 channels per head"),
+    "block_size": (MAX_TOKENS, "2^24 tokens"),
+    "bytes": (MAX_BYTES, "2^40 bytes = 1 TiB per GPU, more than any GPU's memory"),
+    "ranks": (MAX_RANKS, "2^20 GPUs"),
+    "nodes": (MAX_NODES, "2^17 nodes"),
+}
+ADAMW_N_LIMIT = (MAX_PARAMS, "2^40 parameters on one GPU")
+
+
+def size_limit(column: str, kind: OpKind | str | None = None) -> tuple[int, str]:
+    """(largest allowed value, why) of an op size column; ``kind``: adamw's ``n`` counts
+    parameters, not a matrix side."""
+    if column == "n" and kind in (OpKind.adamw, OpKind.adamw.value):
+        return ADAMW_N_LIMIT
+    return SIZE_LIMITS[column]
+
+
+def heads_hint(heads_q: int) -> str:
+    """The ``allowed:`` part of a heads_kv that does not divide heads_q."""
+    divisors = [d for d in range(1, min(int(heads_q), 4096) + 1) if heads_q % d == 0]
+    return f"allowed: a heads_kv dividing heads_q ({', '.join(map(str, divisors))})"
+
 
 class OpError(ValueError):
     """An op or ops table that breaks the contract; one line for users."""
@@ -206,7 +248,7 @@ def check_fields(kind: OpKind, values: dict[str, Any]) -> None:
         )
     hq, hkv = values.get("heads_q"), values.get("heads_kv")
     if kind in ATTENTION_KINDS and hq is not None and hkv is not None and hq % hkv:
-        raise OpError(f"heads_q ({hq}) must be a multiple of heads_kv ({hkv})")
+        raise OpError(f"heads_q ({hq}) must be a multiple of heads_kv ({hkv}); {heads_hint(hq)}")
     if kind in COLLECTIVE_KINDS:
         ranks, nodes = values.get("ranks") or 2, values.get("nodes") or 1
         if ranks % nodes:
@@ -380,7 +422,7 @@ def _check_kinds(out: pd.DataFrame, row_offset: int) -> None:
                 j = np.flatnonzero(bad)[0]
                 raise OpError(
                     f"row {rows[j] + 1 + row_offset}: heads_q ({hq[j]}) must be a multiple of "
-                    f"heads_kv ({hkv[j]})"
+                    f"heads_kv ({hkv[j]}); {heads_hint(int(hq[j]))}"
                 )
         if kind in COLLECTIVE_KINDS:
             ranks = sub["ranks"].fillna(2).to_numpy(dtype="int64")
@@ -392,3 +434,21 @@ def _check_kinds(out: pd.DataFrame, row_offset: int) -> None:
                     f"row {rows[j] + 1 + row_offset}: ranks ({ranks[j]}) must be a multiple of "
                     f"nodes ({nodes[j]})"
                 )
+
+
+def check_size_limits(frame: pd.DataFrame, *, row_offset: int = 0) -> None:
+    """Refuse sizes above :data:`SIZE_LIMITS` in a validated ops frame (a user's CSV): the
+    first one raises :class:`OpError` naming the row, the column, the value and the bound."""
+    is_adamw = frame["op"].to_numpy() == OpKind.adamw.value
+    for col in INT_COLUMNS:
+        values = frame[col].to_numpy(dtype="float64")
+        bound = np.where(is_adamw, size_limit(col, OpKind.adamw)[0], SIZE_LIMITS[col][0])
+        with np.errstate(invalid="ignore"):
+            bad = values > bound
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            limit, why = size_limit(col, frame["op"].iloc[j])
+            raise OpError(
+                f"row {j + 1 + row_offset}: column {col!r} value {values[j]:.0f} is too large; "
+                f"allowed: at most {limit} ({why})"
+            )

@@ -323,7 +323,7 @@ def from_trace(
     memory-bound, optimizer, and the idle share of GPU-bound steps) from whole-step
     traces; `simcli train --composition FILE` applies them."""
     with user_errors():
-        from calibrate.trace.fit import fit_suite, write_composition
+        from calibrate.trace.fit import fit_suite
         from simcli.scenario.trace import traced_step
 
         if len(traces) != len(configs):
@@ -342,7 +342,8 @@ def from_trace(
         comp = fit_suite(
             gpus.pop(), steps, fit_models, tuple(held_out), source=", ".join(map(str, traces))
         )
-        write_composition(comp, out)
+        # write_composition's content, through simcli's atomic write (errors name --output)
+        atomic_write_text(out, json.dumps(comp.to_dict(), indent=1, sort_keys=True) + "\n")
         rows = [
             {"engine": fw, "group": g, "factor": v}
             for fw, groups in comp.factors.items()

@@ -94,6 +94,8 @@ def batch(
             return
         if output_is_dir(output_csv):
             _write_batch_bundle(output_csv, pred)
+        elif output_csv.suffix.lower() == ".json":
+            atomic_write_json(output_csv, pred.to_dict())  # what --format json prints
         else:
             atomic_write_csv(pred.out, output_csv)
         emit_object({**pred.summary(), "output": str(output_csv)}, fmt, title="simcli predict")

@@ -13,12 +13,14 @@ it (:func:`~simcli.scenario.serving.run_serve`) and emits: the result object, an
 """
 
 import csv
+import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pandas as pd
 import typer
@@ -26,7 +28,7 @@ import typer
 from simcli.commands.serve_plan import serve_plan
 from simcli.errors import fail, user_errors
 from simcli.options import SimcliGroup, config_options
-from simcli.output import Format, emit_object
+from simcli.output import Format, cannot_write, emit_object, jsonable
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir
 from simcli.reports.bundle import StagedBundle, check_output_path, cli_inputs, config_document
@@ -64,55 +66,106 @@ def _check_positive(flag: str, value: int, *, zero_ok: bool = False) -> None:
         raise fail(f"{flag} {value} is invalid; allowed: a number {bound}")
 
 
+class _RequestRows:
+    """``--output NAME.csv|NAME.json``: one row per request, streamed while the run goes
+    into a temp file beside the target (memory stays flat), renamed into place by
+    :meth:`finish`: an interrupted or failed run leaves no partial file. A .json name gets
+    JSON: the object ``--format json`` prints, with the rows under ``requests``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.json = path.suffix.lower() == ".json"
+        folder = path.parent if str(path.parent) else Path(".")
+        self.tmp = Path(_temp_file(folder, prefix=f".{path.name}.", suffix=".rows.tmp", what=path))
+        self.fh: IO[str] = open(self.tmp, "w", newline="")  # noqa: SIM115 (closed in finish)
+        self.rows = 0
+        if not self.json:
+            self.csv = csv.writer(self.fh)
+            self.csv.writerow(REQUEST_COLUMNS)
+
+    def __call__(self, req: Request) -> None:
+        row = _request_row(req)
+        if self.json:
+            obj = dict(zip(REQUEST_COLUMNS, row, strict=True))
+            self.fh.write(("," if self.rows else "") + "\n    " + json.dumps(obj))
+        else:
+            self.csv.writerow(["" if v is None else f"{v:.9g}" if isinstance(v, float) else v
+                               for v in row])  # fmt: skip
+        self.rows += 1
+
+    def finish(self, result: dict[str, Any]) -> None:
+        """Write the file: for JSON, ``result`` with the streamed rows under ``requests``."""
+        self.fh.close()
+        if not self.json:
+            _publish(self.tmp, self.path)
+            return
+        head = json.dumps(jsonable(result), indent=2)[:-2]  # the object without its "\n}"
+        folder = self.path.parent if str(self.path.parent) else Path(".")
+        final = Path(_temp_file(folder, prefix=f".{self.path.name}.", suffix=".tmp",
+                                what=self.path))  # fmt: skip
+        try:
+            with open(final, "w") as out, open(self.tmp) as rows:
+                out.write(head + ',\n  "requests": [')
+                shutil.copyfileobj(rows, out)
+                out.write("\n  ]\n}\n")
+            _publish(final, self.path)
+        finally:
+            final.unlink(missing_ok=True)
+            self.tmp.unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _temp_file(folder: Path, *, prefix: str, suffix: str, what: Path) -> str:
+    """A temp file in ``folder``; a failure names the output, not the temp file."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+    except OSError as exc:
+        raise cannot_write(what, exc) from None
+    os.close(fd)
+    return tmp
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
+    os.replace(tmp, path)
+
+
 @contextmanager
-def _request_writer(path: Path | None) -> "Iterator[csv.Writer | None]":
-    """Per-request rows streamed to a temp file beside ``path``, renamed on success: an
-    interrupted or failed run leaves no partial file."""
+def _request_rows(path: Path | None) -> Iterator[_RequestRows | None]:
+    """The rows writer of ``path`` (None: no rows); removed unless finished."""
     if path is None:
         yield None
         return
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise OSError(f"output folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    fh: IO[str] = os.fdopen(fd, "w", newline="")
+    rows = _RequestRows(path)
     try:
-        writer = csv.writer(fh)
-        writer.writerow(REQUEST_COLUMNS)
-        yield writer
-        fh.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        yield rows
     except BaseException:
-        fh.close()
-        Path(tmp).unlink(missing_ok=True)
+        rows.discard()
         raise
 
 
-def _row_sink(writer: "csv.Writer") -> Callable[[Request], None]:
-    def sink(req: Request) -> None:
-        # a multi-branch request: the branch that completed it
-        out = req.output_tokens if req.branch is None else req.branch.last_len
-        first = req.first_token_s
-        fin = req.finish_s
-        tpot = (fin - first) / (out - 1) if out > 1 else ""  # type: ignore[operator]
-        writer.writerow(
-            (
-                req.id,
-                req.replica,
-                f"{req.arrival_s:.9g}",
-                req.prompt_tokens,
-                out,
-                f"{first - req.arrival_s:.9g}",  # type: ignore[operator]
-                tpot if tpot == "" else f"{tpot:.9g}",
-                f"{fin - req.arrival_s:.9g}",  # type: ignore[operator]
-                req.preemptions,
-            )
-        )
-
-    return sink
+def _request_row(req: Request) -> tuple:
+    """The request's REQUEST_COLUMNS values (tpot None for one output token)."""
+    # a multi-branch request: the branch that completed it
+    out = req.output_tokens if req.branch is None else req.branch.last_len
+    first, fin = req.first_token_s, req.finish_s
+    tpot = (fin - first) / (out - 1) if out > 1 else None  # type: ignore[operator]
+    return (
+        req.id,
+        req.replica,
+        float(req.arrival_s),
+        req.prompt_tokens,
+        out,
+        first - req.arrival_s,  # type: ignore[operator]
+        tpot,
+        fin - req.arrival_s,  # type: ignore[operator]
+        req.preemptions,
+    )
 
 
 def _check_outputs(output: Path | None, trace_output: Path | None) -> Path | None:
@@ -137,7 +190,8 @@ def serve(
     output: Path | None = typer.Option(
         None,
         "--output",
-        help="A .csv/.json name: one CSV row per request. Any other name: a folder with "
+        help="A .csv name: one CSV row per request; .json: the --format json object with "
+        "the requests under 'requests'. Any other name: a folder with "
         "requests.csv, summary.csv, timeline.csv, replicas.csv, qps_sweep.csv, config.json "
         "and report.html. Written atomically.",
     ),
@@ -187,15 +241,12 @@ def serve(
         with staging as staged:
             rows_path = staged.path("requests.csv") if staged is not None else output
             with (
-                _request_writer(rows_path) as writer,
+                _request_rows(rows_path) as rows,
                 progress_bar("simulating requests", total=scenario.arrivals.expected) as advance,
             ):
-                run = run_serve(
-                    scenario,
-                    sink=_row_sink(writer) if writer else None,
-                    progress=advance,
-                    recorder=recorder,
-                )
+                run = run_serve(scenario, sink=rows, progress=advance, recorder=recorder)
+                if rows is not None:
+                    rows.finish(_json_result(run))
             if staged is not None:
                 assert recorder is not None
                 _commit_bundle(staged, scenario, run, recorder, report_qps_points, report_requests)
@@ -208,10 +259,14 @@ def serve(
                 gpu=config.gpu,
                 title=scenario.title,
             )
-        out = dict(run.output)
-        if fmt == Format.json:
-            out["per_replica"] = run.result.per_replica
+        out = _json_result(run) if fmt == Format.json else dict(run.output)
         emit_object(out, fmt, title=scenario.title)
+
+
+def _json_result(run: ServeRun) -> dict[str, Any]:
+    """The object ``--format json`` prints (and a .json ``--output`` holds, with the
+    requests): the result and its per-replica rows."""
+    return {**run.output, "per_replica": run.result.per_replica}
 
 
 def _commit_bundle(

@@ -210,13 +210,19 @@ def status(
 @app.command("export")
 def export(
     store: Path = typer.Argument(..., metavar="STORE", help="A sweep store (file or folder)."),
-    fmt: ExportFormat = typer.Option(ExportFormat.csv, "--format", help="csv | json"),
+    fmt: ExportFormat = typer.Option(
+        ExportFormat.csv,
+        "--format",
+        help="csv | json (an --output name ending in .csv or .json sets it)",
+    ),
     output: Path | None = typer.Option(None, "--output", help="File to write (default stdout)."),
 ) -> None:
     """Every stored point as one flat row: params as in.*, scalar outputs as out.*."""
     with user_errors():
         from simcli.sweep.report import points_frame
 
+        if output is not None and output.suffix.lower() in (".csv", ".json"):
+            fmt = ExportFormat(output.suffix.lower()[1:])  # a .json file holds JSON
         st = _open(store)
         try:
             frame = points_frame(st.frame())

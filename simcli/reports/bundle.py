@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from simcli import __version__
+from simcli.output import cannot_write
 
 FILE_SUFFIXES = (".csv", ".json")
 
@@ -71,7 +72,10 @@ class StagedBundle:
         self.folder = Path(folder)
         check_output_path(self.folder, "--output", kind="folder")
         parent = self.folder.parent if str(self.folder.parent) else Path(".")
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}.", dir=parent))
+        try:
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}.", dir=parent))
+        except OSError as exc:
+            raise cannot_write(self.folder, exc) from None
 
     def __enter__(self) -> StagedBundle:
         return self
@@ -98,18 +102,23 @@ class StagedBundle:
         texts["config.json"] = json.dumps(config, indent=2) + "\n"
         texts["report.html"] = report_html
         texts.update(extra_files or {})
-        for name, text in texts.items():
-            (self.staging / name).write_text(text, newline="")
-        names = sorted(p.name for p in self.staging.iterdir())
-        for name in names:
-            os.chmod(self.staging / name, 0o644)
-        if not self.folder.exists():
-            os.chmod(self.staging, 0o755)
-            os.replace(self.staging, self.folder)  # one rename: the whole bundle at once
-        else:
+        exists = self.folder.exists()
+        if exists:
             check_output_path(self.folder, "--output", kind="folder")
+        try:  # a failure names the output folder, never the staging folder beside it
+            for name, text in texts.items():
+                (self.staging / name).write_text(text, newline="")
+            names = sorted(p.name for p in self.staging.iterdir())
             for name in names:
-                os.replace(self.staging / name, self.folder / name)
+                os.chmod(self.staging / name, 0o644)
+            if not exists:
+                os.chmod(self.staging, 0o755)
+                os.replace(self.staging, self.folder)  # one rename: the whole bundle at once
+            else:
+                for name in names:
+                    os.replace(self.staging / name, self.folder / name)
+        except OSError as exc:
+            raise cannot_write(self.folder, exc) from None
         return [self.folder / n for n in names]
 
 

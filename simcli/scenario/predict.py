@@ -27,13 +27,17 @@ from costmodels.ops.common import Work
 from simcli.scenario.hardware import Hardware, resolve_hardware
 from workloads.models import ModelConfig, load_model
 from workloads.ops import (
+    ADAMW_N_LIMIT,
     CSV_COLUMNS,
     ELEMENTWISE_KINDS,
+    SIZE_LIMITS,
     Op,
     OpError,
     OpKind,
+    check_size_limits,
     normalise_frame,
     ops_frame,
+    size_limit,
 )
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True)
@@ -62,15 +66,23 @@ def _hardware() -> Any:
     return Field(None, description="Extra hardware spec file (YAML/JSON).")
 
 
+def _size(column: str, default: Any = ..., *, description: str, **extra: Any) -> Any:
+    """A size flag: a whole number from 1 to the column's bound in
+    :data:`workloads.ops.SIZE_LIMITS` (the error says the bound and why)."""
+    limit, why = size_limit(column)
+    extra = {"le_why": why, **extra}
+    return Field(default, gt=0, le=limit, description=description, json_schema_extra=extra)
+
+
 class GemmConfig(BaseModel):
     """``simcli predict gemm``: C[m,n] = A[m,k] . B[k,n]."""
 
     model_config = _CONFIG
 
-    m: int = Field(description="Rows of A and C.")
-    n: int = Field(description="Columns of B and C.")
-    k: int = Field(description="Inner dimension.")
-    batch: int = Field(1, description="Independent products (bmm).")
+    m: int = _size("m", description="Rows of A and C.")
+    n: int = _size("n", description="Columns of B and C.")
+    k: int = _size("k", description="Inner dimension.")
+    batch: int = _size("batch", 1, description="Independent products (bmm).")
     dtype: str = _dtype()
     gpu: str = _gpu()
     profile: Path | None = _profile()
@@ -86,12 +98,14 @@ class AttentionConfig(BaseModel):
     model_config = _CONFIG
 
     phase: str = Field("fwd", description="fwd | bwd | fwdbwd")
-    batch: int = Field(1, description="Sequences.")
-    seq_q: int = Field(description="Query tokens per sequence.")
-    seq_kv: int | None = Field(None, description="Key/value tokens; defaults to --seq-q.")
-    heads_q: int = Field(description="Query heads.")
-    heads_kv: int | None = Field(None, description="Key/value heads; defaults to --heads-q.")
-    head_dim: int = Field(128, description="Channels per head.")
+    batch: int = _size("batch", 1, description="Sequences.")
+    seq_q: int = _size("seq_q", description="Query tokens per sequence.")
+    seq_kv: int | None = _size("seq_kv", None, description="Key/value tokens; defaults to --seq-q.")
+    heads_q: int = _size("heads_q", description="Query heads.")
+    heads_kv: int | None = _size(
+        "heads_kv", None, description="Key/value heads; defaults to --heads-q."
+    )
+    head_dim: int = _size("head_dim", 128, description="Channels per head.")
     causal: bool = Field(True, description="Causal mask.")
     backend: str = Field("", description="Kernel family: flash | cudnn | flex | efficient.")
     dtype: str = _dtype()
@@ -121,12 +135,14 @@ class DecodeConfig(BaseModel):
 
     model_config = _CONFIG
 
-    batch: int = Field(1, description="Sequences.")
-    context_len: int = Field(description="KV-cache length (seq_kv).")
-    seq_q: int = Field(1, description="Query tokens per sequence.")
-    heads_q: int = Field(description="Query heads.")
-    heads_kv: int | None = Field(None, description="Key/value heads; defaults to --heads-q.")
-    head_dim: int = Field(128, description="Channels per head.")
+    batch: int = _size("batch", 1, description="Sequences.")
+    context_len: int = _size("seq_kv", description="KV-cache length (seq_kv).")
+    seq_q: int = _size("seq_q", 1, description="Query tokens per sequence.")
+    heads_q: int = _size("heads_q", description="Query heads.")
+    heads_kv: int | None = _size(
+        "heads_kv", None, description="Key/value heads; defaults to --heads-q."
+    )
+    head_dim: int = _size("head_dim", 128, description="Channels per head.")
     dtype: str = _dtype()
     gpu: str = _gpu()
     profile: Path | None = _profile()
@@ -151,13 +167,15 @@ class BlocksparseConfig(BaseModel):
     model_config = _CONFIG
 
     phase: str = Field("fwd", description="fwd | bwd")
-    batch: int = Field(1, description="Sequences.")
-    seq_len: int = Field(description="Tokens per sequence (queries and keys).")
-    heads_q: int = Field(description="Query heads.")
-    heads_kv: int | None = Field(None, description="Key/value heads; defaults to --heads-q.")
-    head_dim: int = Field(128, description="Channels per head.")
+    batch: int = _size("batch", 1, description="Sequences.")
+    seq_len: int = _size("seq_q", description="Tokens per sequence (queries and keys).")
+    heads_q: int = _size("heads_q", description="Query heads.")
+    heads_kv: int | None = _size(
+        "heads_kv", None, description="Key/value heads; defaults to --heads-q."
+    )
+    head_dim: int = _size("head_dim", 128, description="Channels per head.")
     density: float = Field(description="Fraction of block_size x block_size tiles visited, (0, 1].")
-    block_size: int = Field(128, description="Tile side, in tokens.")
+    block_size: int = _size("block_size", 128, description="Tile side, in tokens.")
     backend: str = Field("", description="Kernel family: flex | flash.")
     dtype: str = _dtype()
     gpu: str = _gpu()
@@ -188,12 +206,11 @@ class CollectiveConfig(BaseModel):
     model_config = _CONFIG
 
     kind: str = Field("all_reduce", description=" | ".join(COLLECTIVES))
-    nbytes: int = Field(
-        description="nccl-tests size: buffer per rank, in bytes.",
-        json_schema_extra={"cli": ["--bytes"]},
+    nbytes: int = _size(
+        "bytes", description="nccl-tests size: buffer per rank, in bytes.", cli=["--bytes"]
     )
-    ranks: int = Field(8, description="GPUs taking part.")
-    nodes: int = Field(1, description="Reference nodes the ranks span.")
+    ranks: int = _size("ranks", 8, description="GPUs taking part.")
+    nodes: int = _size("nodes", 1, description="Reference nodes the ranks span.")
     gpu: str = _gpu()
     profile: Path | None = _profile()
     hardware: Path | None = _hardware()
@@ -213,11 +230,15 @@ class ElementwiseConfig(BaseModel):
         description="copy | rmsnorm | swiglu | rope | softmax | ...",
         json_schema_extra={"cli": ["--op"]},
     )
-    m: int | None = Field(None, description="Tokens / rows.")
-    n: int | None = Field(None, description="Hidden / columns / parameters (adamw).")
-    nbytes: int | None = Field(
-        None, description="Bytes read (copy).", json_schema_extra={"cli": ["--bytes"]}
+    m: int | None = _size("m", None, description="Tokens / rows.")
+    n: int | None = Field(
+        None,
+        gt=0,
+        le=ADAMW_N_LIMIT[0],
+        description=f"Hidden / columns (at most {SIZE_LIMITS['n'][0]}) / parameters (adamw).",
+        json_schema_extra={"le_why": ADAMW_N_LIMIT[1]},
     )
+    nbytes: int | None = _size("bytes", None, description="Bytes read (copy).", cli=["--bytes"])
     dtype: str = _dtype()
     gpu: str = _gpu()
     profile: Path | None = _profile()
@@ -227,6 +248,10 @@ class ElementwiseConfig(BaseModel):
         allowed = sorted(k.value for k in ELEMENTWISE_KINDS)
         if self.kind not in allowed:
             raise OpError(f"unknown --op {self.kind!r}; allowed: {', '.join(allowed)}")
+        limit, why = size_limit("n", self.kind)
+        if self.n is not None and self.n > limit:
+            raise OpError(f"--n {self.n} is too large for --op {self.kind}; allowed: at most "
+                          f"{limit} ({why})")  # fmt: skip
         return Op(op=OpKind(self.kind), m=self.m, n=self.n, bytes=self.nbytes, dtype=self.dtype)
 
 
@@ -313,9 +338,9 @@ class LayerConfig(BaseModel):
     model_config = _CONFIG
 
     model: str = Field(description="Built-in model id or a config.json path.")
-    batch: int = Field(1, description="Sequences per micro-batch.")
-    seq_len: int = Field(description="Tokens per sequence.")
-    tp: int = Field(1, description="Tensor-parallel degree.")
+    batch: int = _size("batch", 1, description="Sequences per micro-batch.")
+    seq_len: int = _size("seq_q", description="Tokens per sequence.")
+    tp: int = _size("ranks", 1, description="Tensor-parallel degree.")
     phase: str = Field("fwd", description="fwd | bwd | fwdbwd")
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism.")
     backend: str = Field("", description="Attention backend: flash | cudnn | flex.")
@@ -335,6 +360,13 @@ class LayerScenario:
 def resolve_layer(config: LayerConfig) -> LayerScenario:
     if config.phase not in LAYER_PHASES:
         raise OpError(f"unknown --phase {config.phase!r}; allowed: fwd, bwd, fwdbwd")
+    tokens = config.batch * config.seq_len  # the m of the layer's GEMMs
+    limit, why = size_limit("m")
+    if tokens > limit:
+        raise OpError(
+            f"--batch {config.batch} x --seq-len {config.seq_len} = {tokens} tokens is too "
+            f"large; allowed: at most {limit} tokens, the GEMMs' m ({why})"
+        )
     model = load_model(config.model)
     return LayerScenario(config=config, model=model, hardware=_hardware_of(config))
 
@@ -427,6 +459,8 @@ def read_ops_csv(path: Path) -> pd.DataFrame:
     raw.columns = [str(c).strip() for c in raw.columns]
     if "op" not in raw.columns:
         raise OpError(f"input CSV {path} has no 'op' column; columns are: {', '.join(CSV_COLUMNS)}")
+    if raw.empty:
+        raise OpError(f"input CSV {path} has a header but no rows; allowed: at least one op row")
     return raw
 
 
@@ -460,7 +494,9 @@ def resolve_predict_batch(config: PredictBatchConfig) -> PredictBatchScenario:
         raise OpError(f"batch mode needs --gpu and --input (or use a subcommand: {SUBCOMMANDS})")
     hardware = _hardware_of(config)
     raw = read_ops_csv(config.input_csv)
-    return PredictBatchScenario(config, hardware, raw, normalise_frame(raw))
+    frame = normalise_frame(raw)
+    check_size_limits(frame)
+    return PredictBatchScenario(config, hardware, raw, frame)
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,27 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import annotated_types
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import Field, field_validator, model_validator
 
 from hardware_specs.registry import load_catalog
-from simcli.options import flags, literal_choices
+from simcli.scenario.config_base import (
+    MAX_GPUS_PER_STAGE,
+    MAX_REPLICAS,
+    MAX_REQUESTS,
+    MAX_SEQS,
+    REPLICAS_WHY,
+    SEQS_WHY,
+    CommandConfig,
+    allowed_range,
+    check_dist,
+    check_value,
+    count_field,
+    option_flag,
+    tokens_field,
+)
 from simcli.scenario.serving_precision import (
     KV_CACHE_DTYPE_HELP,
     WEIGHT_DTYPE_HELP,
@@ -43,89 +55,8 @@ from simcli.serving.plan_inputs import (
 )
 from simcli.serving.schedulers import SCHEDULERS
 from simcli.serving.spec import SpecConfig
-from workloads.lengths import parse_dist
 
 DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
-
-
-def option_flag(name: str, field: FieldInfo) -> str:
-    """The canonical spelling of a field's option (``--gpus-types`` of ``gpu_types``)."""
-    return flags(name, field)[0].split("/")[0]
-
-
-def _bounds(field: FieldInfo) -> tuple[float | None, bool, float | None, bool]:
-    """(low, low is open, high, high is open) of a field's ``gt/ge/lt/le`` constraints."""
-    lo = hi = None
-    lo_open = hi_open = False
-    for m in field.metadata:
-        if isinstance(m, annotated_types.Gt):
-            lo, lo_open = m.gt, True
-        elif isinstance(m, annotated_types.Ge):
-            lo, lo_open = m.ge, False
-        elif isinstance(m, annotated_types.Lt):
-            hi, hi_open = m.lt, True
-        elif isinstance(m, annotated_types.Le):
-            hi, hi_open = m.le, False
-    return lo, lo_open, hi, hi_open  # type: ignore[return-value]
-
-
-def allowed_range(field: FieldInfo) -> str | None:
-    """``a number > 0``, ``0 < value <= 1``, ... for a field with bounds (None without)."""
-    lo, lo_open, hi, hi_open = _bounds(field)
-    low = None if lo is None else f"{lo:g} {'<' if lo_open else '<='}"
-    high = None if hi is None else f"{'<' if hi_open else '<='} {hi:g}"
-    if low and high:
-        return f"{low} value {high}"
-    if low:
-        return f"a number {'>' if lo_open else '>='} {lo:g}"
-    if high:
-        return f"a number {high}"
-    return None
-
-
-def check_value(name: str, field: FieldInfo, value: Any) -> None:
-    """A field's choices (``Literal``) and bounds, as simcli's one-line errors."""
-    flag = option_flag(name, field)
-    choices = literal_choices(field.annotation)
-    if choices is not None:
-        if str(value) not in choices:
-            raise ValueError(f"unknown {flag} {value!r}; allowed: {', '.join(choices)}")
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return
-    allowed = allowed_range(field)
-    if allowed is None:
-        return
-    lo, lo_open, hi, hi_open = _bounds(field)
-    bad = not math.isfinite(value)
-    bad = bad or (lo is not None and (value <= lo if lo_open else value < lo))
-    bad = bad or (hi is not None and (value >= hi if hi_open else value > hi))
-    if bad:
-        raise ValueError(f"{flag} {value} is invalid; allowed: {allowed}")
-
-
-class CommandConfig(BaseModel):
-    """Base of the command configs: frozen, no unknown fields, and every field's bounds and
-    choices checked before pydantic's own validation, so that a bad value reads like the
-    rest of simcli's errors (``unknown --scheduler 'fifo'; allowed: vllm, orca, sarathi``,
-    ``--qps 0.0 is invalid; allowed: a number > 0``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bounds_and_choices(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                if data.get(name) is not None:
-                    check_value(name, field, data[name])
-        return data
-
-
-def check_dist(text: str) -> str:
-    """A length DIST string, parsed once so that a bad one is one ``LengthError`` line."""
-    parse_dist(text)
-    return text
 
 
 # --------------------------------------------------------------------------- simcli serve
@@ -140,11 +71,18 @@ class ServeOptions(CommandConfig):
 
     model: str | None = Field(None, description="Built-in model id or config.json (required).")
     gpu: str | None = Field(None, description="GPU id (see `simcli specs list`; required).")
-    tp: int = Field(1, gt=0, description="Tensor-parallel GPUs per replica.")
-    pp: int = Field(
-        1, gt=0, description="Pipeline stages per replica (pp batches in flight, KV split pp ways)."
+    tp: int = count_field(
+        1, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Tensor-parallel GPUs per replica."
     )
-    replicas: int = Field(1, gt=0, description="Model replicas behind the router.")
+    pp: int = count_field(
+        1,
+        MAX_GPUS_PER_STAGE,
+        "stages per replica",
+        description="Pipeline stages per replica (pp batches in flight, KV split pp ways).",
+    )
+    replicas: int = count_field(
+        1, MAX_REPLICAS, REPLICAS_WHY, description="Model replicas behind the router."
+    )
     scheduler: Literal["vllm", "orca", "sarathi"] = Field(
         "vllm", description="Replica scheduler: vllm | orca | sarathi"
     )
@@ -165,14 +103,17 @@ class ServeOptions(CommandConfig):
         description="CSV arrival_s,prompt_tokens,output_tokens[,prefix_id,prefix_tokens] to "
         "replay (arrival times in seconds).",
     )
-    num_requests: int | None = Field(
-        None, gt=0, description="Requests to simulate (default 1000; a trace: all rows)."
+    num_requests: int | None = count_field(
+        None,
+        MAX_REQUESTS,
+        "2^31 - 1",
+        description="Requests to simulate (default 1000; a trace: all rows).",
     )
     prompt_len: str = Field(
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
-    shared_prefix_len: int = Field(
+    shared_prefix_len: int = tokens_field(
         0, ge=0, description="Shared prefix prepended to every prompt, tokens."
     )
     prefix_groups: int = Field(1, gt=0, description="Distinct shared prefixes.")
@@ -181,16 +122,17 @@ class ServeOptions(CommandConfig):
     preemption: Literal["recompute", "swap"] = Field(
         "recompute", description="What a preempted sequence loses: recompute | swap"
     )
-    chunk_size: int = Field(512, gt=0, description="Sarathi token budget per iteration, tokens.")
-    max_batch_size: int = Field(
-        256, gt=0, description="Running sequences per replica (max_num_seqs)."
+    chunk_size: int = tokens_field(512, description="Sarathi token budget per iteration, tokens.")
+    max_batch_size: int = count_field(
+        256,
+        MAX_SEQS,
+        SEQS_WHY,
+        description="Running sequences per replica (max_num_seqs).",
     )
-    max_tokens: int | None = Field(
-        None,
-        gt=0,
-        description="Tokens per iteration, vllm/orca (default max(model context, 2048)).",
+    max_tokens: int | None = tokens_field(
+        None, description="Tokens per iteration, vllm/orca (default max(model context, 2048))."
     )
-    block_size: int = Field(16, gt=0, description="KV block size, tokens.")
+    block_size: int = tokens_field(16, description="KV block size, tokens.")
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
     )
@@ -204,9 +146,8 @@ class ServeOptions(CommandConfig):
     )
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
-    max_model_len: int | None = Field(
+    max_model_len: int | None = tokens_field(
         None,
-        gt=0,
         description="Longest prompt + output a replica accepts, as vLLM's --max-model-len "
         "(default: the model's max_position_embeddings): longer prompts are refused "
         "(counted, not simulated), outputs cut so prompt + output fits.",
@@ -223,15 +164,27 @@ class ServeOptions(CommandConfig):
         "the ones shipped for the GPU (engine pytorch-eager on H100/H200).",
     )
     disaggregate: bool = Field(False, description="Separate prefill and decode pools.")
-    prefill_replicas: int | None = Field(
-        None, gt=0, description="Disaggregation: prefill replicas."
+    prefill_replicas: int | None = count_field(
+        None,
+        MAX_REPLICAS,
+        REPLICAS_WHY,
+        description="Disaggregation: prefill replicas.",
     )
-    decode_replicas: int | None = Field(None, gt=0, description="Disaggregation: decode replicas.")
+    decode_replicas: int | None = count_field(
+        None,
+        MAX_REPLICAS,
+        REPLICAS_WHY,
+        description="Disaggregation: decode replicas.",
+    )
     pd_ratio: str | None = Field(
         None, description="Disaggregation: split --replicas P:D (e.g. 1:2)."
     )
-    prefill_tp: int | None = Field(None, gt=0, description="Prefill TP (default --tp).")
-    decode_tp: int | None = Field(None, gt=0, description="Decode TP (default --tp).")
+    prefill_tp: int | None = count_field(
+        None, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Prefill TP (default --tp)."
+    )
+    decode_tp: int | None = count_field(
+        None, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Decode TP (default --tp)."
+    )
     kv_transfer: Literal["inter", "intra"] | None = Field(
         None, description="KV link: inter (NIC, default) | intra (NVLink, one node)."
     )
@@ -557,8 +510,11 @@ class ServePlanOptions(CommandConfig):
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
-    num_requests: int = Field(
-        1000, gt=0, description="Requests simulated per probe (same ones every probe)."
+    num_requests: int = count_field(
+        1000,
+        MAX_REQUESTS,
+        "2^31 - 1",
+        description="Requests simulated per probe (same ones every probe).",
     )
     burstiness: float = Field(
         1.0, gt=0, description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma)."
@@ -573,9 +529,11 @@ class ServePlanOptions(CommandConfig):
         le=1,
         description="Fraction of requests that must meet every given limit (0.99: p99 targets).",
     )
-    max_replicas: int = Field(64, gt=0, description="Most replicas to consider.")
-    max_batch_size: int = Field(
-        256, gt=0, description="Running sequences per replica (max_num_seqs)."
+    max_replicas: int = count_field(
+        64, MAX_REPLICAS, REPLICAS_WHY, description="Most replicas to consider."
+    )
+    max_batch_size: int = count_field(
+        256, MAX_SEQS, SEQS_WHY, description="Running sequences per replica (max_num_seqs)."
     )
     engine: Literal["vllm", "pytorch-eager"] = Field(
         "vllm", description="Step-time engine of every deployment: vllm | pytorch-eager."
@@ -690,19 +648,25 @@ class StepOptions(CommandConfig):
     phase: Literal["prefill", "decode", "mixed"] = Field(
         description="Iteration kind: prefill | decode | mixed"
     )
-    batch: int = Field(
-        1, gt=0, description="prefill: prompts; decode and mixed: decoding sequences."
+    batch: int = count_field(
+        1,
+        MAX_SEQS,
+        SEQS_WHY,
+        description="prefill: prompts; decode and mixed: decoding sequences.",
     )
-    prompt_len: int | None = Field(
-        None, gt=0, description="prefill/mixed: prompt tokens per sequence."
+    prompt_len: int | None = tokens_field(
+        None, description="prefill/mixed: prompt tokens per sequence."
     )
-    context_len: int | None = Field(
-        None, ge=0, description="decode/mixed: tokens already cached per decoding sequence."
+    context_len: int | None = tokens_field(
+        None,
+        description="decode/mixed: tokens already cached per decoding sequence (>= 1: its "
+        "prompt at least).",
+        json_schema_extra={"gt_why": "a decoding sequence has at least one cached token"},
     )
-    chunk: int | None = Field(
-        None, gt=0, description="prefill/mixed: new tokens per prefill chunk (default: the rest)."
+    chunk: int | None = tokens_field(
+        None, description="prefill/mixed: new tokens per prefill chunk (default: the rest)."
     )
-    past: int = Field(
+    past: int = tokens_field(
         0, ge=0, description="prefill/mixed: prompt tokens already cached (earlier chunks)."
     )
     prefills: int = Field(1, gt=0, description="mixed: prefill chunks in the batch.")
@@ -718,10 +682,9 @@ class StepOptions(CommandConfig):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
-    block_size: int = Field(16, gt=0, description="KV-cache block, tokens.")
-    max_model_len: int | None = Field(
+    block_size: int = tokens_field(16, description="KV-cache block, tokens.")
+    max_model_len: int | None = tokens_field(
         None,
-        gt=0,
         description="Longest sequence (prompt + generated) the engine accepts, as vLLM's "
         "--max-model-len; default: the model's max_position_embeddings.",
     )

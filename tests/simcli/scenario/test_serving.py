@@ -98,7 +98,7 @@ def test_draft_with_another_vocabulary_is_one_line():
 @pytest.mark.parametrize(
     ("model", "values", "line"),
     [
-        (ServeOptions, {"tp": 0}, "--tp 0 is invalid; allowed: a number > 0"),
+        (ServeOptions, {"tp": 0}, "--tp 0 is invalid; allowed: 1 to 1024"),
         (
             ServeOptions,
             {"scheduler": "fifo"},
@@ -132,7 +132,7 @@ def test_bad_value_names_flag_value_and_allowed(model, values, line):
     [
         (
             ["serve", "--model", "llama3-8b", "--gpu", "h100-sxm", "--qps", "1", "--tp", "0"],
-            "error: --tp 0 is invalid; allowed: a number > 0",
+            "error: --tp 0 is invalid; allowed: 1 to 1024",
         ),
         (
             [

@@ -305,6 +305,21 @@ def _require(cfg: dict[str, Any], key: str, where: str) -> Any:
     return value
 
 
+def hf_config_name(cfg: dict[str, Any], path: Path) -> str:
+    """The model's name: the config's ``name`` or ``_name_or_path`` (HuggingFace writes the
+    checkpoint's id there), else the file's stem (``draft.json``: ``draft``); a file named
+    ``config.json``, the checkpoint layout, is named by its folder
+    (``Llama-3-8B/config.json``: ``Llama-3-8B``). Never the folder of any other file: the
+    command's working folder says nothing about the model."""
+    for key in ("name", "_name_or_path"):
+        value = cfg.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    if path.name == "config.json" and path.resolve().parent.name:
+        return path.resolve().parent.name
+    return path.stem
+
+
 def load_hf_config(path: str | Path) -> ModelConfig:
     """Map a HuggingFace ``config.json`` (llama, mistral, mixtral, qwen2, gpt2) to a model.
 
@@ -336,7 +351,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             f"{where}: unsupported model_type {model_type!r}; "
             f"supported: {', '.join(SUPPORTED_HF_TYPES)}"
         )
-    name = str(cfg.get("_name_or_path") or path.resolve().parent.name or path.stem)
+    name = hf_config_name(cfg, path)
     common = {
         "id": name,
         "name": name,

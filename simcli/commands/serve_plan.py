@@ -29,7 +29,8 @@ from simcli.scenario.serving import (
 )
 from simcli.serving.plan_result import PlanResult
 
-# Columns of the human table (JSON and CSV carry every field).
+# Columns of the human table (JSON and CSV carry every field), then per given limit the
+# latency at the SLO's percentile (headed e.g. ttft_s_p90) and, when that is not p99, at p99.
 TABLE_COLUMNS = (
     "rank",
     "gpu",
@@ -42,10 +43,22 @@ TABLE_COLUMNS = (
     "usd_per_hour",
     "usd_per_million_output_tokens",
     "slo_attainment",
-    "ttft_s_p99",
-    "tpot_s_p99",
-    "e2e_s_p99",
+    "slo_margin",
 )
+
+
+def _table_rows(records: list[dict], slo: dict, percentile: str) -> list[dict]:
+    """The table: TABLE_COLUMNS, then each given limit's metric at the SLO's percentile
+    (what it is judged on) and at p99."""
+    metrics = [k for k in ("ttft_s", "tpot_s", "e2e_s") if slo.get(k) is not None]
+    rows = []
+    for r in records:
+        row = {c: r.get(c) for c in TABLE_COLUMNS}
+        row |= {f"{k}_{percentile}": r.get(f"{k}_at_slo_percentile") for k in metrics}
+        if percentile != "p99":
+            row |= {f"{k}_p99": r.get(f"{k}_p99") for k in metrics}
+        rows.append(row)
+    return rows
 
 
 def _write(result: PlanResult, path: Path) -> None:
@@ -101,9 +114,10 @@ def _emit(result: PlanResult, fmt: Format, scenario: ServePlanScenario) -> None:
         f"{summary['configs_evaluated']} configs, "
         f"{summary['simulations_run']} simulations in {summary['search_seconds']:.2f} s; "
         f"cheapest {best['replicas']} x {best['tp']} {best['gpu']} "
-        f"({best['scheduler']}) ${best['usd_per_hour']:.2f}/h"
+        f"({best['scheduler']}) ${best['usd_per_hour']:.2f}/h; SLO: {scenario.slo.text()}"
     )
-    emit_records([{c: r.get(c) for c in TABLE_COLUMNS} for r in records], fmt, title=title)
+    rows = _table_rows(records, summary["slo"], summary["slo_percentile"])
+    emit_records(rows, fmt, title=title)
     for note in summary["notes"]:
         typer.echo(f"note: {note}", err=True)
 

@@ -144,6 +144,17 @@ def serve_hardware(options: ServeOptions, tp: int) -> Hardware:
     )
 
 
+def default_kv_transfer(options: ServeOptions, gpus_per_node: int) -> str:
+    """``--kv-transfer`` when not given: ``intra`` (NVLink) when every GPU of both pools
+    fits in one node, so no transfer leaves it; else ``inter`` (the NICs)."""
+    o = options
+    pools = o.pools()
+    if pools is None:
+        return "inter"
+    gpus = (pools[0] * o.prefill_tp_or_tp + pools[1] * o.decode_tp_or_tp) * o.pp
+    return "intra" if gpus <= gpus_per_node else "inter"
+
+
 def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) -> ServeConfig:
     """The simulator's config of a deployment: scheduler, memory budget, routing, the
     optional features, and from ``hardware`` the KV swap rate and the price."""
@@ -159,7 +170,7 @@ def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) 
             decode_replicas=pools[1],
             prefill_gpus_per_replica=o.prefill_tp_or_tp * o.pp,
             decode_gpus_per_replica=o.decode_tp_or_tp * o.pp,
-            kv_transfer=o.kv_transfer or "inter",
+            kv_transfer=o.kv_transfer or default_kv_transfer(o, hardware.gpus_per_node),
             kv_transfer_overlap=o.kv_transfer_overlap,
             decode_router=o.decode_router or "kv_aware",
         )

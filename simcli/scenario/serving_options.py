@@ -57,6 +57,9 @@ from simcli.serving.schedulers import SCHEDULERS
 from simcli.serving.spec import SpecConfig
 
 DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
+PERCENTILE_HELP = (
+    "met by --attainment of the requests: a p90 target by default (--attainment 0.99: p99)"
+)
 
 
 # --------------------------------------------------------------------------- simcli serve
@@ -136,8 +139,18 @@ class ServeOptions(CommandConfig):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
     )
-    slo_ttft_s: float | None = Field(None, gt=0, description="TTFT SLO (goodput), seconds.")
-    slo_tpot_s: float | None = Field(None, gt=0, description="TPOT SLO (goodput), seconds.")
+    slo_ttft_s: float | None = Field(
+        None,
+        gt=0,
+        description="TTFT SLO, seconds, per request: goodput and slo_attainment count the "
+        "requests within it (no percentile; the output gives p50/p90/p99).",
+    )
+    slo_tpot_s: float | None = Field(
+        None,
+        gt=0,
+        description="TPOT SLO, seconds, per request: goodput and slo_attainment count the "
+        "requests within it.",
+    )
     price_per_gpu_hour: float | None = Field(
         None, gt=0, description="US$ per GPU-hour (default: the price table)."
     )
@@ -186,7 +199,9 @@ class ServeOptions(CommandConfig):
         None, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Decode TP (default --tp)."
     )
     kv_transfer: Literal["inter", "intra"] | None = Field(
-        None, description="KV link: inter (NIC, default) | intra (NVLink, one node)."
+        None,
+        description="KV link: inter (the NICs) | intra (NVLink inside one node); default: "
+        "intra when both pools fit in one node, else inter (the output's kv_transfer).",
     )
     kv_transfer_overlap: bool = Field(
         False, description="Send KV layer by layer during the prefill."
@@ -520,14 +535,21 @@ class ServePlanOptions(CommandConfig):
         1.0, gt=0, description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma)."
     )
     seed: int = Field(0, description="Seed of arrivals and lengths.")
-    slo_ttft_s: float | None = Field(None, gt=0, description="TTFT limit, seconds.")
-    slo_tpot_s: float | None = Field(None, gt=0, description="TPOT limit, seconds.")
-    slo_e2e_s: float | None = Field(None, gt=0, description="End-to-end latency limit, seconds.")
+    slo_ttft_s: float | None = Field(
+        None, gt=0, description=f"TTFT limit, seconds, {PERCENTILE_HELP}."
+    )
+    slo_tpot_s: float | None = Field(
+        None, gt=0, description=f"TPOT limit, seconds, {PERCENTILE_HELP}."
+    )
+    slo_e2e_s: float | None = Field(
+        None, gt=0, description=f"End-to-end latency limit, seconds, {PERCENTILE_HELP}."
+    )
     attainment: float = Field(
         0.9,
         gt=0,
         le=1,
-        description="Fraction of requests that must meet every given limit (0.99: p99 targets).",
+        description="Fraction of requests that must meet every given limit, so the limits "
+        "are targets of this percentile: 0.9 (the default) p90, 0.99 p99.",
     )
     max_replicas: int = count_field(
         64, MAX_REPLICAS, REPLICAS_WHY, description="Most replicas to consider."

@@ -19,8 +19,9 @@ per-token KV bytes: a KV head replicated over TP ranks is moved once), split ove
 ``min(prefill GPUs, decode GPUs)`` GPU pairs that send in parallel (each GPU owns its
 shard of the heads and its own NIC or NVLink port), each priced as one ``send_recv`` by the
 cost model (:mod:`costmodels.ops.collectives`: one GPU's NIC(s) between nodes,
-``--kv-transfer inter``, the default; the node's NVLink/NVSwitch port when the pools share
-a node, ``intra``). Transfers leaving one prefill replica, or entering one decode replica,
+``--kv-transfer inter``; the node's NVLink/NVSwitch port when the pools share a node,
+``intra``; ``simcli serve``'s default is ``intra`` when every GPU of both pools fits in one
+node, else ``inter``). Transfers leaving one prefill replica, or entering one decode replica,
 share its links: each replica's link is a FIFO resource, a transfer starts when both ends
 are free.
 

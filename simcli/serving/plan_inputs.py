@@ -8,9 +8,11 @@ Prefill:decode ratios split a replica count exactly as ``simcli serve --disaggre
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simcli.serving.requests import SyntheticSpec
@@ -55,6 +57,34 @@ class SLO(BaseModel):
     def max_misses(self, n: int) -> int:
         """Requests that may miss the SLO out of ``n`` while the attainment still holds."""
         return n - math.ceil(self.attainment * n - 1e-9)
+
+    @property
+    def percentile(self) -> str:
+        """The percentile the limits are targets of: ``p90`` for attainment 0.9, ``p99.9``
+        for 0.999 (the fraction of requests that must meet every limit)."""
+        return f"p{round(self.attainment * 100, 6):g}"
+
+    def at_percentile(self, values: Sequence[float]) -> float:
+        """The statistic a limit is judged on: the ``ceil(attainment x n)``-th smallest of
+        the ``n`` requests' values (nearest rank), so that it is within the limit exactly
+        when enough requests meet that limit."""
+        n = len(values)
+        if not n:
+            return math.nan
+        k = math.ceil(self.attainment * n - 1e-9)
+        return float(np.partition(np.asarray(values, dtype=np.float64), k - 1)[k - 1])
+
+    def text(self) -> str:
+        """``TTFT <= 0.5 s and TPOT <= 0.03 s for 90% of requests (p90 targets)``."""
+        names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
+        parts = [f"{names[k]} <= {v:g} s" for k, v in self.judged().items()]
+        share = f"{round(self.attainment * 100, 6):g}%"
+        return f"{' and '.join(parts)} for {share} of requests ({self.percentile} targets)"
+
+    def judged(self) -> dict[str, float]:
+        """The limits given (metric -> seconds), in the order ttft, tpot, e2e."""
+        pairs = (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s))
+        return {k: v for k, v in pairs if v is not None}
 
 
 class Workload(BaseModel):

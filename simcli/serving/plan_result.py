@@ -17,6 +17,8 @@ class Probe:
     attainment: float  # over all requests; an upper bound when stopped early
     stopped_early: bool
     summary: dict[str, Any] | None  # the simulator's summary of a complete run
+    # TTFT, TPOT, E2E at the SLO's percentile (SLO.at_percentile; None when stopped early)
+    at_slo: dict[str, float] | None = None
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Deployment:
     usd_per_gpu_hour: float
     probe: Probe
     fewer: Probe | None  # replicas - 1, simulated and missing the SLO (None: replicas == 1)
+    slo: SLO | None = None  # what the deployment meets (for its margin)
 
     @property
     def gpus(self) -> int:
@@ -45,11 +48,21 @@ class Deployment:
             else math.inf
         )
 
+    @property
+    def slo_margin(self) -> float:
+        """The smallest headroom ``1 - value / limit`` over the given limits, each value at
+        the SLO's percentile (0: one sits on its limit; NaN without the statistics)."""
+        return slo_margin(self.slo, self.probe.at_slo)
+
     def sort_key(self) -> tuple:
+        """Cost ($/hour), then the larger SLO margin, then $ per million output tokens,
+        then p99 E2E, then the config (deterministic)."""
         s = self.probe.summary or {}
         c = self.candidate
+        margin = self.slo_margin
         return (
             round(self.usd_per_hour, 9),
+            -round(margin, 9) if math.isfinite(margin) else math.inf,
             round(self.usd_per_million_output_tokens, 9),
             s.get("e2e_s_p99", math.inf),
             c.gpu,
@@ -79,6 +92,7 @@ class Deployment:
             "usd_per_hour": self.usd_per_hour,
             "usd_per_million_output_tokens": self.usd_per_million_output_tokens,
             "slo_attainment": self.probe.attainment,
+            **slo_columns(self.slo, self.probe),
             **{k: (settings or {}).get(k) for k in SETTING_COLUMNS},
             **{
                 k: s.get(k)
@@ -97,6 +111,24 @@ class Deployment:
             # attainment with one replica fewer (an upper bound when that run stopped early)
             "attainment_one_fewer": self.fewer.attainment if self.fewer else None,
         }
+
+
+def slo_margin(slo: SLO | None, at_slo: dict[str, float] | None) -> float:
+    """``min(1 - value / limit)`` over the SLO's limits, values at its percentile."""
+    if slo is None or not at_slo:
+        return math.nan
+    return min(1.0 - at_slo[k] / limit for k, limit in slo.judged().items())
+
+
+def slo_columns(slo: SLO | None, probe: Probe) -> dict[str, Any]:
+    """The columns that say what the SLO was judged on: its percentile (``p90`` for
+    attainment 0.9), TTFT/TPOT/E2E at that percentile and the margin."""
+    at = probe.at_slo or {}
+    return {
+        "slo_percentile": slo.percentile if slo is not None else None,
+        **{f"{k}_at_slo_percentile": at.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")},
+        "slo_margin": slo_margin(slo, probe.at_slo) if probe.at_slo else None,
+    }
 
 
 # The search's deployment settings repeated on every row of ``records`` and ``evaluated`` (a
@@ -168,6 +200,7 @@ class PlanResult:
             "num_requests": self.workload.num_requests,
             "seed": self.workload.seed,
             "slo": self.slo.model_dump(),
+            "slo_percentile": self.slo.percentile,
             **self.settings,
             "configs_evaluated": self.configs_evaluated,
             "configs_feasible": self.configs_feasible,
@@ -242,6 +275,7 @@ class PlanResult:
                         else None,
                         "meets_slo": pr.passed,
                         "slo_attainment": pr.attainment,
+                        **slo_columns(self.slo, pr),
                         "stopped_early": pr.stopped_early,
                         "status": status,
                         **{k: s.get(k) for k in PROBE_METRICS},

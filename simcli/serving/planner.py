@@ -17,7 +17,8 @@ P:D ratio). A ratio makes the deployment disaggregated (:mod:`simcli.serving.dis
 its ``R`` replicas split into ``round(R x P / (P + D))`` prefill replicas (kept within
 ``[1, R - 1]``) and the rest decode, exactly as ``simcli serve --disaggregate --pd-ratio
 P:D --replicas R`` splits them; both pools use the config's GPU, TP and scheduler, KV
-moves over the default link (``inter``, no layer overlap). For each config the replica
+moves over ``simcli serve``'s default link (``intra`` when every GPU of both pools fits in
+one node, else ``inter``; no layer overlap). For each config the replica
 count is the free variable: the fewest replicas that meet the SLO at the target QPS.
 Attainment rises with replicas (more replicas, shorter queues; not strictly monotone
 because routing and batching change, hence "monotone-ish"), so:
@@ -78,11 +79,13 @@ because routing and batching change, hence "monotone-ish"), so:
    as soon as more requests have missed the SLO than the attainment allows: a failing
    probe of an overloaded deployment costs a fraction of a full run.
 
-**Ranking.** Feasible deployments by $/hour (GPUs x price), then by $ per million output
-tokens over the simulated run (the simulator's ``cost_usd_per_million_output_tokens``:
-GPU-hours from first arrival to last completion; lower when the run drains sooner), then
-by p99 end-to-end latency. Deterministic for a seed: the search order, the requests and
-the simulator are.
+**Ranking.** Feasible deployments by $/hour (GPUs x price), then by their SLO margin (the
+smallest headroom ``1 - value / limit`` over the given limits, each value taken at the
+SLO's percentile: the ``ceil(attainment x N)``-th smallest of the N requests', so p90 for
+the default attainment 0.9), then by $ per million output tokens over the simulated run
+(the simulator's ``cost_usd_per_million_output_tokens``: GPU-hours from first arrival to
+last completion; lower when the run drains sooner), then by p99 end-to-end latency.
+Deterministic for a seed: the search order, the requests and the simulator are.
 
 **Simplifications.** One replica shape per deployment (no mixing GPU types; both pools
 of a disaggregated one have the same GPU, TP and scheduler, and their split is searched
@@ -135,28 +138,38 @@ class _Missed(Exception):
 
 
 class _Judge:
-    """Per-request SLO check as requests finish (the simulator's ``sink``)."""
+    """Per-request SLO check as requests finish (the simulator's ``sink``); keeps each
+    request's TTFT, TPOT (0 for a one-token output: it meets any TPOT limit) and E2E for
+    the statistics the limits are judged on (:meth:`at_slo`)."""
 
-    __slots__ = ("ttft", "tpot", "e2e", "budget", "good", "bad")
+    __slots__ = ("ttft", "tpot", "e2e", "budget", "good", "bad", "slo", "seen")
 
     def __init__(self, slo: SLO, n: int) -> None:
+        self.slo = slo
         self.ttft, self.tpot, self.e2e = slo.limits()
         self.budget = slo.max_misses(n)
         self.good = self.bad = 0
+        self.seen: tuple[list[float], list[float], list[float]] = ([], [], [])
 
     def __call__(self, req: Request) -> None:
         first, fin, out = req.first_token_s, req.finish_s, req.output_tokens
-        ok = (
-            first - req.arrival_s <= self.ttft  # type: ignore[operator]
-            and fin - req.arrival_s <= self.e2e  # type: ignore[operator]
-            and (out <= 1 or (fin - first) / (out - 1) <= self.tpot)  # type: ignore[operator]
-        )
-        if ok:
+        ttft = first - req.arrival_s  # type: ignore[operator]
+        e2e = fin - req.arrival_s  # type: ignore[operator]
+        tpot = (fin - first) / (out - 1) if out > 1 else 0.0  # type: ignore[operator]
+        self.seen[0].append(ttft)
+        self.seen[1].append(tpot)
+        self.seen[2].append(e2e)
+        if ttft <= self.ttft and e2e <= self.e2e and tpot <= self.tpot:
             self.good += 1
         else:
             self.bad += 1
             if self.bad > self.budget:
                 raise _Missed
+
+    def at_slo(self) -> dict[str, float]:
+        """TTFT, TPOT and E2E at the SLO's percentile over every request (nearest rank)."""
+        names = ("ttft_s", "tpot_s", "e2e_s")
+        return {k: self.slo.at_percentile(v) for k, v in zip(names, self.seen, strict=True)}
 
 
 class DeploymentBuilder(Protocol):
@@ -405,7 +418,9 @@ class Planner:
             probe = Probe(replicas, False, (n - judge.bad) / n, True, None)
         else:
             att = judge.good / n
-            probe = Probe(replicas, judge.bad <= judge.budget, att, False, dict(summary))
+            probe = Probe(
+                replicas, judge.bad <= judge.budget, att, False, dict(summary), judge.at_slo()
+            )
         st.probes[replicas] = self._probes[shape] = probe
         return probe
 
@@ -538,7 +553,7 @@ class Planner:
                     self._finish(st, "infeasible", f"SLO missed with {cap} replicas")
                 continue
             fewer = st.probes.get(passed.replicas - 1)
-            res.deployments.append(Deployment(c, passed.replicas, price, passed, fewer))
+            res.deployments.append(Deployment(c, passed.replicas, price, passed, fewer, self.slo))
             self._finish(st, "feasible")
         for (gpu, tp, why), labels in skipped.items():
             n = len(labels)
@@ -607,20 +622,11 @@ def search_deployments(
         else:
             why = ""
         raise PlanError(
-            f"no deployment meets the SLO ({_slo_text(slo)}) at {workload.qps:g} qps within "
+            f"no deployment meets the SLO ({slo.text()}) at {workload.qps:g} qps within "
             f"{planner.space.max_replicas} replicas{why}; allowed: looser SLOs, a lower "
             "--attainment, more --max-replicas, other --gpus-types/--tp"
         )
     return result
-
-
-def _slo_text(slo: SLO) -> str:
-    parts = [
-        f"{name} <= {v:g} s"
-        for name, v in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("E2E", slo.e2e_s))
-        if v is not None
-    ]
-    return f"{' and '.join(parts)} for {slo.attainment:.0%} of requests"
 
 
 __all__ = [

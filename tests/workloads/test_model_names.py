@@ -1,0 +1,53 @@
+"""A config.json's model is named by the config, else by the file (issue 18 item 4): run in
+folder ``s``, ``--draft-model draft.json`` used to report ``"draft_model": "s"``."""
+
+import json
+
+import pytest
+
+from workloads.models import load_model
+
+LLAMA_1B = {
+    "model_type": "llama",
+    "num_hidden_layers": 16,
+    "hidden_size": 2048,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "intermediate_size": 8192,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.mark.parametrize(
+    "extra, file, name",
+    [
+        ({}, "draft.json", "draft"),  # the file's stem, never the folder it sits in
+        ({"_name_or_path": "meta-llama/Llama-3.2-1B"}, "draft.json", "meta-llama/Llama-3.2-1B"),
+        ({"name": "tiny", "_name_or_path": "x/y"}, "draft.json", "tiny"),
+        ({"_name_or_path": ""}, "my-model.json", "my-model"),
+        ({}, "Llama-3.2-1B/config.json", "Llama-3.2-1B"),  # a checkpoint folder's config
+    ],
+)
+def test_name_from_the_config_else_the_file(tmp_path, monkeypatch, extra, file, name):
+    folder = tmp_path / "s"
+    path = folder / file
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**LLAMA_1B, **extra}))
+    monkeypatch.chdir(folder)
+    rel = file if "/" not in file else file.split("/")[0]  # a folder: its config.json
+    assert load_model(rel).id == name
+    assert load_model(str(path)).name == name
+
+
+def test_serve_reports_the_draft_by_its_file_name(run, tmp_path, monkeypatch):
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "draft.json").write_text(json.dumps(LLAMA_1B))
+    monkeypatch.chdir(folder)
+    argv = ["serve", "--model", "llama3-8b", "--gpu", "h100-sxm", "--qps", "2"]
+    res = run(*argv, "--num-requests", "10", "--draft-model", "draft.json", "--format", "json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["draft_model"] == "draft"

@@ -28,7 +28,7 @@ DEFAULT_PATTERNS = "dense,window:4096,nsa,s2:local=8,stride=8"
 class SparsityConfig(BaseModel):
     """``simcli sparsity compare``: what each attention pattern buys over dense."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model: str = Field(description="Built-in model id or config.json.")
     gpu: str = Field(description="GPU id (see `simcli specs list`).")

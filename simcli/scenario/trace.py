@@ -69,7 +69,7 @@ class TraceConfigError(ValueError):
 class TraceConfig(BaseModel):
     """The workload a profiler trace ran (``--config FILE``, YAML or JSON)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Kind = Field(description="train (one optimizer step) | prefill | decode")
     model: str = Field(description="Built-in model id or a HuggingFace-style config.json path.")

@@ -111,7 +111,7 @@ def _check_margin(value: str) -> str:
     return value
 
 
-_CONFIG = ConfigDict(extra="forbid", frozen=True)
+_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 # Memory options train and plan share (pydantic copies a FieldInfo per model)
 _FP8_PARAMS = Field(

@@ -19,7 +19,7 @@ class VarlenError(ValueError):
 class VarlenConfig(BaseModel):
     """What ``simcli varlen`` simulates (the model, GPU and cost model come separately)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     lengths: LengthDist = Field(description="document-length distribution")
     num_gpus: int = Field(gt=0, description="GPUs in the job")

@@ -25,6 +25,7 @@ from costmodels.steps.memory import MemoryEstimate, estimate_memory
 from costmodels.steps.training import step_costs
 from hardware_specs.prices import gpu_price
 from hardware_specs.published import mfu_note
+from hardware_specs.registry import MAX_GPUS
 from simcli.scenario.hardware import CostModel, Hardware, resolve_hardware
 from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
 from simcli.training.search import Objective, SearchResult, gpu_counts, search_plans
@@ -33,6 +34,7 @@ from simcli.training.search_space import COMPUTE_DTYPE, SearchSpace
 from simcli.training.simulator import TrainResult, simulate_iteration
 from simcli.training.to_train import to_train_fields
 from workloads.models import ModelConfig, load_model
+from workloads.ops import MAX_TOKENS
 from workloads.plan import (
     PRECISIONS,
     RANK_ORDERS,
@@ -62,6 +64,8 @@ def parse_int_list(text: str, example: str, least: int = 1) -> tuple[int, ...] |
         raise ValueError(f"not a comma list of integers; allowed: e.g. {example}") from None
     if any(v < least for v in values):
         raise ValueError(f"has a value < {least}; allowed: {_kind(least)}")
+    if any(v > MAX_LIST_VALUE for v in values):
+        raise ValueError(f"has a value > {MAX_LIST_VALUE:,}; allowed: {_kind(least)} up to that")
     return values
 
 
@@ -78,6 +82,14 @@ def _int_list(value: Any, example: str, least: int = 1) -> Any:
 
 
 DEFAULT_MEMORY_MARGIN = "2%"
+# Upper bounds of the sizes (a typo such as --seq-len 1e26 is one line, not an overflow)
+MAX_LIST_VALUE = 1 << 20  # degrees and layer counts in comma lists
+MAX_SEQUENCES = 2**31 - 1
+MAX_LAYERS = 100_000
+GPUS_WHY = "2^20 GPUs, beyond any cluster simcli models"
+SEQS_WHY = "2^31 - 1 sequences"
+TOKENS_WHY = "2^24 tokens, beyond any model's context window"
+LAYERS_WHY = "more virtual stages than any model has layers"
 
 
 def memory_margin_bytes(text: str, capacity_bytes: float) -> float:
@@ -138,26 +150,77 @@ class TrainConfig(BaseModel):
 
     model: str = Field(description="Built-in model id or a HuggingFace-style config.json path.")
     gpu: str = Field(description="GPU id (see `simcli specs list`).")
-    gpus: int = Field(ge=1, description="GPUs in the job (reference nodes unless --cluster).")
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree (GPUs per TP group).")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel stages.")
+    gpus: int = Field(
+        ge=1,
+        le=MAX_GPUS,
+        json_schema_extra={"le_why": GPUS_WHY},
+        description="GPUs in the job (reference nodes unless --cluster).",
+    )
+    tp: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS,
+        json_schema_extra={"le_why": GPUS_WHY},
+        description="Tensor-parallel degree (GPUs per TP group).",
+    )
+    pp: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS,
+        json_schema_extra={"le_why": GPUS_WHY},
+        description="Pipeline-parallel stages.",
+    )
     dp: int | None = Field(
         None, ge=1, description="Data-parallel degree; default: gpus / (tp * pp * cp)."
     )
-    vpp: int = Field(1, ge=1, description="Virtual pipeline stages per rank (interleaved).")
-    cp: int = Field(1, ge=1, description="Context-parallel degree (each sequence split cp ways).")
+    vpp: int = Field(
+        1,
+        ge=1,
+        le=MAX_LAYERS,
+        json_schema_extra={"le_why": LAYERS_WHY},
+        description="Virtual pipeline stages per rank (interleaved).",
+    )
+    cp: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS,
+        json_schema_extra={"le_why": GPUS_WHY},
+        description="Context-parallel degree (each sequence split cp ways).",
+    )
     cp_kind: CPKind = Field(
         "ring",
         description="Context parallelism: ring attention, Ulysses all-to-all, TokenRing, "
         "allgather (K/V all-gathered, Llama 3) or hierarchical (Ulysses in a node x ring).",
     )
-    ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE models, within DP).")
+    ep: int = Field(
+        1,
+        ge=1,
+        le=MAX_GPUS,
+        json_schema_extra={"le_why": GPUS_WHY},
+        description="Expert-parallel degree (MoE models, within DP).",
+    )
     zero: Literal[0, 1, 2, 3] = Field(
         0, description="ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 parameters."
     )
-    micro_batch: int = Field(1, ge=1, description="Sequences per micro-batch.")
-    global_batch: int = Field(ge=1, description="Sequences per iteration.")
-    seq_len: int = Field(ge=1, description="Tokens per sequence.")
+    micro_batch: int = Field(
+        1,
+        ge=1,
+        le=MAX_SEQUENCES,
+        json_schema_extra={"le_why": SEQS_WHY},
+        description="Sequences per micro-batch.",
+    )
+    global_batch: int = Field(
+        ge=1,
+        le=MAX_SEQUENCES,
+        json_schema_extra={"le_why": SEQS_WHY},
+        description="Sequences per iteration.",
+    )
+    seq_len: int = Field(
+        ge=1,
+        le=MAX_TOKENS,
+        json_schema_extra={"le_why": TOKENS_WHY},
+        description="Tokens per sequence.",
+    )
     pp_schedule: PPSchedule = Field("1f1b", description="Pipeline schedule.")
     recompute: Recompute = Field("none", description="Activation recomputation.")
     sequence_parallel: bool | None = Field(
@@ -179,12 +242,14 @@ class TrainConfig(BaseModel):
     first_stage_layers: int | None = Field(
         None,
         ge=0,
+        le=MAX_LAYERS,
         description="Layers on the first pipeline stage, the rest even (Megatron's "
         "--decoder-first-pipeline-num-layers; 0: the embedding alone).",
     )
     last_stage_layers: int | None = Field(
         None,
         ge=0,
+        le=MAX_LAYERS,
         description="Layers on the last pipeline stage (0: the LM head and loss alone).",
     )
     fp8_params: bool = _FP8_PARAMS
@@ -240,8 +305,7 @@ class TrainConfig(BaseModel):
     train_tokens: float | None = Field(
         None,
         gt=0,
-        description="Tokens to train on (e.g. 1e12): also report days, GPU-hours and US$ "
-        "to train.",
+        description="Tokens to train on (e.g. 1e12): also report days, GPU-hours and US$ to train.",
     )
     price_usd_per_gpu_hour: float | None = Field(
         None,
@@ -268,10 +332,25 @@ class PlanConfig(BaseModel):
 
     model: str = Field(description="Built-in model id or a HuggingFace-style config.json path.")
     gpu: str = Field(description="GPU id (see `simcli specs list`).")
-    gpus: int = Field(ge=1, description="GPUs in the job (reference nodes).")
-    seq_len: int = Field(ge=1, description="Tokens per sequence.")
-    global_batch: int = Field(ge=1, description="Sequences per iteration.")
-    top: int = Field(5, ge=1, description="How many plans to return.")
+    gpus: int = Field(
+        ge=1,
+        le=MAX_GPUS,
+        json_schema_extra={"le_why": GPUS_WHY},
+        description="GPUs in the job (reference nodes).",
+    )
+    seq_len: int = Field(
+        ge=1,
+        le=MAX_TOKENS,
+        json_schema_extra={"le_why": TOKENS_WHY},
+        description="Tokens per sequence.",
+    )
+    global_batch: int = Field(
+        ge=1,
+        le=MAX_SEQUENCES,
+        json_schema_extra={"le_why": SEQS_WHY},
+        description="Sequences per iteration.",
+    )
+    top: int = Field(5, ge=1, le=10_000, description="How many plans to return.")
     objective: Objective = Field(
         "time",
         description="time: iteration time on --gpus GPUs; cost: US$ per iteration "
@@ -282,7 +361,10 @@ class PlanConfig(BaseModel):
         description="Also try uneven pipeline stages balancing time and memory (Galvatron-BMW).",
     )
     max_tp: int | None = Field(
-        None, ge=1, description="Largest tensor-parallel degree; default: GPUs per node."
+        None,
+        ge=1,
+        le=MAX_GPUS,
+        description="Largest tensor-parallel degree; default: GPUs per node.",
     )
     tp: tuple[int, ...] | None = Field(
         None, description="Only these tensor-parallel degrees, e.g. 4,8; default: all."
@@ -290,13 +372,20 @@ class PlanConfig(BaseModel):
     pp: tuple[int, ...] | None = Field(
         None, description="Only these pipeline-parallel degrees, e.g. 4,8; default: all."
     )
-    max_pp: int | None = Field(None, ge=1, description="Largest pipeline-parallel degree.")
-    max_cp: int | None = Field(None, ge=1, description="Largest context-parallel degree.")
+    max_pp: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="Largest pipeline-parallel degree."
+    )
+    max_cp: int | None = Field(
+        None, ge=1, le=MAX_GPUS, description="Largest context-parallel degree."
+    )
     min_cp_tokens: int = Field(
-        512, ge=0, description="Prune context parallelism below this many tokens per rank."
+        512,
+        ge=0,
+        le=MAX_TOKENS,
+        description="Prune context parallelism below this many tokens per rank.",
     )
     max_micro_batch: int | None = Field(
-        None, ge=1, description="Largest micro-batch, in sequences."
+        None, ge=1, le=MAX_SEQUENCES, description="Largest micro-batch, in sequences."
     )
     fp8_params: bool = _FP8_PARAMS
     grad_reduce_dtype: Literal["fp32", "bf16"] | None = _GRAD_REDUCE_DTYPE

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import typer
 
+from simcli import progress
 from simcli.errors import user_errors
 from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, atomic_write_csv, atomic_write_json, emit_object
@@ -59,7 +60,7 @@ def train(
         title = f"{scenario.model.id} on {config.gpus} x {config.gpu}"
         emit_object(run.flat() if fmt == Format.csv else run.to_dict(), fmt, title=title)
         note = run.mfu_note()
-        if note and not quiet:
+        if note and not quiet and not progress.quiet():
             sys.stderr.write(f"note: {note}\n")
 
 

@@ -50,6 +50,7 @@ from simcli.scenario.sparsity import SparsityConfig, resolve_sparsity, run_spars
 from simcli.scenario.training import (
     PlanConfig,
     TrainConfig,
+    plan_object,
     resolve_plan,
     resolve_train,
     run_plan,
@@ -89,9 +90,7 @@ def _train(config: TrainConfig) -> dict[str, Any]:
 
 
 def _plan(config: PlanConfig) -> dict[str, Any]:
-    result = run_plan(resolve_plan(config))
-    plans = [{"rank": i + 1, **p.record()} for i, p in enumerate(result.plans)]
-    return {**result.summary(), "plans": plans}
+    return plan_object(run_plan(resolve_plan(config)), config)
 
 
 def _serve(config: ServeOptions) -> dict[str, Any]:

@@ -13,6 +13,7 @@ simulator or the search on those resolved objects only and return what the comma
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -735,8 +736,54 @@ def run_plan(
     )
 
 
+def plan_records(result: SearchResult, train_tokens: float | None = None) -> list[dict]:
+    """The ranked plans of ``simcli plan``; with ``train_tokens``, each one's days,
+    GPU-hours and US$ to train."""
+    out = []
+    price = result.price_usd_per_gpu_hour
+    for i, p in enumerate(result.plans):
+        row = {"rank": i + 1, **p.record()}
+        if train_tokens is not None:
+            row |= to_train_fields(
+                iteration_s=p.iteration_s,
+                tokens_per_iteration=result.global_batch * result.seq_len,
+                num_gpus=p.plan.num_gpus,
+                usd_per_gpu_hour=None if math.isnan(price) else price,
+                train_tokens=train_tokens,
+            )
+        out.append(row)
+    return out
+
+
+def plan_mfu_note(result: SearchResult, config: PlanConfig) -> str | None:
+    """Why the best plan's MFU is above every published run on this GPU (None if not)."""
+    if config.precision == "fp8":
+        return None  # fp8 MFU is against the fp8 peak; published ceilings are bf16
+    best = result.plans[0]
+    return mfu_note(config.gpu, best.mfu, best.plan.num_gpus)
+
+
+def plan_pareto(result: SearchResult) -> list[dict]:
+    """The time / memory / cost front (closed-form times) as JSON records."""
+    return [p.record() for p in result.pareto]
+
+
+def plan_object(result: SearchResult, config: PlanConfig) -> dict[str, Any]:
+    """The JSON object of ``simcli plan`` (and of its sweep points)."""
+    return {
+        **result.summary(),
+        "plans": plan_records(result, config.train_tokens),
+        "pareto": plan_pareto(result),
+        "mfu_note": plan_mfu_note(result, config),
+    }
+
+
 __all__ = [
     "PlanConfig",
+    "plan_mfu_note",
+    "plan_object",
+    "plan_pareto",
+    "plan_records",
     "PlanScenario",
     "TrainConfig",
     "TrainRun",

@@ -19,9 +19,12 @@ def test_note_only_beyond_the_published_ceiling():
     assert mfu_note("mi300x", 0.99, 8) is None  # no published figure: nothing to say
 
 
-def test_plan_says_why_its_best_mfu_is_above_published_runs():
+def test_plan_says_why_its_best_mfu_is_above_published_runs(monkeypatch):
     """Issue 18 item 2: GPT-3 175B on 1,024 A100s is predicted at MFU ~0.72, beyond the
     ~0.5-0.56 real runs reached; the JSON and stderr say so."""
+    from simcli import progress
+
+    monkeypatch.setitem(progress._state, "quiet", False)  # (another test may have set it)
     res = CliRunner().invoke(
         simcli.cli.app,
         ["plan", "--model", "gpt3-175b", "--gpu", "a100-sxm-80gb", "--gpus", "1024",

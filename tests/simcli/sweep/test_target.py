@@ -156,7 +156,7 @@ ERRORS = [
     ("train", {"model": "llama3-8b", "gpu": GPU, "gpus": 8, "global-batch": 64,
                "seq-len": 4096, "tp": 1}, "error: plan does not fit"),
     ("train", {"model": "llama3-8b", "gpu": GPU, "gpus": 8, "global-batch": 64,
-               "seq-len": 4096, "tp": 0}, "error: --tp 0: Input should be greater"),
+               "seq-len": 4096, "tp": 0}, "error: --tp 0 is invalid; allowed: 1 to"),
     ("predict gemm", {"gpu": GPU, "m": 0, "n": 1, "k": 1}, "m"),
     ("predict gemm", {"gpu": "h900", "m": 1, "n": 1, "k": 1}, "unknown GPU 'h900'"),
     ("predict gemm", {"gpu": GPU, "m": 1, "n": 1, "k": 1, "dtype": "fp4"}, "dtype"),

@@ -65,6 +65,11 @@ PERCENTILE_HELP = (
 # --------------------------------------------------------------------------- simcli serve
 
 
+# The gamma arrival process has shape 1 / CV^2: beyond CV 100 (shape 1e-4) one gap holds
+# almost all the time and the shape underflows to 0 (serve --burstiness 1e308 divided by it)
+MAX_BURSTINESS = 100.0
+BURSTINESS_WHY = "a CV of 100 already puts nearly every arrival in one burst"
+
 class ServeOptions(CommandConfig):
     """``simcli serve``: one deployment (model, GPUs, parallelism, scheduler, engine and the
     optional disaggregation, speculative decoding and multi-branch features) and the
@@ -99,7 +104,11 @@ class ServeOptions(CommandConfig):
         description="Mean arrival rate, requests/s; with --trace: resample its lengths.",
     )
     burstiness: float = Field(
-        1.0, gt=0, description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma)."
+        1.0,
+        gt=0,
+        le=MAX_BURSTINESS,
+        description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma).",
+        json_schema_extra={"le_why": BURSTINESS_WHY},
     )
     trace: Path | None = Field(
         None,
@@ -121,7 +130,7 @@ class ServeOptions(CommandConfig):
     )
     prefix_groups: int = Field(1, gt=0, description="Distinct shared prefixes.")
     prefix_caching: bool = Field(True, description="Reuse cached prefix KV blocks.")
-    seed: int = Field(0, description="Seed of arrivals and lengths.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of arrivals and lengths.")
     preemption: Literal["recompute", "swap"] = Field(
         "recompute", description="What a preempted sequence loses: recompute | swap"
     )
@@ -532,9 +541,13 @@ class ServePlanOptions(CommandConfig):
         description="Requests simulated per probe (same ones every probe).",
     )
     burstiness: float = Field(
-        1.0, gt=0, description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma)."
+        1.0,
+        gt=0,
+        le=MAX_BURSTINESS,
+        description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma).",
+        json_schema_extra={"le_why": BURSTINESS_WHY},
     )
-    seed: int = Field(0, description="Seed of arrivals and lengths.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of arrivals and lengths.")
     slo_ttft_s: float | None = Field(
         None, gt=0, description=f"TTFT limit, seconds, {PERCENTILE_HELP}."
     )

@@ -27,7 +27,8 @@ class GpuPrice(BaseModel):
 def gpu_prices() -> dict[str, GpuPrice]:
     """GPU id -> price, from the shipped table (indicative on-demand rates, sourced)."""
     text = resources.files("hardware_specs").joinpath("data/gpu_prices.yaml").read_text()
-    rows = [GpuPrice.model_validate(r) for r in yaml.safe_load(text)["prices"]]
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when installed: ~8x faster
+    rows = [GpuPrice.model_validate(r) for r in yaml.load(text, Loader=loader)["prices"]]
     return {r.gpu: r for r in rows}
 
 

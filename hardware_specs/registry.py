@@ -13,8 +13,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-import numpy as np
 import yaml
 from pydantic import ValidationError
 
@@ -28,20 +28,30 @@ from hardware_specs.schema import (
     NodeGroup,
     NodeSpec,
 )
-from hardware_specs.topology import pod_factor_many, pod_factor_of_nodes, pod_of
+
+if TYPE_CHECKING:  # numpy and the topology load where used: `simcli specs` needs neither
+    import numpy as np
 
 
 class SpecError(ValueError):
     """Unknown id or invalid spec file; the message is one line meant for users."""
 
 
-def _read_mapping(path: Path) -> dict:
+# libyaml's parser (same constructor, so the same objects, ~8x faster) for the shipped
+# files; users' files keep the pure-Python parser and its error messages
+_BUILTIN_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _read_mapping(path: Path, *, builtin: bool = False) -> dict:
     try:
         text = path.read_text()
     except OSError as exc:
         raise SpecError(f"cannot read hardware file {path}: {exc.strerror or exc}") from exc
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.load(text, Loader=_BUILTIN_LOADER) if builtin else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
         raise SpecError(f"hardware file {path} is not valid JSON: {exc}") from exc
     except yaml.YAMLError as exc:
@@ -73,10 +83,11 @@ def _validation_line(exc: ValidationError, where: str, data: dict | None = None)
     return f"{where}: {text}: {msg}{got}"
 
 
-def load_hardware_file(path: str | Path) -> HardwareFile:
-    """Parse and validate a spec file; raises :class:`SpecError` with one line."""
+def load_hardware_file(path: str | Path, *, builtin: bool = False) -> HardwareFile:
+    """Parse and validate a spec file; raises :class:`SpecError` with one line.
+    ``builtin``: a file shipped with simcli (parsed by libyaml when installed)."""
     path = Path(path)
-    data = _read_mapping(path)
+    data = _read_mapping(path, builtin=builtin)
     try:
         return HardwareFile.model_validate(data)
     except ValidationError as exc:
@@ -232,6 +243,8 @@ class System:
 
     def pod_of(self, node: int) -> int:
         """Pod of node index ``node`` (nodes fill pods in rank order; 0 without pods)."""
+        from hardware_specs.topology import pod_of
+
         return pod_of(self.fabric, node)
 
     def pods_spanned(self, nodes: Sequence[int] | range) -> int:
@@ -261,6 +274,8 @@ class System:
         ``concurrent_nodes``: nodes whose NICs carry copies of this traffic at once
         (default: the group's node stride; for send/recv between pipeline stages pass
         the stage's node count)."""
+        from hardware_specs.topology import pod_factor_of_nodes
+
         nic = self.nic_slowdown(nodes)
         return max(nic, pod_factor_of_nodes(self.fabric, nodes, kind, concurrent_nodes))
 
@@ -274,6 +289,10 @@ class System:
     ) -> np.ndarray:
         """:meth:`slowdown` of groups whose nodes are ``first_node + i * node_stride``,
         ``i < node_count`` (integer arrays, broadcast together), as one array."""
+        import numpy as np
+
+        from hardware_specs.topology import pod_factor_many
+
         first, stride, count = np.broadcast_arrays(
             np.asarray(first_node, dtype=np.int64),
             np.asarray(node_stride, dtype=np.int64),
@@ -296,7 +315,7 @@ MAX_GPUS = 1 << 20
 
 def _builtin_file(name: str) -> HardwareFile:
     path = resources.files("hardware_specs") / "data" / name
-    return load_hardware_file(Path(str(path)))
+    return load_hardware_file(Path(str(path)), builtin=True)
 
 
 @lru_cache(maxsize=1)

@@ -11,11 +11,13 @@ import tempfile
 from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Format(StrEnum):
@@ -89,6 +91,8 @@ def emit_records(
         obj[json_key] = [jsonable(dict(r)) for r in records]
         sys.stdout.write(json.dumps(obj, indent=2) + "\n")
     elif fmt == Format.csv:
+        import pandas as pd  # here, not at the top: the CLI starts without pandas
+
         pd.DataFrame(list(records)).to_csv(sys.stdout, index=False, float_format="%.6g")
     else:
         table = Table(title=title or None)
@@ -106,6 +110,8 @@ def emit_object(obj: dict[str, Any], fmt: Format, *, title: str = "") -> None:
         sys.stdout.write(json.dumps(jsonable(obj), indent=2) + "\n")
     elif fmt == Format.csv:
         flat = {k: v for k, v in obj.items() if not isinstance(v, dict | list)}
+        import pandas as pd
+
         pd.DataFrame([flat]).to_csv(sys.stdout, index=False, float_format="%.6g")
     else:
         table = Table(title=title or None, show_header=False)

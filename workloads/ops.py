@@ -9,13 +9,15 @@ each op kind needs; the scalar :class:`Op` validator and the vectorised
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hardware_specs.schema import Dtype
+
+if TYPE_CHECKING:  # pandas loads where a frame is built: `simcli predict gemm` needs none
+    import pandas as pd
 
 
 class OpKind(StrEnum):
@@ -257,6 +259,8 @@ def check_fields(kind: OpKind, values: dict[str, Any]) -> None:
 
 def ops_frame(ops: list[Op] | tuple[Op, ...]) -> pd.DataFrame:
     """Build a validated ops frame from :class:`Op` objects."""
+    import pandas as pd
+
     return normalise_frame(
         pd.DataFrame([o.row() for o in ops], columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
     )
@@ -264,6 +268,8 @@ def ops_frame(ops: list[Op] | tuple[Op, ...]) -> pd.DataFrame:
 
 def _clean_text(series: pd.Series) -> np.ndarray:
     """Strip and lower-case a text column; done on its distinct values only (fast)."""
+    import pandas as pd
+
     codes, uniques = pd.factorize(series.astype(object), use_na_sentinel=True)
     cleaned = np.array([str(u).strip().lower() for u in uniques] + [""], dtype=object)
     return cleaned[codes]  # code -1 (missing) picks the trailing ""
@@ -271,6 +277,8 @@ def _clean_text(series: pd.Series) -> np.ndarray:
 
 def _parse_numbers(series: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(values, empty, unparsable) for a column of numbers, numeric or text."""
+    import pandas as pd
+
     if pd.api.types.is_numeric_dtype(series.dtype) and not pd.api.types.is_bool_dtype(series.dtype):
         values = series.to_numpy(dtype="float64", na_value=np.nan)
         empty = np.isnan(values)
@@ -387,6 +395,8 @@ def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame
         out["density"] = dens
     else:
         out["density"] = np.full(n_rows, np.nan)
+
+    import pandas as pd
 
     result = pd.DataFrame({c: out[c] for c in (*CSV_COLUMNS, *EXTRA_COLUMNS)})
     _check_kinds(result, row_offset)

@@ -8,9 +8,9 @@ through the same code on length-1 arrays, so scalar and vectorised always agree.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from costmodels.ops.attention import attention_work, decode_work
 from costmodels.ops.collectives import collective_work
@@ -30,6 +30,9 @@ from workloads.ops import (
     OpKind,
     normalise_frame,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _ATTN_TILED = [
     OpKind.attn_fwd.value,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from hardware_specs.schema import DTYPE_BYTES, Dtype, GpuSpec
 
@@ -27,9 +26,32 @@ class Work:
     bytes: np.ndarray
 
 
+# below this many values a dict beats pandas' hash table (and spares importing pandas)
+_SMALL = 256
+
+
+def factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pandas.factorize(values)``: (codes, distinct values in order of appearance), code
+    -1 for a missing value (None or NaN). Small arrays (the ops of one step or one
+    command) are hashed in a dict, large ones by pandas, imported only then."""
+    if len(values) > _SMALL:
+        import pandas as pd
+
+        return pd.factorize(values)
+    seen: dict = {}
+    codes = np.empty(len(values), dtype=np.intp)
+    for i, v in enumerate(values.tolist() if isinstance(values, np.ndarray) else values):
+        codes[i] = -1 if v is None or v != v else seen.setdefault(v, len(seen))
+    if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":  # as pandas: same dtype
+        return codes, np.array(list(seen), dtype=values.dtype)
+    uniq = np.empty(len(seen), dtype=object)
+    uniq[:] = list(seen)
+    return codes, uniq
+
+
 def by_dtype(dtypes: np.ndarray, table: dict[str, float], what: str) -> np.ndarray:
     """Map a string array of dtypes through ``table``; unknown ones raise one clear line."""
-    codes, uniq = pd.factorize(dtypes)  # hashing over distinct values, not per-value masks
+    codes, uniq = factorize(dtypes)  # hashing over distinct values, not per-value masks
     missing = [str(d) for d in uniq if d not in table]
     if missing:
         allowed = ", ".join(sorted(str(k) for k in table))

@@ -18,15 +18,17 @@ predicting before fitting raises).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodels.ops.common import NotFittedError, Work, peak_flops
 from hardware_specs.schema import GpuSpec
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, Op, normalise_frame
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def utilisation(work: Work, dtype: np.ndarray, gpu: GpuSpec) -> tuple[np.ndarray, np.ndarray]:

@@ -9,9 +9,8 @@ two cannot drift apart.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
-from costmodels.ops.common import ELEMENT_BYTES, Work, by_dtype
+from costmodels.ops.common import ELEMENT_BYTES, Work, by_dtype, factorize
 from costmodels.ops.gemm import row_alignment
 from hardware_specs.schema import Dtype
 
@@ -52,7 +51,7 @@ _GEMM_CLASS_OF_DTYPE = {
 
 def lookup(values: np.ndarray, table: dict[str, str], default: str = "") -> np.ndarray:
     """Map a string array through ``table`` via its distinct values (fast on big arrays)."""
-    codes, uniq = pd.factorize(values)  # hashing, not sorting: fast on big string arrays
+    codes, uniq = factorize(values)  # hashing, not sorting: fast on big string arrays
     return np.array([table.get(str(u), default) for u in uniq] + [default], dtype=object)[codes]
 
 

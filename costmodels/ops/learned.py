@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from costmodels.ops.analytical import AnalyticalCostModel, frame_columns, op_columns
 from costmodels.ops.common import NotFittedError, Work
 from costmodels.ops.features import FEATURE_NAMES, feature_matrix, kernel_family, op_class
 from workloads.ops import Op, normalise_frame
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FAMILIES = ("none", "linear", "shallow", "trees")
 

@@ -195,7 +195,8 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 @lru_cache(maxsize=1)
 def _raw_defaults() -> dict[str, Any]:
     path = Path(str(resources.files("costmodels") / "data" / "efficiency.yaml"))
-    return yaml.safe_load(path.read_text())
+    # libyaml's parser when installed: the same objects as safe_load, ~8x faster
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def arch_params(architecture: str, overrides: dict[str, Any] | None = None) -> ArchParams:

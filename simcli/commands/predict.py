@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import typer
 
 from simcli.errors import user_errors
@@ -137,6 +136,8 @@ def _one_op(config: OpConfig, fmt: Format, output: Path | None) -> None:
 
 
 def _write_op(output: Path, pred: OpPrediction) -> None:
+    import pandas as pd
+
     op, cost, work = pred.scenario.op, pred.scenario.hardware.cost_model, pred.work
     row = pd.DataFrame([op.row()]).dropna(axis=1, how="all")
     row["predicted_ms"] = pred.time_s * 1e3
@@ -235,6 +236,8 @@ def layer(config: LayerConfig, fmt: Format = FormatOpt, output: Path | None = Ou
 def _write_layer(output: Path, pred: LayerPrediction) -> None:
     """``predict layer --output``: the layer's ops (times x their count) as a predict bundle,
     or the rows as one CSV / the result as JSON."""
+    import pandas as pd
+
     if not output_is_dir(output):
         if output.suffix.lower() == ".json":
             atomic_write_json(output, pred.to_dict())

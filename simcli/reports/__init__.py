@@ -1,9 +1,33 @@
 """Result bundles: tidy CSVs, ``config.json`` and one self-contained ``report.html``.
 
 The last layer: it reads simulator and cost-model results and never computes them.
+Names load on first use (PEP 562 ``__getattr__``): a command that only asks
+:func:`output_is_dir` does not import the page renderer.
 """
 
-from simcli.reports.bundle import output_is_dir, write_output_dir
-from simcli.reports.page import Report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_WHERE = {
+    "output_is_dir": "simcli.reports.bundle",
+    "write_output_dir": "simcli.reports.bundle",
+    "Report": "simcli.reports.page",
+}
+
+if TYPE_CHECKING:
+    from simcli.reports.bundle import output_is_dir, write_output_dir
+    from simcli.reports.page import Report
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["Report", "output_is_dir", "write_output_dir"]

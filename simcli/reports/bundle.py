@@ -15,12 +15,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from simcli import __version__
 from simcli.output import cannot_write
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FILE_SUFFIXES = (".csv", ".json")
 

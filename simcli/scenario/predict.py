@@ -17,15 +17,13 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodels.ops.common import Work
 from simcli.scenario.hardware import Hardware, resolve_hardware
-from workloads.models import ModelConfig, load_model
 from workloads.ops import (
     ADAMW_N_LIMIT,
     CSV_COLUMNS,
@@ -40,7 +38,14 @@ from workloads.ops import (
     size_limit,
 )
 
-_CONFIG = ConfigDict(extra="forbid", frozen=True)
+if TYPE_CHECKING:  # pandas and the model catalogue load where used: `predict gemm` needs neither
+    import pandas as pd
+
+    from workloads.models import ModelConfig
+
+# defer_build: a command validates one of these configs; the others' validators are never
+# built (start-up time)
+_CONFIG = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 DTYPES = "fp64 | fp32 | tf32 | bf16 | fp16 | fp8 | int8"
 ATTENTION_KINDS = {"fwd": OpKind.attn_fwd, "bwd": OpKind.attn_bwd, "fwdbwd": OpKind.attn_fwdbwd}
 BLOCKSPARSE_KINDS = {"fwd": OpKind.attn_blocksparse_fwd, "bwd": OpKind.attn_blocksparse_bwd}
@@ -367,6 +372,8 @@ def resolve_layer(config: LayerConfig) -> LayerScenario:
             f"--batch {config.batch} x --seq-len {config.seq_len} = {tokens} tokens is too "
             f"large; allowed: at most {limit} tokens, the GEMMs' m ({why})"
         )
+    from workloads.models import load_model
+
     model = load_model(config.model)
     return LayerScenario(config=config, model=model, hardware=_hardware_of(config))
 
@@ -440,6 +447,8 @@ def run_layer(scenario: LayerScenario) -> LayerPrediction:
 
 def read_ops_csv(path: Path) -> pd.DataFrame:
     """Read an ops CSV as strings (values are validated by ``normalise_frame``)."""
+    import pandas as pd
+
     try:
         with warnings.catch_warnings():
             # rows longer than the header would silently become an index: refuse them

@@ -266,19 +266,56 @@ def ops_frame(ops: list[Op] | tuple[Op, ...]) -> pd.DataFrame:
     )
 
 
-def _clean_text(series: pd.Series) -> np.ndarray:
-    """Strip and lower-case a text column; done on its distinct values only (fast)."""
+def _text_codes(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, cleaned): a text column stripped and lower-cased on its distinct values
+    only (fast); the column is ``cleaned[codes]``, code -1 (missing) picking the trailing
+    "" of ``cleaned``, so checks can run on the distinct values too."""
     import pandas as pd
 
-    codes, uniques = pd.factorize(series.astype(object), use_na_sentinel=True)
+    if isinstance(series.dtype, pd.CategoricalDtype):  # already coded (a fast CSV read)
+        codes, uniques = series.cat.codes.to_numpy(), series.cat.categories
+    else:  # pandas' string columns factorize as they are, others as objects
+        text = isinstance(series.dtype, pd.StringDtype)
+        values = series if text else series.astype(object)
+        codes, uniques = pd.factorize(values, use_na_sentinel=True)
     cleaned = np.array([str(u).strip().lower() for u in uniques] + [""], dtype=object)
-    return cleaned[codes]  # code -1 (missing) picks the trailing ""
+    return codes, cleaned
+
+
+def _clean_text(series: pd.Series) -> np.ndarray:
+    """Strip and lower-case a text column; done on its distinct values only (fast)."""
+    codes, cleaned = _text_codes(series)
+    return cleaned[codes]
+
+
+def _parse_digits(series: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`_parse_numbers` of an Arrow-backed string column whose cells are all empty
+    or plain ASCII digits (at most 15: exact in float64 whichever way they are parsed),
+    computed by Arrow; None for any other column (pandas parses those)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.chunked_array(pa.array(series.array))
+    if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
+        return None
+    length = pc.binary_length(arr)
+    empty = pc.fill_null(pc.equal(length, 0), True)
+    digits = pc.and_(pc.ascii_is_decimal(arr), pc.less_equal(length, 15))
+    if not pc.all(pc.or_(empty, pc.fill_null(digits, False))).as_py():
+        return None
+    values = pc.cast(pc.if_else(empty, pa.scalar(None, arr.type), arr), pa.float64())
+    empty_np = empty.to_numpy()
+    return values.to_numpy(), empty_np, np.zeros(len(empty_np), dtype=bool)
 
 
 def _parse_numbers(series: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(values, empty, unparsable) for a column of numbers, numeric or text."""
     import pandas as pd
 
+    if isinstance(series.dtype, pd.StringDtype) and series.dtype.storage == "pyarrow":
+        fast = _parse_digits(series)
+        if fast is not None:
+            return fast
     if pd.api.types.is_numeric_dtype(series.dtype) and not pd.api.types.is_bool_dtype(series.dtype):
         values = series.to_numpy(dtype="float64", na_value=np.nan)
         empty = np.isnan(values)
@@ -322,23 +359,24 @@ def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame
             raise OpError(message.format(row=j + 1 + row_offset, value=repr(value)))
 
     valid_ops = sorted(k.value for k in OpKind)
-    out["op"] = _clean_text(frame["op"])
+    codes, cleaned = _text_codes(frame["op"])
+    out["op"] = cleaned[codes]
     first_bad(
-        ~np.isin(out["op"], valid_ops),
+        ~np.isin(cleaned, valid_ops)[codes],
         "op",
         "row {row}: unknown op {value}; allowed: " + ", ".join(valid_ops),
     )
 
     valid_dt = sorted(d.value for d in Dtype)
     if "dtype" in frame.columns:
-        dt = _clean_text(frame["dtype"])
+        codes, dt = _text_codes(frame["dtype"])
         dt[dt == ""] = DEFAULT_DTYPE.value
         first_bad(
-            ~np.isin(dt, valid_dt),
+            ~np.isin(dt, valid_dt)[codes],
             "dtype",
             "row {row}: unknown dtype {value}; allowed: " + ", ".join(valid_dt),
         )
-        out["dtype"] = dt
+        out["dtype"] = dt[codes]
     else:
         out["dtype"] = np.full(n_rows, DEFAULT_DTYPE.value, dtype=object)
 
@@ -367,17 +405,17 @@ def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame
         out[col] = values
 
     if "causal" in frame.columns:
-        c = _clean_text(frame["causal"])
+        codes, c = _text_codes(frame["causal"])
         truthy, falsy = (
             ["1", "true", "yes", "y", "t", "1.0"],
             ["", "0", "false", "no", "n", "f", "0.0"],
         )
         first_bad(
-            ~np.isin(c, truthy + falsy),
+            ~np.isin(c, truthy + falsy)[codes],
             "causal",
             "row {row}: column 'causal' must be true/false/1/0, got {value}",
         )
-        out["causal"] = np.isin(c, truthy)
+        out["causal"] = np.isin(c, truthy)[codes]
     else:
         out["causal"] = np.zeros(n_rows, dtype=bool)
 
@@ -398,18 +436,28 @@ def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame
 
     import pandas as pd
 
-    result = pd.DataFrame({c: out[c] for c in (*CSV_COLUMNS, *EXTRA_COLUMNS)})
+    # text stays object (pandas 3 would make Arrow strings of it: slower to build and to
+    # read back, and the same values)
+    result = pd.DataFrame(
+        {
+            c: pd.Series(out[c], dtype=object, copy=False) if out[c].dtype == object else out[c]
+            for c in (*CSV_COLUMNS, *EXTRA_COLUMNS)
+        }
+    )
     _check_kinds(result, row_offset)
     return result
 
 
 def _check_kinds(out: pd.DataFrame, row_offset: int) -> None:
+    import pandas as pd
+
     ops = out["op"].to_numpy()
+    present = set(pd.unique(ops))  # one hash pass; a kind absent costs nothing below
     for kind in OpKind:
-        mask = ops == kind.value
-        if not mask.any():
+        if kind.value not in present:
             continue
-        sub = out.loc[mask]
+        mask = ops == kind.value
+        sub = out if len(present) == 1 else out.loc[mask]  # one kind: no copy of the frame
         rows = np.flatnonzero(mask)
         for col in REQUIRED[kind]:
             missing = sub[col].isna().to_numpy()

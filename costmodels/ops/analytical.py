@@ -14,7 +14,7 @@ import numpy as np
 
 from costmodels.ops.attention import attention_work, decode_work
 from costmodels.ops.collectives import collective_work
-from costmodels.ops.common import Work
+from costmodels.ops.common import CHUNK_ROWS, Work, factorize, in_chunks
 from costmodels.ops.elementwise import elementwise_work
 from costmodels.ops.energy import PowerModel
 from costmodels.ops.features import lookup
@@ -59,12 +59,18 @@ def frame_columns(frame: pd.DataFrame) -> Columns:
     cols: Columns = {}
     for c in (*CSV_COLUMNS, *EXTRA_COLUMNS):
         if c in _STR_COLUMNS:
-            cols[c] = frame[c].to_numpy(dtype=str, na_value="")
+            cols[c] = _text(frame[c])
         elif c == "causal":
             cols[c] = frame[c].to_numpy(dtype=bool)
         else:
             cols[c] = frame[c].to_numpy(dtype=float, na_value=np.nan)
     return cols
+
+
+def _text(series: pd.Series) -> np.ndarray:
+    """A text column as a str array ("" where missing), via its few distinct values."""
+    codes, uniq = factorize(series.to_numpy())
+    return np.append(np.asarray(uniq, dtype=str), "")[codes]  # code -1 (missing) -> ""
 
 
 def op_columns(op: Op) -> Columns:
@@ -107,7 +113,11 @@ class AnalyticalCostModel:
 
     # --- prediction ------------------------------------------------------------------
     def work_columns(self, cols: Columns) -> Work:
-        """Time, FLOPs and bytes for every row of a column dict."""
+        """Time, FLOPs and bytes for every row of a column dict (large inputs
+        :data:`~costmodels.ops.common.CHUNK_ROWS` rows at a time: the same values, every row
+        is priced on its own, with the arrays in the CPU caches and memory bounded)."""
+        if len(cols["op"]) > CHUNK_ROWS:
+            return in_chunks(self.work_columns, cols)
         kind = cols["op"]
         family = lookup(kind, _FAMILY_OF_OP)  # one pass over the distinct op names
         size = len(kind)

@@ -8,9 +8,11 @@ two cannot drift apart.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
-from costmodels.ops.common import ELEMENT_BYTES, Work, by_dtype, factorize
+from costmodels.ops.common import ELEMENT_BYTES, Work, by_dtype, distinct
 from costmodels.ops.gemm import row_alignment
 from hardware_specs.schema import Dtype
 
@@ -51,7 +53,7 @@ _GEMM_CLASS_OF_DTYPE = {
 
 def lookup(values: np.ndarray, table: dict[str, str], default: str = "") -> np.ndarray:
     """Map a string array through ``table`` via its distinct values (fast on big arrays)."""
-    codes, uniq = factorize(values)  # hashing, not sorting: fast on big string arrays
+    codes, uniq = distinct(values)  # over the distinct values: fast on big string arrays
     return np.array([table.get(str(u), default) for u in uniq] + [default], dtype=object)[codes]
 
 
@@ -116,40 +118,91 @@ FEATURE_NAMES: list[str] = [
 ]  # fmt: skip
 
 
+class Features:
+    """The columns of :func:`feature_matrix` for ``cols`` and their analytical ``work``,
+    each computed when first asked for (``features(i)``, i indexing
+    :data:`FEATURE_NAMES`) and kept: a correction reads only the few features its trees
+    split on, and prediction builds only those. Same expressions as the matrix, so the
+    same values bit for bit."""
+
+    def __init__(self, cols: dict[str, np.ndarray], work: Work) -> None:
+        self.cols, self.work = cols, work
+        self._done: dict[int, np.ndarray] = {}
+
+    def __call__(self, i: int) -> np.ndarray:
+        col = self._done.get(i)
+        if col is None:
+            col = self._done[i] = _FEATURES[i](self)
+        return col
+
+    @cached_property
+    def gemm_rows(self) -> np.ndarray:
+        return self.cols["op"] == "gemm"
+
+    @cached_property
+    def elt(self) -> np.ndarray:
+        return by_dtype(self.cols["dtype"], ELEMENT_BYTES, "features")
+
+    @cached_property
+    def dims(self) -> list[np.ndarray]:
+        return [np.where(np.isnan(x), 1.0, x) for x in (self.cols[c] for c in "mnk")]
+
+    def log(self, name: str) -> np.ndarray:
+        key = f"log:{name}"
+        got = self.__dict__.get(key)
+        if got is None:
+            src = self.work.flops if name == "flops" else self.work.bytes
+            got = self.__dict__[key] = _log(src)
+        return got
+
+    def align(self, a: int) -> np.ndarray:
+        return np.where(self.gemm_rows, np.prod([_aligned(d, a) for d in self.dims], axis=0), 1.0)
+
+    def row_align(self, c: str) -> np.ndarray:
+        return np.where(self.gemm_rows, np.log2(row_alignment(self.cols[c] * self.elt)), 4.0)
+
+    def group(self) -> np.ndarray:
+        hq, hkv = self.cols["heads_q"], self.cols["heads_kv"]
+        group = np.where(np.isnan(hq) | np.isnan(hkv), 1.0, hq / np.where(np.isnan(hkv), 1.0, hkv))
+        return np.log2(group)
+
+    def equal(self, c: str, value: str) -> np.ndarray:
+        return (self.cols[c] == value).astype(float)
+
+
+def _is(c: str, value: str):
+    return lambda f: f.equal(c, value)
+
+
+# one function per name of FEATURE_NAMES, in order
+_FEATURES = [
+    lambda f: np.log2(np.maximum(f.work.time_s, 1e-9) * 1e9),
+    lambda f: f.log("flops"),
+    lambda f: f.log("bytes"),
+    lambda f: f.log("flops") - f.log("bytes"),
+    *[(lambda f, c=c: _log(f.cols[c]))
+      for c in ("m", "n", "k", "batch", "seq_q", "seq_kv", "heads_q")],
+    lambda f: f.group(),
+    lambda f: _log(f.cols["head_dim"]),
+    lambda f: f.cols["causal"].astype(float),
+    lambda f: np.nan_to_num(f.cols["density"], nan=1.0),
+    lambda f: _log(f.cols["block_size"]),
+    lambda f: _log(f.cols["bytes"]),
+    lambda f: np.nan_to_num(f.cols["ranks"], nan=1.0),
+    lambda f: np.nan_to_num(f.cols["nodes"], nan=1.0),
+    *[(lambda f, a=a: f.align(a)) for a in (8, 64, 128)],
+    *[(lambda f, c=c: f.row_align(c)) for c in ("k", "n", "m")],
+    lambda f: np.isin(f.cols["op"], ["attn_bwd", "attn_blocksparse_bwd"]).astype(float),
+    _is("op", "attn_fwdbwd"),
+    *[_is("dtype", d) for d in DTYPES],
+    *[_is("backend", b) for b in BACKENDS],
+    *[_is("op", e) for e in ELEMENTWISE],
+    *[_is("op", c) for c in COLLECTIVES],
+]  # fmt: skip
+assert len(_FEATURES) == len(FEATURE_NAMES)
+
+
 def feature_matrix(cols: dict[str, np.ndarray], work: Work) -> np.ndarray:
     """Rows x len(FEATURE_NAMES) float matrix."""
-    op = cols["op"]
-    t = np.maximum(work.time_s, 1e-9)
-    m, n, k = cols["m"], cols["n"], cols["k"]
-    hq, hkv = cols["heads_q"], cols["heads_kv"]
-    group = np.where(np.isnan(hq) | np.isnan(hkv), 1.0, hq / np.where(np.isnan(hkv), 1.0, hkv))
-    dims = np.stack([np.where(np.isnan(x), 1.0, x) for x in (m, n, k)])
-    gemm_rows = op == "gemm"
-    align = [
-        np.where(gemm_rows, np.prod([_aligned(d, a) for d in dims], axis=0), 1.0)
-        for a in (8, 64, 128)
-    ]
-    elt = by_dtype(cols["dtype"], ELEMENT_BYTES, "features")
-    parts = [
-        np.log2(t * 1e9),
-        _log(work.flops),
-        _log(work.bytes),
-        _log(work.flops) - _log(work.bytes),
-        _log(m), _log(n), _log(k), _log(cols["batch"]), _log(cols["seq_q"]), _log(cols["seq_kv"]),
-        _log(hq), np.log2(group), _log(cols["head_dim"]),
-        cols["causal"].astype(float),
-        np.nan_to_num(cols["density"], nan=1.0),
-        _log(cols["block_size"]),
-        _log(cols["bytes"]),
-        np.nan_to_num(cols["ranks"], nan=1.0),
-        np.nan_to_num(cols["nodes"], nan=1.0),
-        *align,
-        *[np.where(gemm_rows, np.log2(row_alignment(x * elt)), 4.0) for x in (k, n, m)],
-        np.isin(op, ["attn_bwd", "attn_blocksparse_bwd"]).astype(float),
-        (op == "attn_fwdbwd").astype(float),
-        *[(cols["dtype"] == d).astype(float) for d in DTYPES],
-        *[(cols["backend"] == b).astype(float) for b in BACKENDS],
-        *[(op == e).astype(float) for e in ELEMENTWISE],
-        *[(op == c).astype(float) for c in COLLECTIVES],
-    ]  # fmt: skip
-    return np.column_stack(parts)
+    features = Features(cols, work)
+    return np.column_stack([features(i) for i in range(len(FEATURE_NAMES))])

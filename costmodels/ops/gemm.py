@@ -19,7 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels.ops.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype, cdiv, peak_flops
+from costmodels.ops.common import (
+    ELEMENT_BYTES,
+    GEMM_OUT_BYTES,
+    Work,
+    by_dtype,
+    by_dtypes,
+    cdiv,
+    peak_flops,
+    peak_flops_table,
+)
 from costmodels.ops.params import GemmParams
 from hardware_specs.schema import GpuSpec
 
@@ -58,9 +67,13 @@ def _gemm_parts(
     """(FLOPs, operand bytes, compute-bound seconds of the best tiling, HBM bytes/s)."""
     m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
     batch = np.where(np.isnan(batch), 1.0, batch)
-    in_b = by_dtype(dtype, ELEMENT_BYTES, "GEMM")
-    out_b = by_dtype(dtype, GEMM_OUT_BYTES, "GEMM")
-    eff = by_dtype(dtype, {str(d): v for d, v in p.mma_efficiency.items()}, "GEMM efficiency")
+    in_b, out_b, eff, peak = by_dtypes(
+        dtype,
+        (ELEMENT_BYTES, "GEMM"),
+        (GEMM_OUT_BYTES, "GEMM"),
+        ({str(d): v for d, v in p.mma_efficiency.items()}, "GEMM efficiency"),
+        (peak_flops_table(gpu), f"GPU {gpu.id}"),
+    )
     sm = float(gpu.sm_count)
     # rows of A (k elements) and of B and C (n elements) must be 16-byte aligned for the
     # fastest kernels; misaligned shapes fall back to slower ones
@@ -71,29 +84,46 @@ def _gemm_parts(
         for bytes_, f in table.items():
             factor[(in_b == elt_bytes) & (align == bytes_)] = f
     eff = np.where(dtype == "fp32", eff, eff * factor)
-    sm_rate = peak_flops(dtype, gpu) * eff / sm
+    sm_rate = peak * eff / sm
     feed_per_sm = p.operand_feed_bytes_per_s / sm
     hbm = gpu.hbm_bytes_per_s * p.memory_efficiency
 
     flops = 2.0 * m * n * k * batch
     bytes_ = batch * ((m * k + k * n) * in_b + m * n * out_b)
 
+    # For each tile and split-K factor:
+    #   waves = ceil(tiles * split / sm)
+    #   t = waves * (2 Tm Tn (ceil(k / split) + k_overhead) / tile_rate + wave_latency)
+    #       (+ 2 split m n batch 4 / hbm for split > 1: an fp32 m x n partial per split,
+    #       written, then read by the reduction)
+    # evaluated with the parts that do not depend on the tile computed once. Split factors
+    # are powers of two, and scaling by one commutes with rounding, so the hoisted
+    # tiles / sm and m n batch / hbm give the same floats as the formula term by term.
+    splits = [s for s in SPLIT_FACTORS if s <= p.max_split_k]
+    k_terms = {s: cdiv(k, s) + p.k_overhead for s in splits}
+    partial = (m * n * batch) / hbm
+    blocks = {}  # ceil(m / Tm), ceil(n / Tn)
     best = np.full(m.shape, np.inf)
+    t = np.empty(m.shape)
+    waves = np.empty(m.shape)
     for tm, tn in p.tiles:
         # FLOPs per operand byte fed into one tile: 2 Tm Tn Tk / ((Tm + Tn) Tk bytes).
         intensity = 2.0 * tm * tn / ((tm + tn) * in_b)
         tile_rate = np.minimum(sm_rate, feed_per_sm * intensity)
-        tiles = cdiv(m, tm) * cdiv(n, tn) * batch
-        for split in SPLIT_FACTORS:
-            if split > p.max_split_k:
-                break
-            waves = cdiv(tiles * split, sm)
-            k_per = cdiv(k, split)
-            t = waves * (2.0 * tm * tn * (k_per + p.k_overhead) / tile_rate + p.wave_latency_s)
+        for key, dim, size in (("m", m, tm), ("n", n, tn)):
+            if (key, size) not in blocks:
+                blocks[key, size] = cdiv(dim, size)
+        tiles_per_sm = blocks["m", tm] * blocks["n", tn] * batch / sm
+        for split in splits:
+            np.multiply(tiles_per_sm, split, out=waves)
+            np.ceil(waves, out=waves)
+            np.multiply(2.0 * tm * tn, k_terms[split], out=t)
+            np.divide(t, tile_rate, out=t)
+            np.add(t, p.wave_latency_s, out=t)
+            np.multiply(waves, t, out=t)
             if split > 1:
-                # each split writes and the reduction reads an fp32 m x n partial
-                t = t + 2.0 * split * m * n * batch * 4.0 / hbm
-            best = np.minimum(best, t)
+                np.add(t, (2.0 * split * 4.0) * partial, out=t)
+            np.minimum(best, t, out=best)
     return flops, bytes_, best, hbm
 
 

@@ -17,14 +17,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from costmodels.ops.analytical import AnalyticalCostModel, frame_columns, op_columns
-from costmodels.ops.common import NotFittedError, Work
-from costmodels.ops.features import FEATURE_NAMES, feature_matrix, kernel_family, op_class
+from costmodels.ops.common import CHUNK_ROWS, NotFittedError, Work, distinct, in_chunks
+from costmodels.ops.features import (
+    FEATURE_NAMES,
+    Features,
+    feature_matrix,
+    kernel_family,
+    op_class,
+)
 from workloads.ops import Op, normalise_frame
 
 if TYPE_CHECKING:
     import pandas as pd
 
 FAMILIES = ("none", "linear", "shallow", "trees")
+# trees with more inner nodes than this are walked node by node (TreeEnsemble.predict)
+_MAX_TABLE_BITS = 16
+# inputs shorter than this are walked too: building the tables would cost more
+_TABLE_MIN_ROWS = 256
 
 
 def _depth(lefts: list[np.ndarray], rights: list[np.ndarray]) -> int:
@@ -84,6 +94,57 @@ class TreeEnsemble:
             object.__setattr__(self, "_pad", (left, right, feat, thr, val, depth))
         return self._pad
 
+    def _tables(self) -> list[tuple[list[int], list[float], np.ndarray]] | None:
+        """Per tree: the features and thresholds of its J inner nodes and a table of
+        2**J leaf terms (``learning_rate * value``), indexed by the J comparisons
+        ``x[feature] <= threshold`` as bits (the first inner node the highest); None when a
+        tree is too deep for a table."""
+        if not hasattr(self, "_tab"):
+            tables: list[tuple[list[int], list[float], np.ndarray]] | None = []
+            for lf, r, f, th, v in zip(
+                self.left, self.right, self.feature, self.threshold, self.value, strict=True
+            ):
+                inner = [int(i) for i in np.flatnonzero(lf >= 0)]
+                bits = len(inner)
+                if bits > _MAX_TABLE_BITS:
+                    tables = None
+                    break
+                shift = np.zeros(len(lf), dtype=np.int64)  # each inner node's bit
+                shift[inner] = bits - 1 - np.arange(bits)
+                patterns = np.arange(1 << bits)
+                node = np.zeros(len(patterns), dtype=np.int64)
+                while (lf[node] >= 0).any():  # walk every pattern to its leaf
+                    go_left = (patterns >> shift[node]) & 1
+                    node = np.where(lf[node] < 0, node, np.where(go_left == 1, lf[node], r[node]))
+                table = self.learning_rate * v[node]
+                tables.append(([int(f[i]) for i in inner], [float(th[i]) for i in inner], table))
+            object.__setattr__(self, "_tab", tables)
+        return self._tab
+
+    def predict_features(self, features: Any, rows: int) -> np.ndarray:
+        """:meth:`predict` bit for bit, reading feature columns ``features(i)`` (a
+        :class:`~costmodels.ops.features.Features`) instead of a matrix: only the features
+        the trees split on are built, and each tree costs one comparison per inner node
+        plus one table lookup instead of a walk of gathers per level."""
+        tables = self._tables() if rows >= _TABLE_MIN_ROWS else None
+        if tables is None:  # few rows (one op, one step): the matrix is cheap
+            x = np.column_stack([features(i) for i in range(len(FEATURE_NAMES))])
+            return self.predict(x)
+        out = np.full(rows, self.init)
+        wide = max((len(f) for f, _, _ in tables), default=0) > 8
+        idx = np.empty(rows, dtype=np.uint16 if wide else np.uint8)
+        bit = np.empty(rows, dtype=bool)
+        term = np.empty(rows)
+        for feats, ths, table in tables:
+            idx.fill(0)
+            for f, th in zip(feats, ths, strict=True):  # idx = 2 idx + (x[f] <= th)
+                np.less_equal(features(f), th, out=bit)
+                np.multiply(idx, 2, out=idx)
+                np.add(idx, bit, out=idx, casting="unsafe")
+            np.take(table, idx, out=term)
+            out += term
+        return out
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         left, right, feat, thr, val, depth = self._padded()
         rows = len(x)
@@ -139,6 +200,16 @@ class Residual:
         else:
             raw = np.zeros(len(x))
         return np.clip(raw, -self.bound, self.bound)
+
+    def predict_features(self, features: Features, rows: int) -> np.ndarray:
+        """:meth:`predict` of the feature matrix, from lazily built feature columns."""
+        if self.family == "trees" and self.trees is not None:
+            raw = self.trees.predict_features(features, rows)
+            return np.clip(raw, -self.bound, self.bound)
+        if self.family == "linear" and self.linear is not None:
+            x = np.column_stack([features(i) for i in range(len(FEATURE_NAMES))])
+            return self.predict(x)
+        return np.clip(np.zeros(rows), -self.bound, self.bound)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"family": self.family, "bound": self.bound}
@@ -355,8 +426,63 @@ class LearnedCostModel:
             keys[rows] = np.where(np.isin(own, list(self.residuals_)), own, keys[rows])
         return keys
 
+    def _correction_groups(self, cols: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+        """(residual key, rows) of every row group a fitted correction (not ``none``) applies
+        to: :meth:`_correction_keys` computed on the distinct (op, dtype) pairs and kernel
+        families, not row by row."""
+        op_codes, ops = distinct(cols["op"])
+        dt_codes, dtypes = distinct(cols["dtype"])
+        pair = op_codes.astype(np.int64) * len(dtypes) + dt_codes
+        pair_codes, pairs = distinct(pair)
+        names = op_class(
+            ops[pairs // len(dtypes)].astype(str), dtypes[pairs % len(dtypes)].astype(str)
+        )
+        cls_codes, classes = distinct(names)
+        cls_of_row = cls_codes[pair_codes]
+        split = {k.rsplit("/", 1)[0] for k in self.residuals_ if "/" in k}
+        groups: list[tuple[str, np.ndarray]] = []
+        order = np.argsort(cls_of_row, kind="stable")
+        bounds = np.searchsorted(cls_of_row[order], np.arange(len(classes) + 1))
+        for c, cls in enumerate(classes.tolist()):
+            rows = order[bounds[c] : bounds[c + 1]]
+            if not len(rows):
+                continue
+            if cls not in split:
+                groups.append((cls, rows))
+                continue
+            sub = {k: cols[k][rows] for k in ("op", "dtype", "k", "n", "backend") if k in cols}
+            fam_codes, fams = distinct(kernel_family(sub))
+            for f, fam in enumerate(fams.tolist()):
+                own = f"{cls}/{fam}"
+                groups.append((own if own in self.residuals_ else cls, rows[fam_codes == f]))
+        return [
+            (key, rows)
+            for key, rows in groups
+            if key in self.residuals_ and self.residuals_[key].family != "none"
+        ]
+
     def work_columns(self, cols: dict[str, np.ndarray]) -> Work:
-        """Corrected time; FLOPs and bytes are the analytical model's."""
+        """Corrected time; FLOPs and bytes are the analytical model's. Large inputs are
+        priced :data:`~costmodels.ops.common.CHUNK_ROWS` rows at a time (the same values:
+        every row is priced on its own)."""
+        self._check_fitted()
+        rows = len(cols["op"])
+        if rows > CHUNK_ROWS:
+            return in_chunks(self.work_columns, cols)
+        work = self.base.work_columns(cols)
+        log_ratio = np.zeros(rows)
+        for key, idx in self._correction_groups(cols):
+            sub_cols = _Rows(cols, idx)
+            sub_work = Work(work.time_s[idx], work.flops[idx], work.bytes[idx])
+            log_ratio[idx] = self.residuals_[key].predict_features(
+                Features(sub_cols, sub_work), len(idx)
+            )
+        return Work(time_s=work.time_s * np.exp(log_ratio), flops=work.flops, bytes=work.bytes)
+
+    def work_columns_reference(self, cols: dict[str, np.ndarray]) -> Work:
+        """:meth:`work_columns` as it was first written (the whole feature matrix, trees
+        walked level by level, one pass over all rows); kept to test the fast path
+        against (tests/costmodels/ops/test_learned_fast_path.py)."""
         self._check_fitted()
         work = self.base.work_columns(cols)
         classes = self._correction_keys(cols)
@@ -408,6 +534,21 @@ class LearnedCostModel:
         model.residuals_ = {k: Residual.from_dict(v) for k, v in d["residuals"].items()}
         model.selection_ = d.get("selection", {})
         return model
+
+
+class _Rows(dict):
+    """``{name: column[rows]}`` for the columns of ``cols``, each sliced when first read."""
+
+    def __init__(self, cols: dict[str, np.ndarray], rows: np.ndarray) -> None:
+        super().__init__()
+        self.cols, self.rows = cols, rows
+
+    def __missing__(self, name: str) -> np.ndarray:
+        col = self[name] = self.cols[name][self.rows]
+        return col
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.cols
 
 
 _OP_COLS = {

@@ -96,7 +96,7 @@ def batch(
         elif output_csv.suffix.lower() == ".json":
             atomic_write_json(output_csv, pred.to_dict())  # what --format json prints
         else:
-            atomic_write_csv(pred.out, output_csv)
+            pred.write_csv(output_csv)
         emit_object({**pred.summary(), "output": str(output_csv)}, fmt, title="simcli predict")
 
 

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodels.ops.common import Work
+from costmodels.ops.common import CHUNK_ROWS, Work
 from simcli.scenario.hardware import Hardware, resolve_hardware
+from simcli.scenario.ops_csv import FastOps, read_fast, write_predictions
 from workloads.ops import (
     ADAMW_N_LIMIT,
     CSV_COLUMNS,
@@ -491,10 +493,63 @@ class PredictBatchConfig(BaseModel):
 
 @dataclass(frozen=True)
 class PredictBatchScenario:
+    """An ops CSV read, validated and (the fast way) priced.
+
+    Read by pandas as strings (``raw``) and validated whole (``validated``); or, for the
+    plain CSVs that are almost all input, read by :mod:`simcli.scenario.ops_csv`
+    (``fast``), validated and priced chunk by chunk as it goes (``priced``): a million
+    rows then never exist as a frame of strings or a validated frame, only as the file's
+    bytes and the times. ``rows`` and ``frame`` build those frames when a caller wants them
+    (JSON rows, report bundles)."""
+
     config: PredictBatchConfig
     hardware: Hardware
-    raw: pd.DataFrame  # the CSV as read (strings): the output repeats its rows
-    frame: pd.DataFrame  # validated ops frame
+    raw: pd.DataFrame | None  # the CSV as read (strings); None when read the fast way
+    validated: pd.DataFrame | None  # its validated frame; None when read the fast way
+    fast: FastOps | None = None  # the fast read (its bytes: the output repeats them)
+    priced: Work | None = None  # the fast path's prices
+
+    @cached_property
+    def rows(self) -> pd.DataFrame:
+        """The CSV as read (strings): the output repeats its rows."""
+        if self.raw is not None:
+            return self.raw
+        assert self.config.input_csv is not None
+        return read_ops_csv(self.config.input_csv)
+
+    @cached_property
+    def frame(self) -> pd.DataFrame:
+        """The validated ops frame."""
+        return self.validated if self.validated is not None else normalise_frame(self.rows)
+
+
+_THREADS = 2
+
+
+def _price_fast(frame: pd.DataFrame, cost_model: Any) -> Work:
+    """Validate (:func:`normalise_frame`, :func:`check_size_limits`) and price the rows of
+    a fast read, :data:`~costmodels.ops.common.CHUNK_ROWS` at a time; the first bad row
+    raises :class:`OpError` (the caller then reads the file the reference way, which
+    finds the first error of the whole file and words it)."""
+
+    def price(i: int) -> Work:
+        chunk = normalise_frame(frame.iloc[i : i + CHUNK_ROWS], row_offset=i)
+        check_size_limits(chunk, row_offset=i)
+        return cost_model.work_many(chunk, validated=True)
+
+    starts = range(0, len(frame), CHUNK_ROWS)
+    if len(starts) < 4:
+        parts = [price(i) for i in starts]
+    else:  # numpy lets go of the GIL in its loops: two threads use two cores
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=_THREADS) as pool:
+            parts = list(pool.map(price, starts))
+    return Work(
+        time_s=np.concatenate([w.time_s for w in parts]),
+        flops=np.concatenate([w.flops for w in parts]),
+        bytes=np.concatenate([w.bytes for w in parts]),
+    )
 
 
 def resolve_predict_batch(config: PredictBatchConfig) -> PredictBatchScenario:
@@ -502,6 +557,15 @@ def resolve_predict_batch(config: PredictBatchConfig) -> PredictBatchScenario:
     if config.input_csv is None or config.gpu is None:
         raise OpError(f"batch mode needs --gpu and --input (or use a subcommand: {SUBCOMMANDS})")
     hardware = _hardware_of(config)
+    fast = read_fast(config.input_csv)
+    if fast is not None and fast.frame is not None:
+        try:
+            priced = _price_fast(fast.frame, hardware.cost_model)
+        except OpError:
+            pass  # the reference read below finds the file's first error and words it
+        else:
+            kept = FastOps(frame=None, data=fast.data)
+            return PredictBatchScenario(config, hardware, None, None, kept, priced)
     raw = read_ops_csv(config.input_csv)
     frame = normalise_frame(raw)
     check_size_limits(frame)
@@ -514,7 +578,23 @@ class PredictBatch:
 
     scenario: PredictBatchScenario
     work: Work
-    out: pd.DataFrame
+
+    @cached_property
+    def out(self) -> pd.DataFrame:
+        """The input rows (strings) plus ``predicted_ms``."""
+        out = self.scenario.rows.copy()
+        out["predicted_ms"] = self.work.time_s * 1e3
+        return out
+
+    def write_csv(self, path: Path) -> None:
+        """:attr:`out` as a CSV (``--output pred.csv``), written atomically; rows read by
+        the fast path are written by it (the same bytes, without the frame of strings)."""
+        if self.scenario.fast is not None:
+            write_predictions(self.scenario.fast, self.work.time_s * 1e3, path)
+            return
+        from simcli.output import atomic_write_csv
+
+        atomic_write_csv(self.out, path)
 
     def summary(self) -> dict[str, Any]:
         """gpu, cost model label, row count and total time (the object printed with
@@ -523,7 +603,7 @@ class PredictBatch:
         return {
             "gpu": s.config.gpu,
             "model": s.hardware.cost_model.label,
-            "rows": len(self.out),
+            "rows": len(self.work.time_s),
             "total_predicted_ms": float(np.sum(self.work.time_s) * 1e3),
         }
 
@@ -537,10 +617,10 @@ class PredictBatch:
 
 
 def run_predict_batch(scenario: PredictBatchScenario) -> PredictBatch:
-    work = scenario.hardware.cost_model.work_many(scenario.frame, validated=True)
-    out = scenario.raw.copy()
-    out["predicted_ms"] = work.time_s * 1e3
-    return PredictBatch(scenario=scenario, work=work, out=out)
+    work = scenario.priced
+    if work is None:
+        work = scenario.hardware.cost_model.work_many(scenario.frame, validated=True)
+    return PredictBatch(scenario=scenario, work=work)
 
 
 __all__ = [

@@ -132,6 +132,20 @@ class LazyGroup(TyperGroup):
         finally:
             self._listing = False
 
+    # Root-level usage errors (`simcli --bogus`, `simcli nosuchcmd`) are one line too, as
+    # below the root (SimcliGroup).
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        from simcli.errors import usage_errors
+
+        with usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        from simcli.errors import usage_errors
+
+        with usage_errors():
+            return super().resolve_command(ctx, args)
+
 
 app = typer.Typer(
     name="simcli",

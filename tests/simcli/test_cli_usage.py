@@ -83,6 +83,8 @@ def test_quiet_after_the_command_silences_progress(run):
         (("predict", "gemm", "--m", "8", "--bogus", "1"), "--bogus"),
         (("serve", "plan", "--qps", "1", "--slo-ttft-s", "fast"), "--slo-ttft-s"),
         (("sweep", "status"), "STORE"),
+        (("--bogus",), "--bogus"),  # root level (simcli.cli.LazyGroup)
+        (("nosuchcmd",), "nosuchcmd"),
     ],
 )
 def test_usage_errors_are_one_line(argv, needle):

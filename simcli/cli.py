@@ -134,11 +134,13 @@ class LazyGroup(TyperGroup):
 
     # Root-level usage errors (`simcli --bogus`, `simcli nosuchcmd`) are one line too, as
     # below the root (SimcliGroup).
-    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+    def make_context(self, info_name: Any, args: list[str], *rest: Any, **kwargs: Any) -> Any:
         from simcli.errors import usage_errors
 
+        if not args:  # no_args_is_help: the help, as the eager app prints it
+            return super().make_context(info_name, args, *rest, **kwargs)
         with usage_errors():
-            return super().make_context(*args, **kwargs)
+            return super().make_context(info_name, args, *rest, **kwargs)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         from simcli.errors import usage_errors

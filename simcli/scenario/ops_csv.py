@@ -81,8 +81,12 @@ def read_fast(path: Path) -> FastOps | None:
     if "op" not in names or len(set(names)) != len(names) or not set(names) <= _KNOWN:
         return None
     import pandas as pd
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
+
+    try:  # pyarrow comes with the parquet extra; without it, the pandas path reads
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+    except ImportError:
+        return None
 
     types = {
         n: pa.dictionary(pa.int32(), pa.string())

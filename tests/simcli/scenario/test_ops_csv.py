@@ -160,3 +160,19 @@ def test_format_g6_is_printf():
 
 def math_log(x: float) -> float:
     return float(np.log(x))
+
+
+def test_without_pyarrow_the_pandas_path_reads(mixed_csv, monkeypatch):
+    """pyarrow comes with the parquet extra: a plain `pip install .` has none, and the
+    quick start's `simcli predict --input` must still work."""
+    import builtins
+
+    real = builtins.__import__
+
+    def no_arrow(name, *args, **kwargs):
+        if name.startswith("pyarrow"):
+            raise ImportError("No module named 'pyarrow'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_arrow)
+    assert read_fast(mixed_csv) is None

@@ -75,6 +75,31 @@ GIB = 1024**3
 # --------------------------------------------------------------------------- the search
 
 
+def plan_layout(p: TrainPlan) -> dict[str, Any]:
+    """The columns that say what a plan is (plans.csv, pareto.csv, the JSON records)."""
+    return {
+        "num_gpus": p.num_gpus,
+        "tp": p.tp,
+        "pp": p.pp,
+        "dp": p.data_parallel,
+        "cp": p.cp,
+        "cp_kind": p.cp_kind if p.cp > 1 else "",
+        "tp_comm": p.tp_comm,
+        "ep": p.ep,
+        "vpp": p.vpp,
+        "pp_schedule": p.pp_schedule,
+        "zero": p.zero,
+        "micro_batch": p.micro_batch,
+        "num_microbatches": p.num_microbatches,
+        "recompute": p.recompute,
+        "sequence_parallel": p.sp,
+        "precision": p.precision,
+        "layer_split": list(p.layer_split) if p.layer_split else None,
+        "optimizer_offload": p.optimizer_offload,
+        "rank_order": p.rank_order,
+    }
+
+
 @dataclass
 class RankedPlan:
     """One plan of the answer, with the simulator's numbers."""
@@ -93,25 +118,7 @@ class RankedPlan:
     def record(self) -> dict[str, Any]:
         p = self.plan
         return {
-            "num_gpus": p.num_gpus,
-            "tp": p.tp,
-            "pp": p.pp,
-            "dp": p.data_parallel,
-            "cp": p.cp,
-            "cp_kind": p.cp_kind if p.cp > 1 else "",
-            "tp_comm": p.tp_comm,
-            "ep": p.ep,
-            "vpp": p.vpp,
-            "pp_schedule": p.pp_schedule,
-            "zero": p.zero,
-            "micro_batch": p.micro_batch,
-            "num_microbatches": p.num_microbatches,
-            "recompute": p.recompute,
-            "sequence_parallel": p.sp,
-            "precision": p.precision,
-            "layer_split": list(p.layer_split) if p.layer_split else None,
-            "optimizer_offload": p.optimizer_offload,
-            "rank_order": p.rank_order,
+            **plan_layout(p),
             "balanced": self.balanced,
             "iteration_s": self.iteration_s,
             "estimate_s": self.estimate_s,
@@ -135,24 +142,8 @@ class ParetoPlan:
     cost_usd_per_iteration: float
 
     def record(self) -> dict[str, Any]:
-        p = self.plan
         return {
-            "num_gpus": p.num_gpus,
-            "tp": p.tp,
-            "pp": p.pp,
-            "dp": p.data_parallel,
-            "cp": p.cp,
-            "cp_kind": p.cp_kind if p.cp > 1 else "",
-            "tp_comm": p.tp_comm,
-            "ep": p.ep,
-            "vpp": p.vpp,
-            "zero": p.zero,
-            "micro_batch": p.micro_batch,
-            "recompute": p.recompute,
-            "sequence_parallel": p.sp,
-            "layer_split": list(p.layer_split) if p.layer_split else None,
-            "optimizer_offload": p.optimizer_offload,
-            "rank_order": p.rank_order,
+            **plan_layout(self.plan),
             "estimate_s": self.estimate_s,
             "peak_memory_gib": self.peak_memory_bytes / GIB,
             "cost_usd_per_iteration": self.cost_usd_per_iteration,

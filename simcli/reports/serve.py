@@ -182,6 +182,19 @@ SWEEP_SCHEMA = {
     **{k: SUMMARY_SCHEMA[k] for k in SWEEP_METRICS},
 }
 
+# What serve plan judges the SLOs on (its candidates CSV and the deployments CSV).
+SLO_PERCENTILE_COLUMNS = {
+    "slo_percentile": "the percentile the SLO limits are targets of: p90 for --attainment 0.9",
+    "ttft_s_at_slo_percentile": "TTFT at slo_percentile over all requests (the ceil(attainment"
+    " x N)-th smallest), seconds: what --slo-ttft-s is judged on",
+    "tpot_s_at_slo_percentile": "TPOT at slo_percentile over all requests (one-token outputs "
+    "count as 0), seconds: what --slo-tpot-s is judged on",
+    "e2e_s_at_slo_percentile": "end-to-end latency at slo_percentile over all requests, "
+    "seconds: what --slo-e2e-s is judged on",
+    "slo_margin": "smallest headroom 1 - value / limit over the given limits, values at "
+    "slo_percentile (0: on a limit)",
+}
+
 EVALUATED_SCHEMA = {
     "rank": "rank among the returned deployments (empty: not returned)",
     "config": "config label: gpu, tp, scheduler, chunk, P:D ratio",
@@ -202,15 +215,7 @@ EVALUATED_SCHEMA = {
     "usd_per_million_output_tokens": "US$ per million output tokens over the simulated run",
     "meets_slo": "at least --attainment of the requests met every SLO",
     "slo_attainment": "fraction of requests meeting the SLOs (upper bound if stopped early)",
-    "slo_percentile": "the percentile the SLO limits are targets of: p90 for --attainment 0.9",
-    "ttft_s_at_slo_percentile": "TTFT at slo_percentile over all requests (the ceil(attainment"
-    " x N)-th smallest), seconds: what --slo-ttft-s is judged on",
-    "tpot_s_at_slo_percentile": "TPOT at slo_percentile over all requests (one-token outputs "
-    "count as 0), seconds: what --slo-tpot-s is judged on",
-    "e2e_s_at_slo_percentile": "end-to-end latency at slo_percentile over all requests, "
-    "seconds: what --slo-e2e-s is judged on",
-    "slo_margin": "smallest headroom 1 - value / limit over the given limits, values at "
-    "slo_percentile (0: on a limit)",
+    **SLO_PERCENTILE_COLUMNS,
     "stopped_early": "the run stopped once too many requests had missed",
     "status": "ranked | meets_slo | misses_slo | stopped_early | skipped | infeasible | pruned",
     "ttft_s_p50": SUMMARY_SCHEMA["ttft_s_p50"],
@@ -241,15 +246,7 @@ DEPLOYMENTS_SCHEMA = {
     "usd_per_hour": "US$ per hour of the deployment",
     "usd_per_million_output_tokens": "US$ per million output tokens over the simulated run",
     "slo_attainment": "fraction of requests meeting the SLOs",
-    "slo_percentile": "the percentile the SLO limits are targets of: p90 for --attainment 0.9",
-    "ttft_s_at_slo_percentile": "TTFT at slo_percentile over all requests (the ceil(attainment"
-    " x N)-th smallest), seconds: what --slo-ttft-s is judged on",
-    "tpot_s_at_slo_percentile": "TPOT at slo_percentile over all requests (one-token outputs "
-    "count as 0), seconds: what --slo-tpot-s is judged on",
-    "e2e_s_at_slo_percentile": "end-to-end latency at slo_percentile over all requests, "
-    "seconds: what --slo-e2e-s is judged on",
-    "slo_margin": "smallest headroom 1 - value / limit over the given limits, values at "
-    "slo_percentile (0: on a limit)",
+    **SLO_PERCENTILE_COLUMNS,
     "engine": SUMMARY_SCHEMA["engine"],
     "weight_dtype": SUMMARY_SCHEMA["weight_dtype"],
     "kv_cache_dtype": "KV-cache dtype as given (auto: the activation dtype)",

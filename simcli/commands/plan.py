@@ -9,7 +9,13 @@ import typer
 
 from simcli.errors import user_errors
 from simcli.options import SimcliGroup, config_options
-from simcli.output import Format, atomic_write_json, atomic_write_text, emit_records
+from simcli.output import (
+    Format,
+    atomic_write_json,
+    atomic_write_text,
+    emit_object,
+    emit_records,
+)
 from simcli.progress import progress_bar, set_quiet
 from simcli.progress import quiet as progress_quiet
 from simcli.reports.bundle import (
@@ -21,9 +27,7 @@ from simcli.reports.bundle import (
 )
 from simcli.scenario.training import (
     PlanConfig,
-    plan_mfu_note,
-    plan_pareto,
-    plan_records,
+    plan_object,
     resolve_plan,
     run_plan,
 )
@@ -57,22 +61,17 @@ TABLE_COLUMNS = (
 )
 
 
-def _write(
-    result: SearchResult,
-    path: Path,
-    inputs: dict,
-    train_tokens: float | None = None,
-    note: str | None = None,
-) -> None:
-    """``--output``: CSV of the plans for a .csv name, the JSON object for .json, else a
-    folder with plans.csv, evaluated.csv, config.json and report.html."""
-    records = plan_records(result, train_tokens)
+def _write(result: SearchResult, path: Path, inputs: dict, obj: dict) -> None:
+    """``--output``: CSV of the plans for a .csv name, the JSON object ``obj``
+    (:func:`~simcli.scenario.training.plan_object`) for .json, else a folder with
+    plans.csv, pareto.csv, evaluated.csv, config.json and report.html."""
+    records = obj["plans"]
     if output_is_dir(path):
         from simcli.reports import plan as plan_report
 
         csvs, page = plan_report.build(
             result.summary(), records, result.evaluated, [p.breakdown_s for p in result.plans],
-            [p.record() for p in result.pareto],
+            obj["pareto"],
         )  # fmt: skip
         resolved = {"summary": result.summary(), "best_plan": result.plans[0].plan}
         config = config_document("plan", inputs, resolved=resolved)
@@ -83,8 +82,6 @@ def _write(
         pd.DataFrame(records).to_csv(buf, index=False, float_format="%.6g")
         atomic_write_text(path, buf.getvalue())
     else:
-        obj = {**result.summary(), "plans": records, "pareto": plan_pareto(result)}
-        obj["mfu_note"] = note
         atomic_write_json(path, obj)
 
 
@@ -111,9 +108,10 @@ def plan(
         with progress_bar("plan search") as advance:
             collect = output is not None and output_is_dir(output)
             result = run_plan(scenario, collect=collect, progress=advance)
+        obj = plan_object(result, config)
         if output is not None:
-            _write(result, output, inputs, config.train_tokens, plan_mfu_note(result, config))
-        records = plan_records(result, config.train_tokens)
+            _write(result, output, inputs, obj)
+        records = obj["plans"]
         summary = result.summary()
         if fmt == Format.table:
             title = (
@@ -127,11 +125,10 @@ def plan(
             )
             rows = [{c: r.get(c) for c in columns} for r in records]
             emit_records(rows, fmt, title=title)
+        elif fmt == Format.json:
+            emit_object(obj, fmt)
         else:
-            if fmt == Format.json:
-                summary["pareto"] = plan_pareto(result)
-                summary["mfu_note"] = plan_mfu_note(result, config)
-            emit_records(records, fmt, json_wrapper=summary, json_key="plans")
-        note = plan_mfu_note(result, config)
+            emit_records(records, fmt)
+        note = obj["mfu_note"]
         if note and not quiet and not progress_quiet():
             sys.stderr.write(f"note: the best plan's {note}\n")

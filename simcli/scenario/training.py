@@ -763,17 +763,12 @@ def plan_mfu_note(result: SearchResult, config: PlanConfig) -> str | None:
     return mfu_note(config.gpu, best.mfu, best.plan.num_gpus)
 
 
-def plan_pareto(result: SearchResult) -> list[dict]:
-    """The time / memory / cost front (closed-form times) as JSON records."""
-    return [p.record() for p in result.pareto]
-
-
 def plan_object(result: SearchResult, config: PlanConfig) -> dict[str, Any]:
     """The JSON object of ``simcli plan`` (and of its sweep points)."""
     return {
         **result.summary(),
         "plans": plan_records(result, config.train_tokens),
-        "pareto": plan_pareto(result),
+        "pareto": [p.record() for p in result.pareto],  # closed-form times
         "mfu_note": plan_mfu_note(result, config),
     }
 
@@ -782,7 +777,6 @@ __all__ = [
     "PlanConfig",
     "plan_mfu_note",
     "plan_object",
-    "plan_pareto",
     "plan_records",
     "PlanScenario",
     "TrainConfig",

@@ -407,17 +407,7 @@ def search_plans(
         # keep only what could make the answer: the best few hundred by score
         keep = np.argsort(score, kind="stable")[: max(4 * top, 50)]
         for j in keep:
-            plan = plan_from_row(
-                sub,
-                int(j),
-                num_gpus=count,
-                seq_len=seq_len,
-                global_batch=global_batch,
-                precision=space.precision,
-                num_layers=model.num_layers,
-                fp8_params=space.fp8_params,
-                grad_reduce_dtype=space.grad_reduce_dtype,
-            )
+            plan = _row_plan(sub, int(j), count, model, seq_len, global_batch, space)
             candidates.append(
                 _Candidate(ctx, plan, float(t_even[j]), float(t_best[j]), float(score[j]))
             )
@@ -479,6 +469,23 @@ def search_plans(
     )
 
 
+def _row_plan(
+    table: dict[str, np.ndarray],
+    row: int,
+    num_gpus: int,
+    model: ModelConfig,
+    seq_len: int,
+    global_batch: int,
+    space: SearchSpace,
+) -> TrainPlan:
+    """The TrainPlan of an enumerated row, with the space's plan-wide settings."""
+    return plan_from_row(
+        table, row, num_gpus=num_gpus, seq_len=seq_len, global_batch=global_batch,
+        precision=space.precision, num_layers=model.num_layers,
+        fp8_params=space.fp8_params, grad_reduce_dtype=space.grad_reduce_dtype,
+    )  # fmt: skip
+
+
 def _pareto(
     front: list[tuple],
     price: float,
@@ -499,11 +506,7 @@ def _pareto(
     out = []
     for i in keep[np.argsort(t[keep], kind="stable")]:
         ctx, table, row, n = front[i][:4]
-        plan = plan_from_row(
-            table, row, num_gpus=n, seq_len=seq_len, global_batch=global_batch,
-            precision=space.precision, num_layers=model.num_layers,
-            fp8_params=space.fp8_params, grad_reduce_dtype=space.grad_reduce_dtype,
-        )  # fmt: skip
+        plan = _row_plan(table, row, n, model, seq_len, global_batch, space)
         usd = float(t[i] * n * price / 3600.0) if np.isfinite(price) else float("nan")
         out.append(ParetoPlan(plan, float(t[i]), float(mem[i]), usd))
     return out

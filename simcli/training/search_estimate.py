@@ -32,7 +32,7 @@ from costmodels.steps.training_many import (
     unique_rows,
 )
 from hardware_specs.registry import System
-from simcli.training.search_space import TRIMS
+from simcli.training.search_space import trim_layers
 from simcli.training.simulator import interference, schedule, task_dependency
 from workloads.models import ModelConfig
 from workloads.plan import CP_KINDS, PP_SCHEDULES, RECOMPUTE, TP_COMMS, TrainPlan
@@ -326,8 +326,7 @@ def estimate_iteration_s(
     # stage layouts (search_space.TRIMS): the first / last chunk holds d0 / dl layers
     # fewer than the others' lc
     trim = table.get("trim", np.zeros(len(tp), dtype=np.int64))
-    d0 = np.take(np.array([t[0] for t in TRIMS]), trim)
-    dl = np.take(np.array([t[1] for t in TRIMS]), trim)
+    d0, dl = trim_layers(trim)
     lc = (ctx.model.num_layers + d0 + dl) // n_chunks
     # rank layout (TrainPlan.dp_stride / stage_stride): Megatron's or Llama 3's order
     llama = table.get("ord", np.zeros(len(tp), dtype=np.int64)) == 1
@@ -528,6 +527,7 @@ def _grad_dtype(grad_elt: int) -> str:
 
 def plan_memory_bytes(ctx: EstimateContext, table: dict[str, np.ndarray]) -> np.ndarray:
     """Peak bytes per GPU of every plan (:func:`~costmodels.steps.memory.memory_bytes_many`)."""
+    trims = trim_layers(table["trim"]) if "trim" in table else (0, 0)
     return np.asarray(
         memory_bytes_many(
             ctx.model,
@@ -547,8 +547,8 @@ def plan_memory_bytes(ctx: EstimateContext, table: dict[str, np.ndarray]) -> np.
             precision=ctx.precision,
             pp_schedule=np.where(table["vpp"] > 1, PP_SCHEDULES.index("interleaved"), 0),
             cp_kind=table["kind"],  # codes: the index in CP_KINDS
-            trim_first=np.take([t[0] for t in TRIMS], table["trim"]) if "trim" in table else 0,
-            trim_last=np.take([t[1] for t in TRIMS], table["trim"]) if "trim" in table else 0,
+            trim_first=trims[0],
+            trim_last=trims[1],
             fp8_params=ctx.fp8_params,
             grad_bytes=ctx.grad_bytes,
             optimizer_offload=table["off"] / 100.0 if "off" in table else 0.0,

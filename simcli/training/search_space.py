@@ -114,6 +114,12 @@ COLUMNS = (
 TRIMS: tuple[tuple[int, int], ...] = ((0, 0), (1, 1), (0, 1), (1, 0))
 
 
+def trim_layers(trim: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Layers the first and the last chunk hold fewer, per TRIMS code (arrays)."""
+    table = np.array(TRIMS)
+    return table[trim, 0], table[trim, 1]
+
+
 def stage_trims(layers: int, chunks: int) -> list[int]:
     """TRIMS codes that make ``chunks`` model chunks hold ``layers``: the even split when it
     divides, else the trimmed layouts that do (none for one chunk)."""

@@ -74,13 +74,14 @@ HOST_ADAM_BYTES_PER_S_PER_GPU = min(CPU_ADAM_PROCESS_BYTES_PER_S, 46e9)
 HOST_COPY_EFFICIENCY = 0.865
 
 
-def optimizer_offload_s(n_params: float, grad_bytes: float, system: System) -> float:
-    """Seconds of the host-side optimizer step for ``n_params`` parameters: the CPU Adam
-    and the gradient copy down and weight copy up over the GPU's host link, pipelined in
-    chunks (Megatron's HybridDeviceOptimizer overlaps them), so the slower one counts."""
+def optimizer_offload_s(n_params, grad_bytes: float, system: System):
+    """Seconds of the host-side optimizer step for ``n_params`` parameters (a number or an
+    array, as the plan search passes): the CPU Adam and the gradient copy down and weight
+    copy up over the GPU's host link, pipelined in chunks (Megatron's HybridDeviceOptimizer
+    overlaps them), so the slower one counts."""
     cpu_s = n_params * CPU_ADAM_BYTES_PER_PARAM / HOST_ADAM_BYTES_PER_S_PER_GPU
     copy_s = n_params * (grad_bytes + 2.0) / (system.host_link.bytes_per_s * HOST_COPY_EFFICIENCY)
-    return max(cpu_s, copy_s)
+    return np.maximum(cpu_s, copy_s)
 
 
 def activation_offload_exposed_s(nbytes: float, compute_s: float, system: System) -> float:

@@ -19,12 +19,7 @@ from typing import Any
 import numpy as np
 
 from costmodels.steps.memory import DRIVER_RESERVED_BYTES, memory_bytes_many
-from costmodels.steps.training import (
-    CPU_ADAM_BYTES_PER_PARAM,
-    HOST_ADAM_BYTES_PER_S_PER_GPU,
-    HOST_COPY_EFFICIENCY,
-    CostModel,
-)
+from costmodels.steps.training import CostModel, optimizer_offload_s
 from costmodels.steps.training_many import (
     collectives_s,
     optimizer_s,
@@ -467,13 +462,7 @@ def estimate_iteration_s(
         if "off" in table:
             # the offloaded share steps on the host (costmodels.steps.training)
             f = table["off"][i] / 100.0
-            n_host = f * n_opt[i]
-            host = np.maximum(
-                n_host * CPU_ADAM_BYTES_PER_PARAM / HOST_ADAM_BYTES_PER_S_PER_GPU,
-                n_host
-                * (grad_elt + 2.0)
-                / (ctx.system.host_link.bytes_per_s * HOST_COPY_EFFICIENCY),
-            )
+            host = optimizer_offload_s(f * n_opt[i], grad_elt, ctx.system)
             opt = (1 - f) * opt + np.where(f > 0, host, 0.0)
         iteration[i] = np.maximum(iteration[i], comm_end[rank][i] + opt)
     out = {

@@ -462,7 +462,7 @@ def _simulate(
         opt_s = priced[("adamw", n_opt)]
         if plan.optimizer_offload > 0:
             f = plan.optimizer_offload
-            opt_s = (1 - f) * opt_s + optimizer_offload_s(f * n_opt, grad_elt, system)
+            opt_s = (1 - f) * opt_s + float(optimizer_offload_s(f * n_opt, grad_elt, system))
         if plan.zero in (1, 2) and dp > 1 and not plan.overlap_grad_reduce:
             param_gather[r] = dp_slow[r] * once_s(
                 "all_gather", params * param_elt, dp, dp_nodes, "bf16"

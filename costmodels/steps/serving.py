@@ -328,6 +328,11 @@ class StepModel(VllmMemory):
         self._seq_keep, self._seq_keep_dec = ~dec_only, np.ones(len(dec_only), dtype=bool)
         self._per_tok = self._per_step(self._layer_tpls)
         self._per_seq = self._per_step(tpls["seq"])
+        # step_s_summary's scalar path prices attention as _attention does (a subclass
+        # that reprices attention takes the general path) and memoises by batch size
+        self._summary_fast = type(self)._attention is StepModel._attention
+        self._decode_memo: dict[int, tuple | bool] = {}
+        self._attn_f: dict[bool, tuple[float, float]] = {}
 
     # --- construction ----------------------------------------------------------------
     def _per_step(self, tpls: Sequence[OpTemplate]) -> np.ndarray:
@@ -529,34 +534,38 @@ class StepModel(VllmMemory):
     def _prefill_attn(self, pn: np.ndarray, pp: np.ndarray) -> float | None:
         """Per-layer attention work of the prefill chunks (no launch), or None when a
         chunk is outside the grid."""
-        L = self._grids.lists
-        n_hi, p_hi = L["n"][-1], L["p"][-1]
         if pn.size <= 8:
-            tot = 0.0
-            top = 0.0
-            for n, p in zip(pn.tolist(), pp.tolist(), strict=True):
-                if n > n_hi or p > p_hi:
-                    return None
-                i, wi = bracket(L["n"], n)
-                j, wj = bracket(L["p"], p)
-                a1, af = L["w1"], L["wfill"]
-                r0, r1 = a1[i], a1[i + 1]
-                v1 = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
-                    (1 - wj) * r1[j] + wj * r1[j + 1]
-                )
-                r0, r1 = af[i], af[i + 1]
-                vf = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
-                    (1 - wj) * r1[j] + wj * r1[j + 1]
-                )
-                tot += vf
-                top = max(top, v1)
-            return max(tot, top)
+            return self._prefill_attn_lists(pn.tolist(), pp.tolist())
         g = self._grids
-        if pn.max() > n_hi or pp.max() > p_hi:
+        if pn.max() > g.n_axis[-1] or pp.max() > g.p_axis[-1]:
             return None
         v1 = bilinear(g.n_axis, g.p_axis, g.w1, pn, pp)
         vf = bilinear(g.n_axis, g.p_axis, g.wfill, pn, pp)
         return float(max(vf.sum(), v1.max()))
+
+    def _prefill_attn_lists(self, new: list[int], past: list[int]) -> float | None:
+        """:meth:`_prefill_attn` of a few chunks, in scalars (cheaper than numpy there)."""
+        L = self._grids.lists
+        n_hi, p_hi = L["n"][-1], L["p"][-1]
+        tot = 0.0
+        top = 0.0
+        for n, p in zip(new, past, strict=True):
+            if n > n_hi or p > p_hi:
+                return None
+            i, wi = bracket(L["n"], n)
+            j, wj = bracket(L["p"], p)
+            a1, af = L["w1"], L["wfill"]
+            r0, r1 = a1[i], a1[i + 1]
+            v1 = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
+                (1 - wj) * r1[j] + wj * r1[j + 1]
+            )
+            r0, r1 = af[i], af[i + 1]
+            vf = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
+                (1 - wj) * r1[j] + wj * r1[j + 1]
+            )
+            tot += vf
+            top = max(top, v1)
+        return max(tot, top)
 
     def _decode_attn(self, batch: int, ctx_sum: int) -> float | None:
         L = self._grids.lists
@@ -572,19 +581,20 @@ class StepModel(VllmMemory):
         )
 
     def _attention(
-        self, pn: np.ndarray, pp: np.ndarray, dc: np.ndarray, exact: bool
+        self, pn: np.ndarray, pp: np.ndarray, n_dec: int, ctx_sum: int, exact: bool
     ) -> tuple[float | None, float | None, bool]:
         """(prefill work, decode work, both from the grids) of one layer's attention;
-        priced directly when exact or outside the grids."""
-        n_pre, n_dec = int(pn.size), int(dc.size)
+        priced directly when exact or outside the grids. Decode attention depends on the
+        decodes' count and context sum only (one launch over the batch at its mean)."""
+        n_pre = int(pn.size)
         pre = self._prefill_attn(pn, pp) if n_pre and not exact else None
-        dec = self._decode_attn(n_dec, int(dc.sum())) if n_dec and not exact else None
+        dec = self._decode_attn(n_dec, ctx_sum) if n_dec and not exact else None
         in_grid = not exact
         if n_pre and pre is None:
             w1, wf = self._prefill_attention_work(pn, pp)
             pre, in_grid = float(max(wf.sum(), w1.max())), False
         if n_dec and dec is None:
-            kv = np.round(np.array([int(dc.sum()) / n_dec + 1.0]))
+            kv = np.round(np.array([ctx_sum / n_dec + 1.0]))
             dec, in_grid = float(self._decode_attention_work(np.array([n_dec]), kv)[0]), False
         return pre, dec, in_grid
 
@@ -592,11 +602,7 @@ class StepModel(VllmMemory):
         """One layer's attention: the prefill (varlen) and the decode launch each pay a
         kernel floor; the eager engine's cuDNN prefill SDPA adds two memsets (profiler)."""
         floor = STREAM_KERNEL_FLOOR_S if stream else GRAPH_KERNEL_FLOOR_S
-        f = idle = 1.0
-        if self.composition is not None:
-            key = self._composition_key("stream" if stream else "graph")
-            f = self.composition.factor(key, "attn_fwd")  # the group's factor x idle
-            idle = self.composition.idle(key)
+        f, idle = self._attn_factors(stream)
         t = 0.0
         if pre is not None:
             t += f * pre + idle * floor * (3 if stream and self.engine == "pytorch-eager" else 1)
@@ -604,10 +610,23 @@ class StepModel(VllmMemory):
             t += f * dec + idle * floor
         return t
 
+    def _attn_factors(self, stream: bool) -> tuple[float, float]:
+        """(attention's composition factor x idle, idle) of a launch context; 1, 1 with
+        no composition."""
+        out = self._attn_f.get(stream)
+        if out is None:
+            f = idle = 1.0
+            if self.composition is not None:
+                key = self._composition_key("stream" if stream else "graph")
+                f = self.composition.factor(key, "attn_fwd")  # the group's factor x idle
+                idle = self.composition.idle(key)
+            out = self._attn_f[stream] = (f, idle)
+        return out
+
     def step_s(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:
         """Seconds of one iteration (see :mod:`simcli.serving` for the contract)."""
         pn, pp, dc = self._args(prefill_new, prefill_past, decode_ctx)
-        return self._evaluate(pn, pp, dc).total
+        return self._evaluate(pn, pp, *_decodes(dc)).total
 
     def step_ms(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:
         return 1e3 * self.step_s(prefill_new, prefill_past, decode_ctx)
@@ -616,7 +635,7 @@ class StepModel(VllmMemory):
         """``step_s`` priced by the cost model at the exact sizes, without the grids (a
         call costs milliseconds; for checking the interpolation)."""
         pn, pp, dc = self._args(prefill_new, prefill_past, decode_ctx)
-        return self._evaluate(pn, pp, dc, exact=True).total
+        return self._evaluate(pn, pp, *_decodes(dc), exact=True).total
 
     def verify_step_s(self, decode_ctx: Any, k: int) -> float:
         """A speculative-decoding verification step: each sequence scores k + 1 tokens (its
@@ -629,13 +648,13 @@ class StepModel(VllmMemory):
         if k == 0:
             return self.step_s(none, none, dc)
         pn, pp, _ = self._args(np.full(dc.size, k + 1), dc, none)
-        return self._evaluate(pn, pp, none, logits_rows=int(dc.size * (k + 1))).total
+        return self._evaluate(pn, pp, 0, 0, logits_rows=int(dc.size * (k + 1))).total
 
     def breakdown(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> dict[str, float]:
         """Seconds per op group of one iteration, summed over layers; they add up to
         ``step_s``. ``host_stall``: GPU idle time of an eager step waiting for the host."""
         pn, pp, dc = self._args(prefill_new, prefill_past, decode_ctx)
-        ev = self._evaluate(pn, pp, dc, vectors=True)
+        ev = self._evaluate(pn, pp, *_decodes(dc), vectors=True)
         out: dict[str, float] = {}
         for t, v, c in zip(self._layer_tpls, ev.tok, self._per_tok, strict=True):
             if t.op:
@@ -654,8 +673,8 @@ class StepModel(VllmMemory):
         bounds the rate of a pipelined engine. ``step_s`` when pp = 1."""
         pn, pp, dc = self._args(prefill_new, prefill_past, decode_ctx)
         if self.pp == 1:
-            return self._evaluate(pn, pp, dc).total
-        ev = self._evaluate(pn, pp, dc, vectors=True)
+            return self._evaluate(pn, pp, *_decodes(dc)).total
+        ev = self._evaluate(pn, pp, *_decodes(dc), vectors=True)
         n_head, n_layer = len(self._tpls["head"]), len(self._tpls["layer"])
         cost = ev.tok * self._per_tok
         layer_s = float(cost[n_head : n_head + n_layer].sum()) / self.model.num_layers + ev.attn
@@ -679,30 +698,27 @@ class StepModel(VllmMemory):
         self,
         pn: np.ndarray,
         pp: np.ndarray,
-        dc: np.ndarray,
+        n_dec: int,
+        ctx_sum: int,
         *,
         logits_rows: int | None = None,
         exact: bool = False,
         vectors: bool = False,
     ) -> _Eval:
-        n_pre, n_dec = int(pn.size), int(dc.size)
+        """One iteration: prefill chunks ``pn`` over ``pp`` cached tokens, ``n_dec``
+        decodes over ``ctx_sum`` cached tokens in all."""
+        n_pre = int(pn.size)
         T = (int(pn.sum()) if n_pre else 0) + n_dec
         S = logits_rows if logits_rows is not None else n_pre + n_dec
         g = self._grids
         eager = self.engine == "pytorch-eager" and n_pre > 0
         ctx = "stream" if eager else "graph"
-        pre, dec, attn_in_grid = self._attention(pn, pp, dc, exact)
+        pre, dec, attn_in_grid = self._attention(pn, pp, n_dec, ctx_sum, exact)
         in_grid = attn_in_grid and g.tok_x[-1] >= T and g.seq_x[-1] >= S
         attn = self._attn_layer_s(pre, dec, eager)
         layers = self.model.num_layers
         if not (vectors or eager) and in_grid:
-            # the fast path: per-step totals interpolated on the token and sequence grids
-            i, w = bracket(g.lists["tok_x"], T)
-            tt = g.tok_total[ctx]
-            tok = tt[i] + w * (tt[i + 1] - tt[i])
-            i, w = bracket(g.lists["seq_x"], S)
-            st = (g.seq_total_dec if n_dec else g.seq_total)[ctx]
-            return _Eval(tok + st[i] + w * (st[i + 1] - st[i]) + layers * attn, attn)
+            return _Eval(self._grid_total_s(T, S, n_dec > 0) + layers * attn, attn)
         tok_v, seq_v = self._vectors(T, S, ctx, in_grid)
         keep = self._seq_keep_dec if n_dec else self._seq_keep
         seq_v = np.where(keep, seq_v * self._per_seq, 0.0)
@@ -711,6 +727,66 @@ class StepModel(VllmMemory):
         else:
             total = float((tok_v * self._per_tok).sum() + seq_v.sum()) + layers * attn
         return _Eval(total, attn, tok_v, seq_v, eager)
+
+    def _grid_total_s(self, T: int, S: int, decodes: bool) -> float:
+        """A graph-launched step's GEMMs, norms and other per-token and per-sequence ops,
+        attention aside: the per-step totals interpolated on the token and sequence
+        grids (T and S inside them)."""
+        g = self._grids
+        i, w = bracket(g.lists["tok_x"], T)
+        tt = g.tok_total["graph"]
+        tok = tt[i] + w * (tt[i + 1] - tt[i])
+        i, w = bracket(g.lists["seq_x"], S)
+        st = (g.seq_total_dec if decodes else g.seq_total)["graph"]
+        return tok + st[i] + w * (st[i + 1] - st[i])
+
+    def step_s_summary(
+        self, prefill_new: list[int], prefill_past: list[int], n_decode: int, decode_ctx_sum: int
+    ) -> float:
+        """:meth:`step_s` of an iteration as the serving simulator keeps it: prefill
+        chunks as lists, decodes as their count and context sum (all their price depends
+        on). Unchecked and without arrays: the simulator's loop calls it once per
+        iteration with inputs it built. A decode-only step memoises its batch size's
+        share (GEMMs and the decode-attention row of its size), so the call is one
+        bracket on the mean context."""
+        if not prefill_new:
+            memo = self._decode_memo.get(n_decode)
+            if memo is None:
+                memo = self._decode_memo[n_decode] = self._decode_share(n_decode)
+            if memo:
+                base, wi, r0, r1, f, idle_floor, kv_axis = memo
+                kv = decode_ctx_sum / n_decode + 1.0
+                if kv <= kv_axis[-1]:  # _decode_attn, its row fixed
+                    j, wj = bracket(kv_axis, kv)
+                    dec = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
+                        (1 - wj) * r1[j] + wj * r1[j + 1]
+                    )
+                    return base + self.model.num_layers * (f * dec + idle_floor)
+        elif self._summary_fast and len(prefill_new) <= 8 and self.engine != "pytorch-eager":
+            pre = self._prefill_attn_lists(prefill_new, prefill_past)
+            dec = self._decode_attn(n_decode, decode_ctx_sum) if n_decode else None
+            T = sum(prefill_new) + n_decode
+            S = len(prefill_new) + n_decode
+            g = self._grids
+            priced = pre is not None and (dec is not None or not n_decode)
+            if priced and g.tok_x[-1] >= T and g.seq_x[-1] >= S:
+                attn = self._attn_layer_s(pre, dec, False)
+                return self._grid_total_s(T, S, n_decode > 0) + self.model.num_layers * attn
+        pn = np.array(prefill_new, dtype=np.int64)
+        pp = np.array(prefill_past, dtype=np.int64)
+        return self._evaluate(pn, pp, n_decode, decode_ctx_sum).total
+
+    def _decode_share(self, n: int) -> tuple | bool:
+        """What a decode-only step of ``n`` sequences costs whatever their contexts, for
+        :meth:`step_s_summary`; False when it is priced outside the grids."""
+        g = self._grids
+        L = g.lists
+        if not self._summary_fast or n > L["dec_b"][-1] or g.tok_x[-1] < n or g.seq_x[-1] < n:
+            return False
+        i, wi = bracket(L["dec_b"], n)
+        f, idle = self._attn_factors(False)
+        base = self._grid_total_s(n, n, True)
+        return base, wi, L["wdec"][i], L["wdec"][i + 1], f, idle * GRAPH_KERNEL_FLOOR_S, L["dec_kv"]
 
     def _launch_queue(
         self, tok_v: np.ndarray, tail: np.ndarray, attn: float, host_s: float
@@ -736,7 +812,7 @@ class StepModel(VllmMemory):
         n_pre, n_dec = int(pn.size), int(dc.size)
         T = (int(pn.sum()) if n_pre else 0) + n_dec
         S = n_pre + n_dec
-        pre, dec, _ = self._attention(pn, pp, dc, False)
+        pre, dec, _ = self._attention(pn, pp, n_dec, int(dc.sum()), False)
         attn = self._attn_layer_s(pre, dec, True)
         g = self._grids
         tok_v, seq_v = self._vectors(T, S, "stream", g.tok_x[-1] >= T and g.seq_x[-1] >= S)
@@ -756,6 +832,11 @@ class StepModel(VllmMemory):
         tok = self._price(self._layer_tpls, np.array([max(T, 1)]))[ctx][:, 0]
         seq = self._price(self._tpls["seq"], np.array([max(S, 1)]))[ctx][:, 0]
         return tok, seq
+
+
+def _decodes(dc: np.ndarray) -> tuple[int, int]:
+    """(count, context sum) of the decodes: all a step's price needs of them."""
+    return int(dc.size), int(dc.sum())
 
 
 @dataclass

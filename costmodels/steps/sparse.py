@@ -499,11 +499,11 @@ class PatternStepModel(StepModel):
         return float(np.interp(np.log(max(length, 1.0)), self._log_lens, table))
 
     def _attention(
-        self, pn: np.ndarray, pp: np.ndarray, dc: np.ndarray, exact: bool
+        self, pn: np.ndarray, pp: np.ndarray, n_dec: int, ctx_sum: int, exact: bool
     ) -> tuple[float | None, float | None, bool]:
-        pre, dec, in_grid = super()._attention(pn, pp, dc, exact)
+        pre, dec, in_grid = super()._attention(pn, pp, n_dec, ctx_sum, exact)
         if pre is not None:
             pre *= self._ratio(self._pre_ratio, float((pn + pp).max()))
         if dec is not None:
-            dec *= self._ratio(self._dec_ratio, float(dc.mean()) + 1.0)
+            dec *= self._ratio(self._dec_ratio, ctx_sum / n_dec + 1.0)
         return pre, dec, in_grid

@@ -46,9 +46,7 @@ class Scheduling(Protocol):
 class IterationMetrics(Protocol):
     """What an engine reports (:class:`simcli.serving.metrics.Metrics`)."""
 
-    def iteration(
-        self, engine: Engine, batch: Batch, dt_s: float, new: np.ndarray, ctx: np.ndarray
-    ) -> None: ...
+    def iteration(self, engine: Engine, batch: Batch, dt_s: float) -> None: ...
 
     def tbt(self, gap_s: float, weight: int) -> None: ...
 
@@ -60,6 +58,9 @@ class EngineHost(Protocol):
 
     index: int
     step_model: StepModelLike
+    # the step model's step_s_summary when iterations are priced by it alone (no
+    # speculative pricing, no per-stage pricing), else None
+    step_summary: Callable[[list[int], list[int], int, int], float] | None
     scheduler: Scheduling
     metrics: IterationMetrics
     pp: int
@@ -387,27 +388,34 @@ class Engine:
         if self.swap_bytes:
             batch.extra_s += self.swap_bytes / rep.swap_bytes_per_s
             self.swap_bytes = 0.0
-        if batch.prefills:
-            new = np.array(batch.prefill_new, dtype=np.int64)
-            past = np.array(batch.prefill_past, dtype=np.int64)
+        summary = rep.step_summary
+        if summary is not None:  # priced from the batch's lists and the decodes' sum
+            n_dec = batch.n_decode
+            ctx_sum = self.decode.context_sum() if n_dec else 0
+            dt = summary(batch.prefill_new, batch.prefill_past, n_dec, ctx_sum) + batch.extra_s
+            stage = dt / rep.pp
         else:
-            new = past = _EMPTY
-        ctx = self.decode.contexts() if batch.n_decode else _EMPTY
-        if rep.spec is None:
-            dt = rep.step_model.step_s(new, past, ctx) + batch.extra_s
-        else:
-            dt = rep.spec.iteration_s(new, past, ctx) + batch.extra_s
+            if batch.prefills:
+                new = np.array(batch.prefill_new, dtype=np.int64)
+                past = np.array(batch.prefill_past, dtype=np.int64)
+            else:
+                new = past = _EMPTY
+            ctx = self.decode.contexts() if batch.n_decode else _EMPTY
+            if rep.spec is None:
+                dt = rep.step_model.step_s(new, past, ctx) + batch.extra_s
+            else:
+                dt = rep.spec.iteration_s(new, past, ctx) + batch.extra_s
+            stage = rep.stage_fn(new, past, ctx) if rep.stage_fn else dt / rep.pp
         start = now_s if now_s > rep.stage0_free_s else rep.stage0_free_s
         if rep.pp > 1:
             # the next micro-batch enters when this one leaves the slowest stage
-            stage = rep.stage_fn(new, past, ctx) if rep.stage_fn else dt / rep.pp
             rep.stage0_free_s = start + stage + batch.extra_s
         else:
             rep.stage0_free_s = start + dt
         self.batch = batch
         self.batch_start_s = start
         self.busy_s += dt
-        rep.metrics.iteration(self, batch, dt, new, ctx)
+        rep.metrics.iteration(self, batch, dt)
         return [BatchDone(start + dt, self)]
 
     def finish_batch(self, now_s: float) -> list:

@@ -159,17 +159,17 @@ class EnergyMeter:
         )
 
     def add(
-        self, new: np.ndarray, past: np.ndarray, n_decode: int, ctx_sum: int, dt_s: float
+        self, new: list[int], past: list[int], n_decode: int, ctx_sum: int, dt_s: float
     ) -> None:
         """One iteration: prefill chunks ``new`` over ``past`` cached tokens, ``n_decode``
         decodes over ``ctx_sum`` cached tokens in all, ``dt_s`` seconds."""
         tokens = seqs = pairs = keys = 0.0
-        if len(new):
-            s_new = float(new.sum())
-            n_past = float(np.dot(new, past))
+        if new:
+            s_new = float(sum(new))
+            n_past = float(sum(a * b for a, b in zip(new, past, strict=True)))
             tokens += s_new
             seqs += len(new)
-            pairs += n_past + 0.5 * float(np.dot(new, new + 1))
+            pairs += n_past + 0.5 * float(sum(a * (a + 1) for a in new))
             keys += n_past + s_new
         if n_decode:
             s_ctx = float(ctx_sum + n_decode)  # each decode attends over ctx + 1 keys
@@ -254,9 +254,7 @@ class Metrics:
         self._progress_next = self._progress_every if progress is not None else math.inf
 
     # called by replicas -----------------------------------------------------------------
-    def iteration(
-        self, engine: Engine, batch: Batch, dt_s: float, new: np.ndarray, ctx: np.ndarray
-    ) -> None:
+    def iteration(self, engine: Engine, batch: Batch, dt_s: float) -> None:
         self.iterations += 1
         self.decode_seq_iters += batch.n_decode
         kv = engine.kv
@@ -265,14 +263,12 @@ class Metrics:
         if util > self.kv_util_max:
             self.kv_util_max = util
         self.engine_busy_s += dt_s
-        if batch.prefills:
-            self.batched_tokens += sum(batch.prefill_new)
-        self.batched_tokens += batch.n_decode
+        n_dec = batch.n_decode
+        self.batched_tokens += sum(batch.prefill_new) + n_dec
         energy = engine.replica.energy
         if energy is not None:
-            past = np.array(batch.prefill_past, dtype=np.int64) if batch.prefills else new
-            n_dec = batch.n_decode
-            energy.add(new, past, n_dec, engine.decode.context_sum() if n_dec else 0, dt_s)
+            ctx_sum = engine.decode.context_sum() if n_dec else 0
+            energy.add(batch.prefill_new, batch.prefill_past, n_dec, ctx_sum, dt_s)
         if self.recorder is not None:
             self.recorder.step(engine, batch, dt_s)
 

@@ -82,6 +82,11 @@ class Replica:
         self.stage0_free_s = 0.0
         # StepModel.stage_s (the slowest pipeline stage), if the step model has it
         self.stage_fn = getattr(step_model, "stage_s", None) if pp > 1 else None
+        self.step_summary = (
+            getattr(step_model, "step_s_summary", None)
+            if spec is None and self.stage_fn is None
+            else None
+        )
         self.outstanding = 0
         self.kv_capacity_tokens = kv_capacity_tokens
         blocks = kv_capacity_tokens // block_size // pp

@@ -22,6 +22,8 @@ def test_bar_draws_on_a_terminal(tty):
 
 
 def test_quiet_and_pipes_draw_nothing(tty, monkeypatch):
+    # recorded before set_quiet, so teardown restores "not quiet" for later tests
+    monkeypatch.setitem(progress._state, "quiet", False)
     progress.set_quiet(True)
     with progress.progress_bar("work", total=3) as advance:
         advance(1)

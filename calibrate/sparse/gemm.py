@@ -1,13 +1,18 @@
 """Fit and validate the sparse-weight GEMM parameters on a ``sparse_gemm`` suite CSV.
 
     python -m calibrate.sparse.gemm fit calibrate/data/h100-sxm/sparse_gemm.csv
-    python -m calibrate.sparse.gemm eval calibrate/data/h100-sxm/sparse_gemm.csv
+    python -m calibrate.sparse.gemm eval calibrate/data/h100-sxm/sparse_gemm.csv [--params Y]
 
-``fit`` refits the measured parameters of ``costmodels/data/sparse_gemm.yaml`` (2:4:
-``compute_efficiency`` and ``call_floor_s``; CATS gather: ``gather_memory_efficiency`` and
-``gather_launch_s``) on the rows outside the held-out families and prints them with the
-train / held-out error per kind; ``eval`` prints the error of the shipped parameters. The
-model (prediction only) is :mod:`costmodels.ops.sparse_gemm`.
+``fit`` refits the measured parameters of ``costmodels/data/sparse_gemm.yaml`` on the rows
+outside the held-out models (2:4 kernel, on the CUDA-graph rows: ``compute_efficiency``,
+``memory_efficiency_factor``, ``narrow_memory_efficiency_factor``, ``kernel_overhead_s``;
+2:4 eager, on the eager rows: ``call_floor_s``; CATS gather: ``gather_memory_efficiency``
+and ``gather_launch_s``) and prints them with the train / held-out error per kind and, for
+the held-out rows, per model and per layer. ``eval`` prints the error of the shipped
+parameters, or of a ``--params`` YAML (e.g. an older ``sparse_gemm.yaml`` from git, for
+before/after figures). The split is by model, never random: every layer of the held-out
+models (Qwen2.5-7B and -72B at every TP degree) is kept out of the fit. The model
+(prediction only) is :mod:`costmodels.ops.sparse_gemm`.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from hardware_specs.schema import GpuSpec
 
 COMMAND = "python -m calibrate.sparse.gemm"
 # held-out split of the measured rows: every family of these models
-HELD_OUT_PREFIXES = ("qwen2.5-7b/",)
+HELD_OUT_PREFIXES = ("qwen2.5-7b/", "qwen2.5-72b/")
 
 
 def read_measured(path: str | Path) -> dict[str, np.ndarray]:
@@ -61,7 +66,8 @@ def _kind_masks(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     cats = np.char.startswith(pat, "cats:")
     return {
         "dense": pat == "dense",
-        "2:4": (pat == "2:4") & (be == "cusparselt"),
+        "2:4": (pat == "2:4") & (be == "cusparselt_graph"),
+        "2:4/eager": (pat == "2:4") & (be == "cusparselt"),
         "cats/fused": cats & (be == "compact"),
         "cats/gather": cats & (be == "gather"),
     }
@@ -77,11 +83,22 @@ def predict_measured(
             continue
         m, n, k, dt, pats = (d[c][mask] for c in ("m", "n", "k", "dtype", "pattern"))
         kernel = name.split("/")[1] if name.startswith("cats") else "fused"
+        eager = name == "2:4/eager"
         out = np.empty(int(mask.sum()))
         for pat in np.unique(pats):
             s = pats == pat
             w = sparse_gemm_work(
-                m[s], n[s], k[s], None, dt[s], pat, gpu, p, dense=dense, cats_kernel=kernel
+                m[s],
+                n[s],
+                k[s],
+                None,
+                dt[s],
+                pat,
+                gpu,
+                p,
+                dense=dense,
+                cats_kernel=kernel,
+                eager=eager,
             )
             out[s] = w.time_s
         pred[mask] = out
@@ -112,10 +129,13 @@ def fit(
 ) -> tuple[SparseGemmParams, dict[str, Any]]:
     """Fit the measured parameters on the rows outside the held-out families.
 
-    2:4: ``compute_efficiency`` and ``call_floor_s`` on a grid, minimising the mean
-    |log(predicted / measured)| (robust to the host-noise of floor-bound rows). CATS
-    gather: ``gather_memory_efficiency`` and ``gather_launch_s`` likewise. Returns the
-    fitted parameters and a report (train / held-out error per kind).
+    2:4 kernel (CUDA-graph rows): ``compute_efficiency`` and the wide
+    ``memory_efficiency_factor`` on the rows above ``narrow_rows`` tokens, then the
+    ``narrow_memory_efficiency_factor`` and ``kernel_overhead_s`` on the rows at or below
+    it, twice over (the overhead feeds back into the wide rows), each on a grid minimising
+    the mean |log(predicted / measured)|. 2:4 eager: ``call_floor_s`` on the eager rows
+    given the kernel. CATS gather: ``gather_memory_efficiency`` and ``gather_launch_s``
+    likewise. Returns the fitted parameters and a report (train / held-out error per kind).
     """
     p0 = base if base is not None else sparse_params(gpu.architecture)
     dp = dense if dense is not None else dense_gemm_params(gpu)
@@ -124,19 +144,58 @@ def fit(
     meas = d["measured_s"]
     sp = p0.semi_structured
 
-    # --- 2:4: time = max(bound, max(floor, launch + max(C / eff, M)))
+    # --- 2:4 kernel: time = max(bound, launch + ovh + max(C / eff, M / factor))
     tr = masks["2:4"] & ~held
-    terms = semi_structured_terms(
+    t = semi_structured_terms(
         d["m"][tr], d["n"][tr], d["k"][tr], None, d["dtype"][tr], gpu, p0, dense=dp
     )
-    effs = np.round(np.arange(0.30, 1.0001, 0.005), 4)
-    floors = np.round(np.arange(0.0, 1.5e-3 + 1e-12, 5e-6), 9)
-    kern = terms.launch_s + np.maximum(
-        terms.compute_s[None, :] / effs[:, None], terms.memory_s[None, :]
+    y = meas[tr]
+    narrow = t.narrow
+    effs = np.round(np.arange(0.20, 1.0001, 0.005), 4)
+    factors = np.round(np.arange(0.10, 1.0001, 0.005), 4)
+    overheads = np.round(np.arange(0.0, 30e-6 + 1e-12, 0.25e-6), 9)
+    ovh, fn = sp.kernel_overhead_s, sp.narrow_memory_efficiency_factor
+    for _ in range(2):
+        w = ~narrow
+        kern = (
+            t.launch_s
+            + ovh
+            + np.maximum(
+                t.compute_s[w][None, None, :] / effs[:, None, None],
+                t.memory_s[w][None, None, :] / factors[None, :, None],
+            )
+        )
+        loss = np.abs(np.log(np.maximum(kern, t.bound_s[w]) / y[w])).mean(axis=-1)
+        eff, fw = _grid_best(loss, effs, factors)
+        kern = (
+            t.launch_s
+            + overheads[None, :, None]
+            + np.maximum(
+                t.compute_s[narrow][None, None, :] / eff,
+                t.memory_s[narrow][None, None, :] / factors[:, None, None],
+            )
+        )
+        loss = np.abs(np.log(np.maximum(kern, t.bound_s[narrow]) / y[narrow])).mean(axis=-1)
+        fn, ovh = _grid_best(loss, factors, overheads)
+    sp1 = sp.model_copy(
+        update={
+            "compute_efficiency": eff,
+            "memory_efficiency_factor": fw,
+            "narrow_memory_efficiency_factor": fn,
+            "kernel_overhead_s": ovh,
+        }
     )
-    t = np.maximum(np.maximum(kern[:, None, :], floors[None, :, None]), terms.bound_s)
-    loss = np.abs(np.log(t / meas[tr])).mean(axis=-1)
-    eff, floor = _grid_best(loss, effs, floors)
+
+    # --- 2:4 eager: time = max(kernel, floor)
+    etr = masks["2:4/eager"] & ~held
+    te = semi_structured_terms(
+        d["m"][etr], d["n"][etr], d["k"][etr], None, d["dtype"][etr], gpu, p0, dense=dp
+    )
+    kern_e = te.time_s(sp1)
+    floors = np.round(np.arange(0.0, 3e-3 + 1e-12, 5e-6), 9)
+    eloss = np.abs(np.log(np.maximum(kern_e[None, :], floors[:, None]) / meas[etr])).mean(-1)
+    (floor,) = _grid_best(eloss, floors)
+    sp1 = sp1.model_copy(update={"call_floor_s": floor})
 
     # --- CATS gather: fused + launch + 2 w / (hbm eff)
     cp = p0.cats
@@ -155,9 +214,7 @@ def fit(
 
     fitted = p0.model_copy(
         update={
-            "semi_structured": sp.model_copy(
-                update={"compute_efficiency": eff, "call_floor_s": floor}
-            ),
+            "semi_structured": sp1,
             "cats": cp.model_copy(update={"gather_memory_efficiency": geff, "gather_launch_s": gl}),
         }
     )
@@ -177,10 +234,22 @@ def report(
     held = held_out_mask(d["family"], held_out_prefixes)
     pred = predict_measured(d, gpu, p, dp)
     out: dict[str, Any] = {"held_out_families": [f"{x}*" for x in held_out_prefixes]}
+    meas = d["measured_s"]
+    model = np.array([f.split("/")[0] for f in d["family"]])
+    layer = np.array([f.rsplit("/", 1)[-1] for f in d["family"]])
     for name, mask in _kind_masks(d).items():
+        h = mask & held
         out[name] = {
-            "train": _ape_stats(pred[mask & ~held], d["measured_s"][mask & ~held]),
-            "held_out": _ape_stats(pred[mask & held], d["measured_s"][mask & held]),
+            "train": _ape_stats(pred[mask & ~held], meas[mask & ~held]),
+            "held_out": _ape_stats(pred[h], meas[h]),
+            "held_out_by_model": {
+                str(x): _ape_stats(pred[h & (model == x)], meas[h & (model == x)])
+                for x in np.unique(model[h])
+            },
+            "held_out_by_layer": {
+                str(x): _ape_stats(pred[h & (layer == x)], meas[h & (layer == x)])
+                for x in np.unique(layer[h])
+            },
         }
     out["speedup_2:4"] = speedup_table(d, gpu, p, dp)
     return out
@@ -189,7 +258,8 @@ def report(
 def speedup_table(
     d: dict[str, np.ndarray], gpu: GpuSpec, p: SparseGemmParams, dense: GemmParams
 ) -> dict[int, dict[str, float]]:
-    """Median over layer shapes (bf16, cuSPARSELt) of dense / 2:4 time, per token count."""
+    """Median over layer shapes (bf16, cuSPARSELt graph replay) of dense / 2:4 kernel time,
+    per token count."""
     key = {
         (dt, mm, nn, kk): t
         for dt, mm, nn, kk, t, pat in zip(
@@ -198,9 +268,6 @@ def speedup_table(
         if pat == "dense"
     }
     sel = _kind_masks(d)["2:4"] & (d["dtype"] == "bf16") & (d["family"] != "square")
-    no_floor = p.model_copy(
-        update={"semi_structured": p.semi_structured.model_copy(update={"call_floor_s": 0.0})}
-    )
     table: dict[int, dict[str, float]] = {}
     for mm in np.unique(d["m"][sel]):
         s = sel & (d["m"] == mm)
@@ -211,13 +278,11 @@ def speedup_table(
         args = (np.full(int(s.sum()), mm), d["n"][s], d["k"][s], None, "bf16")
         dn = sparse_gemm_work(*args, "dense", gpu, p, dense=dense).time_s
         sw = sparse_gemm_work(*args, "2:4", gpu, p, dense=dense).time_s
-        sk = sparse_gemm_work(*args, "2:4", gpu, no_floor, dense=dense).time_s
         ratios = [a / b for a, b in pairs]
         table[int(mm)] = {
             "measured": round(float(np.median(ratios)), 3),
             "measured_max": round(float(np.max(ratios)), 3),
             "model": round(float(np.median(dn / sw)), 3),
-            "model_kernel_only": round(float(np.median(dn / sk)), 3),
             "shapes": len(pairs),
         }
     return table
@@ -232,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eval", help="held-out error of the shipped parameters on a CSV")
     e.add_argument("csv")
     e.add_argument("--gpu", default="h100-sxm")
+    e.add_argument(
+        "--params", help="a sparse_gemm.yaml to evaluate instead of the shipped one (its base)"
+    )
     args = ap.parse_args(argv)
     from hardware_specs.registry import builtin_catalog
 
@@ -243,13 +311,22 @@ def main(argv: list[str] | None = None) -> int:
     d = read_measured(args.csv)
     if args.cmd == "fit":
         p, rep = fit(d, gpu)
-        semi = ("compute_efficiency", "call_floor_s")
+        semi = (
+            "compute_efficiency",
+            "memory_efficiency_factor",
+            "narrow_memory_efficiency_factor",
+            "kernel_overhead_s",
+            "call_floor_s",
+        )
         cats = ("gather_memory_efficiency", "gather_launch_s")
         fitted = {
             "semi_structured": {k: getattr(p.semi_structured, k) for k in semi},
             "cats": {k: getattr(p.cats, k) for k in cats},
         }
         print(yaml.safe_dump(fitted, sort_keys=False))
+    elif args.params:
+        raw = yaml.safe_load(Path(args.params).read_text())
+        rep = report(d, gpu, SparseGemmParams.model_validate(raw["base"]))
     else:
         rep = report(d, gpu, sparse_params(gpu.architecture))
     print(yaml.safe_dump(rep, sort_keys=False))

@@ -8,11 +8,16 @@ independent products, with the weight W sparse. ``sparsity`` is one of:
   (the spec's sparse rate; 2 on Ampere and later) at a fitted fraction of the dense
   model's efficiency; HBM traffic is the kept values plus 2 bits of metadata per kept
   value (cuSPARSELt's compressed layout), and the activations are padded to a multiple
-  of 8 rows (torch's ``to_sparse_semi_structured`` path). ``call_floor_s`` is what torch
-  2.11's eager ``_cslt_sparse_mm`` costs per call whatever the shape: it rebuilds the
-  cuSPARSELt descriptors and plan on every call (pytorch/pytorch#153825; plans are cached
-  from pytorch PR 179642 on) and the kernel hides under that host time until it is longer.
-  Set it to 0 for a plan-caching torch or a CUDA-graph replay.
+  of 8 rows (torch's ``to_sparse_semi_structured`` path), read at a fitted fraction of
+  the dense GEMM's HBM efficiency: one for ``narrow_rows`` tokens or fewer, another above
+  (cuSPARSELt's default heuristic switches kernels between 128 and 256 tokens in every
+  measured layer shape; the narrow kernel streams the weight at about a third of the
+  dense GEMV's rate, so 2:4 *loses* at decode on H100), plus a fitted per-kernel
+  ``kernel_overhead_s``. That is the kernel as a CUDA-graph replay (or a plan-caching
+  torch) runs it, the default. ``eager=True`` adds ``call_floor_s``: what torch 2.11's
+  eager ``_cslt_sparse_mm`` costs per call whatever the shape, since it rebuilds the
+  cuSPARSELt descriptors and plan on every call (pytorch/pytorch#153825; cached from
+  pytorch PR 179642 on); the kernel hides under that host time until it is longer.
 - ``"unstructured:S"`` (S = fraction of zero weights): Flash-LLM's "load as sparse,
   compute as dense" (Xia et al. 2023, VLDB 2024): nonzeros are stored in Tiled-CSL (each
   a 16-bit value and a 16-bit in-tile location, plus one offset per 64x64 tile), loaded
@@ -86,10 +91,21 @@ class SemiStructuredParams(_P):
         "k / sparse_speedup (fitted)",
     )
     memory_efficiency_factor: float = Field(
-        gt=0, le=1, description="HBM efficiency relative to the dense GEMM's"
+        gt=0, le=1, description="HBM efficiency relative to the dense GEMM's, above narrow_rows"
+    )
+    narrow_rows: int = Field(
+        0, ge=0, description="token counts at or below this run the narrow (decode) kernel"
+    )
+    narrow_memory_efficiency_factor: float = Field(
+        1.0, gt=0, le=1, description="HBM efficiency relative to the dense GEMM's, narrow kernel"
+    )
+    kernel_overhead_s: float = Field(
+        0.0, ge=0, description="fixed time per sparse kernel beyond the dense launch (fitted)"
     )
     call_floor_s: float = Field(
-        ge=0, description="per-call time floor of the library path (host-side plan setup)"
+        ge=0,
+        description="per-call time floor of torch 2.11's eager path (host-side plan setup); "
+        "applied only to eager calls",
     )
     dense_row_multiple: int = Field(ge=1, description="activation rows are padded to this")
 
@@ -258,17 +274,31 @@ def _rows(m, n, k, batch, dtype) -> _Rows:
 
 @dataclass(frozen=True)
 class SemiStructuredTerms:
-    """A 2:4 GEMM's time before its two fitted parameters (seconds per row):
-    ``max(bound_s, max(call_floor_s, launch_s + max(compute_s / compute_efficiency,
-    memory_s)))``. Linear in ``1 / compute_efficiency`` and in the floor: what
-    ``calibrate.sparse.gemm`` grid-searches."""
+    """A 2:4 GEMM's time before its fitted parameters (seconds per row): ``max(bound_s,
+    [call_floor_s if eager], launch_s + kernel_overhead_s + max(compute_s /
+    compute_efficiency, memory_s / factor))`` with ``factor`` the narrow or the wide
+    memory-efficiency factor (``narrow`` rows). What ``calibrate.sparse.gemm`` grid-searches."""
 
     compute_s: np.ndarray  # the dense kernel's tiles over k / sparse_speedup, efficiency 1
-    memory_s: np.ndarray  # kept values, metadata, padded activations, outputs over HBM
+    memory_s: np.ndarray  # kept values, metadata, padded activations, outputs at dense HBM eff.
     bound_s: np.ndarray  # the spec's sparse peak and HBM bandwidth
+    narrow: np.ndarray  # rows at or below narrow_rows tokens
     launch_s: float
     flops: np.ndarray
     bytes: np.ndarray
+
+    def time_s(self, sp: SemiStructuredParams, *, eager: bool = False) -> np.ndarray:
+        factor = np.where(
+            self.narrow, sp.narrow_memory_efficiency_factor, sp.memory_efficiency_factor
+        )
+        kernel = (
+            self.launch_s
+            + sp.kernel_overhead_s
+            + np.maximum(self.compute_s / sp.compute_efficiency, self.memory_s / factor)
+        )
+        if eager:
+            kernel = np.maximum(kernel, sp.call_floor_s)
+        return np.maximum(kernel, self.bound_s)
 
 
 def _semi_structured(
@@ -288,7 +318,8 @@ def _semi_structured(
     k_eff = r.k / gpu.sparse_speedup
     return SemiStructuredTerms(
         compute_s=_compute_only_s(rows, r.n, k_eff, r.batch, r.dtype, gpu, dp),
-        memory_s=bytes_ / (hbm * dp.memory_efficiency * sp.memory_efficiency_factor),
+        memory_s=bytes_ / (hbm * dp.memory_efficiency),
+        narrow=r.m <= sp.narrow_rows,
         bound_s=np.maximum(
             dense_flops / (peak_flops(r.dtype, gpu) * gpu.sparse_speedup), bytes_ / hbm
         ),
@@ -328,11 +359,13 @@ def sparse_gemm_work(
     *,
     dense: GemmParams | None = None,
     cats_kernel: Literal["fused", "gather"] = "fused",
+    eager: bool = False,
 ) -> Work:
     """Time, useful FLOPs and HBM bytes of sparse-weight GEMMs (see the module docstring).
 
     ``params`` defaults to the GPU architecture's entry of ``data/sparse_gemm.yaml``;
-    ``dense`` to :func:`dense_gemm_params`.
+    ``dense`` to :func:`dense_gemm_params`; ``eager`` adds 2:4's per-call floor of torch
+    2.11's eager path (no CUDA graph, no plan cache).
     """
     kind, value = parse_sparsity(sparsity)
     p = params if params is not None else sparse_params(gpu.architecture)
@@ -349,9 +382,7 @@ def sparse_gemm_work(
     if kind == "2:4":
         sp = p.semi_structured
         t = _semi_structured(r, gpu, sp, dp)
-        compute = t.compute_s / sp.compute_efficiency
-        time_s = np.maximum(t.launch_s + np.maximum(compute, t.memory_s), sp.call_floor_s)
-        return Work(time_s=np.maximum(time_s, t.bound_s), flops=t.flops, bytes=t.bytes)
+        return Work(time_s=t.time_s(sp, eager=eager), flops=t.flops, bytes=t.bytes)
 
     if kind == "unstructured":
         up = p.unstructured
@@ -393,7 +424,8 @@ def sparse_gemm_work(
 class SparseGemmModel:
     """Sparse-weight GEMMs as a cost model: ``predict(op)`` and ``predict_many(frame)`` in
     seconds for ``gemm`` ops (C[m,n] = X[m,k] . W[n,k]^T, ``batch`` products) whose weight
-    has ``sparsity`` (see the module docstring); ``cats_kernel`` is CATS's kernel. Scalar
+    has ``sparsity`` (see the module docstring); ``cats_kernel`` is CATS's kernel, ``eager``
+    adds 2:4's per-call floor of torch's eager path. Scalar
     calls run the vectorised code on length-1 arrays. Parameters are loaded
     (:func:`sparse_params`, :func:`dense_gemm_params`), never fitted here."""
 
@@ -405,6 +437,7 @@ class SparseGemmModel:
         cats_kernel: Literal["fused", "gather"] = "fused",
         params: SparseGemmParams | None = None,
         dense: GemmParams | None = None,
+        eager: bool = False,
     ) -> None:
         if not isinstance(gpu, GpuSpec):
             from hardware_specs.registry import builtin_catalog
@@ -416,6 +449,7 @@ class SparseGemmModel:
         self.gpu = gpu
         self.sparsity = sparsity
         self.cats_kernel = cats_kernel
+        self.eager = eager
         self.params = params if params is not None else sparse_params(gpu.architecture)
         self.dense = dense if dense is not None else dense_gemm_params(gpu)
 
@@ -439,6 +473,7 @@ class SparseGemmModel:
             self.params,
             dense=self.dense,
             cats_kernel=self.cats_kernel,
+            eager=self.eager,
         )
 
     def work_many(self, frame: pd.DataFrame, *, validated: bool = False) -> Work:

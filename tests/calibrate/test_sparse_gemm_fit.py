@@ -36,16 +36,20 @@ def test_2_4_faster_than_dense_only_where_compute_bound_as_measured(h100, measur
         )
         if pat == "dense"
     }
-    sel = (d["pattern"] == "2:4") & (d["backend"] == "cusparselt")
+    # bf16 (cuSPARSELt's fp16 narrow kernel is faster: it ties dense GEMV on big layers)
+    sel = (d["pattern"] == "2:4") & (d["backend"] == "cusparselt_graph") & (d["dtype"] == "bf16")
     m, n, k, dt, t = (d[c][sel] for c in ("m", "n", "k", "dtype", "measured_s"))
     td = np.array([dense[key] for key in zip(dt, m, n, k, strict=True)])
     faster = t < td
-    # measured: 2:4 wins only at >= 1024 tokens, and does win on big layers there
-    assert faster.any() and m[faster].min() >= 1024
+    # measured (kernel alone): 2:4 wins only from 64 tokens on (the narrow kernel loses
+    # the decode range), and does win on big layers at large token counts
+    assert faster.any() and m[faster].min() >= 64
+    assert np.mean(t[m <= 32] > td[m <= 32]) > 0.99
+    assert np.mean(t[m >= 4096] < td[m >= 4096]) > 0.8
     # the model agrees on the direction for nearly every measured pair
     ps = S.sparse_gemm_work(m, n, k, None, dt, "2:4", h100).time_s
     pd = S.sparse_gemm_work(m, n, k, None, dt, "dense", h100).time_s
-    assert np.mean((ps < pd) == faster) >= 0.95
+    assert np.mean((ps < pd) == faster) >= 0.85
     # and predicts a win only where the dense GEMM is compute-bound-ish
     intensity = 2 * m * n * k / (2 * (m * k + n * k + m * n))
     ridge = h100.peak_flops_per_s("bf16") / h100.hbm_bytes_per_s
@@ -55,8 +59,10 @@ def test_2_4_faster_than_dense_only_where_compute_bound_as_measured(h100, measur
 def test_held_out_mape_bound(h100, measured) -> None:
     """``python -m calibrate.sparse.gemm eval calibrate/data/h100-sxm/sparse_gemm.csv``."""
     rep = G.report(measured, h100, S.sparse_params("hopper"))
-    assert rep["2:4"]["held_out"]["rows"] >= 30
-    assert rep["2:4"]["held_out"]["mape"] < 0.25
+    assert rep["2:4"]["held_out"]["rows"] >= 300
+    assert rep["2:4"]["held_out"]["mape"] < 0.20
+    assert rep["2:4"]["held_out"]["p90"] < 0.35
+    assert rep["2:4/eager"]["held_out"]["mape"] < 0.25
     assert rep["cats/fused"]["held_out"]["mape"] < 0.10
     assert rep["cats/gather"]["held_out"]["mape"] < 0.10
     assert rep["dense"]["held_out"]["mape"] < 0.10
@@ -71,6 +77,9 @@ def test_shipped_parameters_are_the_fit(h100, measured) -> None:
     ss, fs = shipped.semi_structured, fitted.semi_structured
     assert fs.compute_efficiency == pytest.approx(ss.compute_efficiency, abs=1e-9)
     assert fs.call_floor_s == pytest.approx(ss.call_floor_s, abs=1e-9)
+    for name in ("memory_efficiency_factor", "narrow_memory_efficiency_factor"):
+        assert getattr(fs, name) == pytest.approx(getattr(ss, name), abs=1e-9)
+    assert fs.kernel_overhead_s == pytest.approx(ss.kernel_overhead_s, abs=1e-12)
     assert fitted.cats.gather_memory_efficiency == pytest.approx(
         shipped.cats.gather_memory_efficiency, abs=1e-9
     )
@@ -82,7 +91,11 @@ def test_shipped_parameters_are_the_fit(h100, measured) -> None:
 def test_held_out_split_is_by_family(measured) -> None:
     held = G.held_out_mask(measured["family"])
     assert held.any() and (~held).any()
-    assert {f.split("/")[0] for f in measured["family"][held]} == {"qwen2.5-7b"}
+    assert {f.split("/")[0] for f in measured["family"][held]} == {"qwen2.5-7b", "qwen2.5-72b"}
+    # no held-out layer shape is in the training rows (the split is by model, not random)
+    shape = [f"{n}x{k}" for n, k in zip(measured["n"], measured["k"], strict=True)]
+    shape = np.array(shape)
+    assert not set(shape[held]) & set(shape[~held])
 
 
 def test_fit_command_prints_the_shipped_parameters(capsys) -> None:
@@ -92,9 +105,9 @@ def test_fit_command_prints_the_shipped_parameters(capsys) -> None:
     out = yaml.safe_load(capsys.readouterr().out)
     shipped = S.sparse_params("hopper")
     assert out["semi_structured"] == {
-        "compute_efficiency": shipped.semi_structured.compute_efficiency,
-        "call_floor_s": shipped.semi_structured.call_floor_s,
+        k: getattr(shipped.semi_structured, k) for k in out["semi_structured"]
     }
+    assert len(out["semi_structured"]) == 5
     assert out["cats"] == {
         "gather_memory_efficiency": shipped.cats.gather_memory_efficiency,
         "gather_launch_s": shipped.cats.gather_launch_s,

@@ -1,0 +1,121 @@
+"""The serving simulator's hot path of :class:`costmodels.steps.serving.StepModel`: an
+iteration priced from its summary (prefill chunks as lists, decodes as their count and
+context sum) on the step model's interpolation grids, in scalars.
+
+:class:`SummaryPricing` is mixed into ``StepModel``, which holds what it reads (``_grids``,
+``model``, ``engine``, ``composition``, ``_decode_memo``, ``_attn_f``, ``_summary_fast``,
+``_decode_attn``, ``_attn_layer_s``, ``_evaluate``). The values equal ``step_s``'s bit for
+bit (the same operations in the same order); a serving run calls it millions of times, so
+it avoids numpy and memoises a decode-only step's share by batch size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels.steps.serving_grid import bracket
+
+
+class SummaryPricing:
+    """``step_s_summary`` and the scalar pieces it is built from (see the module)."""
+
+    def _attn_factors(self, stream: bool) -> tuple[float, float]:
+        """(attention's composition factor x idle, idle) of a launch context; 1, 1 with
+        no composition."""
+        out = self._attn_f.get(stream)
+        if out is None:
+            f = idle = 1.0
+            if self.composition is not None:
+                key = self._composition_key("stream" if stream else "graph")
+                f = self.composition.factor(key, "attn_fwd")  # the group's factor x idle
+                idle = self.composition.idle(key)
+            out = self._attn_f[stream] = (f, idle)
+        return out
+
+    def _prefill_attn_lists(self, new: list[int], past: list[int]) -> float | None:
+        """:meth:`_prefill_attn` of a few chunks, in scalars (cheaper than numpy there)."""
+        L = self._grids.lists
+        n_hi, p_hi = L["n"][-1], L["p"][-1]
+        tot = 0.0
+        top = 0.0
+        for n, p in zip(new, past, strict=True):
+            if n > n_hi or p > p_hi:
+                return None
+            i, wi = bracket(L["n"], n)
+            j, wj = bracket(L["p"], p)
+            a1, af = L["w1"], L["wfill"]
+            r0, r1 = a1[i], a1[i + 1]
+            v1 = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
+                (1 - wj) * r1[j] + wj * r1[j + 1]
+            )
+            r0, r1 = af[i], af[i + 1]
+            vf = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
+                (1 - wj) * r1[j] + wj * r1[j + 1]
+            )
+            tot += vf
+            top = max(top, v1)
+        return max(tot, top)
+
+    def _grid_total_s(self, T: int, S: int, decodes: bool) -> float:
+        """A graph-launched step's GEMMs, norms and other per-token and per-sequence ops,
+        attention aside: the per-step totals interpolated on the token and sequence
+        grids (T and S inside them)."""
+        g = self._grids
+        i, w = bracket(g.lists["tok_x"], T)
+        tt = g.tok_total["graph"]
+        tok = tt[i] + w * (tt[i + 1] - tt[i])
+        i, w = bracket(g.lists["seq_x"], S)
+        st = (g.seq_total_dec if decodes else g.seq_total)["graph"]
+        return tok + st[i] + w * (st[i + 1] - st[i])
+
+    def step_s_summary(
+        self, prefill_new: list[int], prefill_past: list[int], n_decode: int, decode_ctx_sum: int
+    ) -> float:
+        """:meth:`step_s` of an iteration as the serving simulator keeps it: prefill
+        chunks as lists, decodes as their count and context sum (all their price depends
+        on). Unchecked and without arrays: the simulator's loop calls it once per
+        iteration with inputs it built. A decode-only step memoises its batch size's
+        share (GEMMs and the decode-attention row of its size), so the call is one
+        bracket on the mean context."""
+        if not prefill_new:
+            memo = self._decode_memo.get(n_decode)
+            if memo is None:
+                memo = self._decode_memo[n_decode] = self._decode_share(n_decode)
+            if memo:
+                base, wi, r0, r1, f, idle_floor, kv_axis = memo
+                kv = decode_ctx_sum / n_decode + 1.0
+                if kv <= kv_axis[-1]:  # _decode_attn, its row fixed
+                    j, wj = bracket(kv_axis, kv)
+                    dec = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
+                        (1 - wj) * r1[j] + wj * r1[j + 1]
+                    )
+                    return base + self.model.num_layers * (f * dec + idle_floor)
+        elif self._summary_fast and len(prefill_new) <= 8 and self.engine != "pytorch-eager":
+            pre = self._prefill_attn_lists(prefill_new, prefill_past)
+            dec = self._decode_attn(n_decode, decode_ctx_sum) if n_decode else None
+            T = sum(prefill_new) + n_decode
+            S = len(prefill_new) + n_decode
+            g = self._grids
+            priced = pre is not None and (dec is not None or not n_decode)
+            if priced and g.tok_x[-1] >= T and g.seq_x[-1] >= S:
+                attn = self._attn_layer_s(pre, dec, False)
+                return self._grid_total_s(T, S, n_decode > 0) + self.model.num_layers * attn
+        pn = np.array(prefill_new, dtype=np.int64)
+        pp = np.array(prefill_past, dtype=np.int64)
+        return self._evaluate(pn, pp, n_decode, decode_ctx_sum).total
+
+    def _decode_share(self, n: int) -> tuple | bool:
+        """What a decode-only step of ``n`` sequences costs whatever their contexts, for
+        :meth:`step_s_summary`; False when it is priced outside the grids."""
+        g = self._grids
+        L = g.lists
+        if not self._summary_fast or n > L["dec_b"][-1] or g.tok_x[-1] < n or g.seq_x[-1] < n:
+            return False
+        i, wi = bracket(L["dec_b"], n)
+        f, _ = self._attn_factors(False)
+        idle_floor = self._attn_layer_s(None, 0.0, False)  # a decode launch's floor alone
+        base = self._grid_total_s(n, n, True)
+        return base, wi, L["wdec"][i], L["wdec"][i + 1], f, idle_floor, L["dec_kv"]
+
+
+__all__ = ["SummaryPricing"]

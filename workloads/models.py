@@ -31,7 +31,16 @@ class ModelConfig(BaseModel):
     Dense models have ``num_experts == 1``; for a mixture-of-experts model every layer's
     MLP is replaced by ``num_experts`` experts of width ``moe_ffn_hidden_size`` (defaults
     to ``ffn_hidden_size``) and a bias-free linear router, ``experts_per_token`` of which
-    each token visits (Mixtral's layout).
+    each token visits (Mixtral's layout). Fine-grained MoE (DeepSeekMoE, Dai et al. 2024;
+    Qwen2-MoE) adds always-on shared experts (one MLP of ``shared_expert_ffn_hidden_size``,
+    optionally behind a sigmoid gate) and keeps ``num_dense_layers`` layers with a dense
+    ``ffn_hidden_size`` MLP (DeepSeek's ``first_k_dense_replace``).
+
+    Multi-head latent attention (MLA, DeepSeek-V2, arXiv 2405.04434 sec. 2.1) is on when
+    ``kv_lora_rank`` is set: ``head_dim`` is then the query/key head width
+    ``qk_nope_head_dim + qk_rope_head_dim``, ``v_head_dim`` the value head width, and the
+    KV cache holds the ``kv_lora_rank``-wide latent plus the shared RoPE key per token and
+    layer (see :mod:`workloads.decompose.mla`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -59,6 +68,33 @@ class ModelConfig(BaseModel):
     num_experts: int = Field(default=1, gt=0, description="1 = dense")
     experts_per_token: int = Field(default=1, gt=0, description="top-k routing")
     moe_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    shared_expert_ffn_hidden_size: int | None = Field(
+        default=None, gt=0, description="width of the always-on shared expert MLP (MoE only)"
+    )
+    shared_expert_gate: bool = Field(
+        default=False, description="sigmoid gate Linear(hidden, 1) on the shared expert (Qwen2-MoE)"
+    )
+    num_dense_layers: int = Field(
+        default=0, ge=0, description="MoE models: layers with a dense ffn_hidden_size MLP"
+    )
+    qk_norm: bool = Field(default=False, description="RMSNorm on each q and k head (Qwen3)")
+    kv_lora_rank: int | None = Field(
+        default=None, gt=0, description="MLA latent KV width; None = standard attention"
+    )
+    q_lora_rank: int | None = Field(
+        default=None, gt=0, description="MLA query down-projection rank; None = plain q_proj"
+    )
+    qk_rope_head_dim: int | None = Field(
+        default=None, gt=0, description="MLA: decoupled RoPE part of head_dim (shared key)"
+    )
+    v_head_dim: int | None = Field(default=None, gt=0, description="MLA: value head width")
+    moe_imbalance: float = Field(
+        default=1.0,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="routing skew: busiest expert's tokens over the mean (1 = balanced); a "
+        "workload assumption carried with the model so every cost keyed on it sees it",
+    )
     source: str = Field(min_length=1, description="where the numbers come from")
 
     @model_validator(mode="before")
@@ -89,12 +125,91 @@ class ModelConfig(BaseModel):
             )
         if self.num_experts == 1 and self.moe_ffn_hidden_size is not None:
             raise ValueError("moe_ffn_hidden_size is only for num_experts > 1")
+        if self.num_experts == 1 and (
+            self.shared_expert_ffn_hidden_size or self.num_dense_layers or self.shared_expert_gate
+        ):
+            raise ValueError(
+                "shared experts, shared_expert_gate and num_dense_layers are only for "
+                "num_experts > 1"
+            )
+        if self.num_dense_layers >= self.num_layers:
+            raise ValueError(
+                f"num_dense_layers ({self.num_dense_layers}) must be < num_layers "
+                f"({self.num_layers}) for an MoE model"
+            )
+        if self.moe_imbalance != 1.0 and not self.is_moe:
+            raise ValueError("moe_imbalance is only for MoE models (num_experts > 1)")
+        if self.shared_expert_gate and not self.shared_expert_ffn_hidden_size:
+            raise ValueError("shared_expert_gate needs shared_expert_ffn_hidden_size")
+        mla = (self.q_lora_rank, self.qk_rope_head_dim, self.v_head_dim)
+        if self.kv_lora_rank is None:
+            if any(v is not None for v in mla):
+                raise ValueError(
+                    "q_lora_rank, qk_rope_head_dim and v_head_dim are MLA fields; "
+                    "set kv_lora_rank too"
+                )
+        else:
+            if self.qk_rope_head_dim is None or self.v_head_dim is None:
+                raise ValueError("MLA (kv_lora_rank) needs qk_rope_head_dim and v_head_dim")
+            if self.qk_rope_head_dim >= self.head_dim:
+                raise ValueError(
+                    f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be < head_dim "
+                    f"({self.head_dim} = qk_nope_head_dim + qk_rope_head_dim)"
+                )
+            if self.position != "rope" or self.qkv_bias:
+                raise ValueError("MLA models use RoPE and no Q/K/V biases")
         return self
 
     # --- shape helpers ---------------------------------------------------------------------
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def v_dim(self) -> int:
+        """Value head width: ``v_head_dim`` for MLA, else ``head_dim``."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def qk_nope_head_dim(self) -> int:
+        """MLA: the part of a query/key head without RoPE (``head_dim`` otherwise)."""
+        return self.head_dim - (self.qk_rope_head_dim or 0)
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (0 for dense models)."""
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def dense_layers(self) -> int:
+        """Layers with a dense ``ffn_hidden_size`` MLP."""
+        return self.num_layers - self.moe_layers
+
+    @property
+    def shared_ffn_hidden_size(self) -> int:
+        """Width of the shared expert MLP (0 without one)."""
+        return self.shared_expert_ffn_hidden_size or 0
+
+    @property
+    def kv_elements_per_token_per_layer(self) -> int:
+        """KV-cache elements one token stores in one layer: K and V of every KV head
+        (``2 * kv_heads * head_dim``), or for MLA the compressed latent ``c_KV`` and the
+        shared RoPE key ``k^R`` (DeepSeek-V2 sec. 2.1.2-2.1.3: ``(d_c + d_h^R)`` per
+        token, one vector for all heads; 576 for DeepSeek-V2)."""
+        if self.kv_lora_rank is not None:
+            return self.kv_lora_rank + (self.qk_rope_head_dim or 0)
+        return 2 * self.kv_size
+
+    @property
+    def attention_matmul_width(self) -> float:
+        """Mean width of the two attention matmuls per query head summed over heads:
+        ``heads * (d_qk + d_v) / 2`` (``Q K^T`` runs at the QK width, ``P V`` at the value
+        width; = ``q_size`` for standard attention)."""
+        return self.num_heads * (self.head_dim + self.v_dim) / 2
 
     @property
     def expert_ffn_hidden_size(self) -> int:
@@ -118,14 +233,32 @@ class ModelConfig(BaseModel):
         return self.hidden_size * (2 if self.norm == "layernorm" else 1)
 
     @property
-    def attention_params(self) -> int:
-        """Q, K, V and output projections of one layer, with their biases."""
+    def attention_matmul_params(self) -> int:
+        """Weights of one layer's attention GEMMs: Q, K, V and output projections, or
+        MLA's ``W^DQ``/``W^UQ`` (or ``W^Q``), ``W^DKV`` with ``W^KR``, ``W^UK``/``W^UV``
+        and ``W^O`` (DeepSeek-V2 eqs. 9-14, 37-47)."""
         h = self.hidden_size
-        n = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        if self.kv_lora_rank is None:
+            return h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        c, r, nh = self.kv_lora_rank, self.qk_rope_head_dim or 0, self.num_heads
+        q = h * self.q_size if self.q_lora_rank is None else self.q_lora_rank * (h + self.q_size)
+        kv = h * (c + r) + c * nh * (self.qk_nope_head_dim + self.v_dim)
+        return q + kv + nh * self.v_dim * h
+
+    @property
+    def attention_params(self) -> int:
+        """Q, K, V and output projections of one layer, with their biases (MLA: its
+        projections and the RMSNorms on the query and KV latents; Qwen3's q/k norms)."""
+        h = self.hidden_size
+        n = self.attention_matmul_params
         if self.qkv_bias:
             n += self.q_size + 2 * self.kv_size
         if self.out_proj_bias:
             n += h
+        if self.kv_lora_rank is not None:
+            n += self.kv_lora_rank + (self.q_lora_rank or 0)
+        if self.qk_norm:
+            n += 2 * self.head_dim
         return n
 
     def _mlp_params(self, ffn: int) -> int:
@@ -143,17 +276,42 @@ class ModelConfig(BaseModel):
 
     @property
     def router_params(self) -> int:
-        return self.hidden_size * self.num_experts if self.is_moe else 0
+        """One MoE layer's router (and the shared expert's sigmoid gate, if any)."""
+        if not self.is_moe:
+            return 0
+        return self.hidden_size * (self.num_experts + (1 if self.shared_expert_gate else 0))
+
+    @property
+    def shared_expert_params(self) -> int:
+        """The shared expert MLP of one MoE layer (0 without one)."""
+        f = self.shared_ffn_hidden_size
+        return self._mlp_params(f) if f else 0
+
+    @property
+    def dense_mlp_params(self) -> int:
+        """The dense MLP of a dense layer."""
+        return self._mlp_params(self.ffn_hidden_size)
 
     @property
     def mlp_params(self) -> int:
-        """All MLP parameters of one layer: every expert plus the router for MoE."""
-        return self.num_experts * self.expert_params + self.router_params
+        """All MLP parameters of one MoE layer (every routed expert, the shared expert
+        and the router), or of a dense model's layer."""
+        if not self.is_moe:
+            return self.dense_mlp_params
+        routed = self.num_experts * self.expert_params
+        return routed + self.shared_expert_params + self.router_params
 
     @property
     def layer_params(self) -> int:
-        """One transformer layer: attention, MLP (or experts + router), two norms."""
+        """One transformer layer: attention, MLP (or experts + router), two norms (an MoE
+        layer when the model mixes dense and MoE layers)."""
         return self.attention_params + self.mlp_params + 2 * self.norm_params
+
+    @property
+    def layers_params(self) -> int:
+        """All transformer layers: MoE layers and the dense ones."""
+        dense = self.attention_params + self.dense_mlp_params + 2 * self.norm_params
+        return self.moe_layers * self.layer_params + self.dense_layers * dense
 
     @property
     def embedding_params(self) -> int:
@@ -170,7 +328,7 @@ class ModelConfig(BaseModel):
         """Exact parameter count: embeddings, layers, final norm, untied LM head."""
         return (
             self.embedding_params
-            + self.num_layers * self.layer_params
+            + (self.num_layers * self.layer_params if not self.is_moe else self.layers_params)
             + self.norm_params
             + self.lm_head_params
         )
@@ -179,7 +337,7 @@ class ModelConfig(BaseModel):
     def num_active_params(self) -> int:
         """Parameters one token touches: only ``experts_per_token`` experts per MoE layer."""
         idle = (self.num_experts - self.experts_per_token) * self.expert_params
-        return self.num_params - self.num_layers * idle
+        return self.num_params - self.moe_layers * idle
 
     @property
     def matmul_params_per_token(self) -> int:
@@ -190,17 +348,24 @@ class ModelConfig(BaseModel):
         ``N`` that makes ``6N`` reproduce Narayanan et al. 2021 eq. (3) exactly.
         """
         h = self.hidden_size
-        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        attn = self.attention_matmul_params
         per_matrix = 3 if self.activation == "swiglu" else 2
-        mlp = self.experts_per_token * per_matrix * h * self.expert_ffn_hidden_size
-        return self.num_layers * (attn + mlp + self.router_params) + self.vocab_size * h
+        if not self.is_moe:
+            mlp = per_matrix * h * self.ffn_hidden_size
+            return self.num_layers * (attn + mlp) + self.vocab_size * h
+        routed = self.experts_per_token * per_matrix * h * self.expert_ffn_hidden_size
+        moe = routed + per_matrix * h * self.shared_ffn_hidden_size + self.router_params
+        dense = per_matrix * h * self.ffn_hidden_size
+        layers = self.num_layers * attn + self.moe_layers * moe + self.dense_layers * dense
+        return layers + self.vocab_size * h
 
     # --- memory and FLOPs ------------------------------------------------------------------
     def kv_cache_bytes_per_token(self, dtype_bytes: int | float) -> float:
-        """K and V of one token over all layers: 2 * layers * kv_heads * head_dim * bytes."""
+        """K and V of one token over all layers: 2 * layers * kv_heads * head_dim * bytes
+        (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * bytes)."""
         if dtype_bytes <= 0:
             raise ModelError(f"dtype_bytes must be > 0, got {dtype_bytes}")
-        return float(2 * self.num_layers * self.kv_size * dtype_bytes)
+        return float(self.num_layers * self.kv_elements_per_token_per_layer * dtype_bytes)
 
     def flops_per_token(self, seq_len: int, causal: bool = True, training: bool = True) -> float:
         """Model FLOPs per token for a sequence of ``seq_len`` tokens.
@@ -223,7 +388,8 @@ class ModelConfig(BaseModel):
         if seq_len <= 0:
             raise ModelError(f"seq_len must be > 0, got {seq_len}")
         c = 6 if training else 2
-        attn = 2 * self.num_layers * seq_len * self.q_size * (0.5 if causal else 1.0)
+        width = self.q_size if not self.is_mla else self.attention_matmul_width
+        attn = 2 * self.num_layers * seq_len * width * (0.5 if causal else 1.0)
         return float(c * self.matmul_params_per_token + c * attn)
 
 
@@ -293,9 +459,47 @@ def load_model(id_or_path: str | Path) -> ModelConfig:
     return get_model(text)
 
 
+# A skew of num_experts routes every token to one expert; beyond 1000 no built-in or
+# published MoE layer has that many experts.
+MAX_MOE_IMBALANCE = 1000.0
+MOE_IMBALANCE_WHY = "1000 routes every token to one expert of a 1000-expert layer"
+MOE_IMBALANCE_HELP = (
+    "MoE routing skew: the busiest expert's tokens over the mean (1 = balanced); the "
+    "layer's expert GEMMs and the expert-parallel all-to-all are priced at the busiest "
+    "expert/EP rank's load."
+)
+
+
+def moe_imbalance_field() -> Any:
+    """The ``--moe-imbalance`` option of the commands that price MoE layers."""
+    return Field(
+        1.0,
+        ge=1.0,
+        le=MAX_MOE_IMBALANCE,
+        json_schema_extra={"le_why": MOE_IMBALANCE_WHY},
+        description=MOE_IMBALANCE_HELP,
+    )
+
+
+def with_moe_imbalance(model: ModelConfig, imbalance: float) -> ModelConfig:
+    """``model`` with routing skew ``imbalance`` (see :attr:`ModelConfig.moe_imbalance`);
+    a one-line error for a dense model or a value below 1."""
+    if imbalance == model.moe_imbalance:
+        return model
+    if not model.is_moe:
+        raise ModelError(
+            f"--moe-imbalance {imbalance:g}: {model.id} is dense (num_experts 1); "
+            "allowed: 1.0, or an MoE model"
+        )
+    return model_from_dict({**model.model_dump(), "moe_imbalance": imbalance}, model.id)
+
+
 # --- HuggingFace config.json -----------------------------------------------------------------
 
-SUPPORTED_HF_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2")
+SUPPORTED_HF_TYPES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
+    "deepseek_v3", "gpt2",
+)  # fmt: skip
 
 
 def _require(cfg: dict[str, Any], key: str, where: str) -> Any:
@@ -330,7 +534,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     ``mlp_bias`` MLP biases; qwen2 always has Q/K/V biases. mixtral adds
     ``num_local_experts`` and ``num_experts_per_tok``. gpt2: ``n_layer``, ``n_embd``,
     ``n_head``, ``n_inner`` (default 4 * n_embd), ``n_positions``, ``vocab_size``; GELU,
-    LayerNorm, learned positions, biases on every linear, tied embeddings.
+    LayerNorm, learned positions, biases on every linear, tied embeddings. qwen3 adds
+    per-head q/k RMSNorms; qwen2_moe / qwen3_moe and deepseek_v2 / deepseek_v3 as in
+    :func:`_qwen_moe_fields` and :func:`_deepseek_fields`.
     Sliding-window attention (mistral) is not modelled: attention spans the full context.
     """
     path = Path(path)
@@ -396,11 +602,84 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             "norm": "rmsnorm",
             "position": "rope",
             "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-            "qkv_bias": model_type == "qwen2" or attention_bias,
+            "qkv_bias": model_type in ("qwen2", "qwen2_moe") or attention_bias,
             "out_proj_bias": attention_bias,
             "mlp_bias": bool(cfg.get("mlp_bias", False)),
         }
         if model_type == "mixtral":
             fields["num_experts"] = req("num_local_experts")
             fields["experts_per_token"] = req("num_experts_per_tok")
+        elif model_type in ("qwen3", "qwen3_moe"):
+            fields["qk_norm"] = True
+        if model_type in ("qwen2_moe", "qwen3_moe"):
+            fields.update(_qwen_moe_fields(cfg, req, fields["num_layers"], where))
+        elif model_type in ("deepseek_v2", "deepseek_v3"):
+            fields.update(_deepseek_fields(cfg, req, fields["num_layers"], where))
     return model_from_dict({**common, **fields}, where)
+
+
+def _int_key(cfg: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ModelError(f"{where}: {key} must be a non-negative integer (got {value!r})")
+    return value
+
+
+def _qwen_moe_fields(cfg: dict[str, Any], req: Any, layers: int, where: str) -> dict[str, Any]:
+    """qwen2_moe / qwen3_moe: ``num_experts`` of ``moe_intermediate_size``, top
+    ``num_experts_per_tok``; a layer is sparse unless listed in ``mlp_only_layers`` or
+    ``(layer + 1) % decoder_sparse_step != 0`` (HF ``Qwen2MoeDecoderLayer``); qwen2_moe
+    adds one shared expert of ``shared_expert_intermediate_size`` behind a sigmoid gate."""
+    step = _int_key(cfg, "decoder_sparse_step", 1, where) or 1
+    only = cfg.get("mlp_only_layers") or []
+    dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
+    out: dict[str, Any] = {
+        "num_experts": req("num_experts"),
+        "experts_per_token": req("num_experts_per_tok"),
+        "moe_ffn_hidden_size": req("moe_intermediate_size"),
+        "num_dense_layers": dense,
+    }
+    shared = cfg.get("shared_expert_intermediate_size")
+    if shared:
+        out["shared_expert_ffn_hidden_size"] = shared
+        out["shared_expert_gate"] = True
+    return out
+
+
+def _deepseek_fields(cfg: dict[str, Any], req: Any, layers: int, where: str) -> dict[str, Any]:
+    """deepseek_v2 / deepseek_v3: MLA (``kv_lora_rank``, ``q_lora_rank`` or null,
+    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``) and DeepSeekMoE
+    (``n_routed_experts`` of ``moe_intermediate_size``, ``n_shared_experts`` fused into
+    one shared MLP of ``n_shared * moe_intermediate_size``, top ``num_experts_per_tok``);
+    layer ``i`` is MoE when ``i >= first_k_dense_replace and i % moe_layer_freq == 0``
+    (HF ``DeepseekV2DecoderLayer``), the rest dense with ``intermediate_size``. The
+    multi-token-prediction module of V3 (``num_nextn_predict_layers``) is not modelled."""
+    nope, rope = req("qk_nope_head_dim"), req("qk_rope_head_dim")
+    for key, value in (("qk_nope_head_dim", nope), ("qk_rope_head_dim", rope)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ModelError(f"{where}: {key} must be a positive integer (got {value!r})")
+    out: dict[str, Any] = {
+        "head_dim": nope + rope,
+        "kv_lora_rank": req("kv_lora_rank"),
+        "q_lora_rank": cfg.get("q_lora_rank"),
+        "qk_rope_head_dim": rope,
+        "v_head_dim": req("v_head_dim"),
+    }
+    routed = cfg.get("n_routed_experts")
+    if not routed:
+        return out
+    first = _int_key(cfg, "first_k_dense_replace", 0, where)
+    freq = _int_key(cfg, "moe_layer_freq", 1, where) or 1
+    moe_f = req("moe_intermediate_size")
+    shared = _int_key(cfg, "n_shared_experts", 0, where)
+    out.update(
+        num_experts=routed,
+        experts_per_token=req("num_experts_per_tok"),
+        moe_ffn_hidden_size=moe_f,
+        num_dense_layers=sum(1 for i in range(layers) if i < first or i % freq),
+    )
+    if shared:
+        out["shared_expert_ffn_hidden_size"] = shared * moe_f
+    return out

@@ -165,6 +165,8 @@ def _shard(model: ModelConfig, tp):
         "vocab": sz["vocab"] * 1.0,
         "attn": sz["attn"] * 1.0,
         "expert": sz["expert"] * 1.0,
+        "shared": sz["shared"] * 1.0,
+        "shared_ffn": float(model.shared_ffn_hidden_size) / tp,
         "embedding": sz["embedding"] * 1.0,
         "head": sz["vocab_h"] * 1.0,
     }
@@ -227,6 +229,12 @@ def _layer_acts(
         # probability-weighted combine (TP ranks see every token, the FFN split by tp).
         rep = rep + 4.0 * E
         mlp = k * (g * h + inter(sh["ffn_e"]) + e * h)
+        if model.shared_ffn_hidden_size or model.num_dense_layers:
+            # fine-grained MoE: the shared expert's intermediates beside the routed ones,
+            # and the dense layers' MLP, as a mean over the layers
+            share = model.moe_layers / model.num_layers
+            shared = inter(sh["shared_ffn"]) if model.shared_ffn_hidden_size else 0.0
+            mlp = share * (mlp + shared) + (1.0 - share) * inter(sh["ffn"])
     else:
         mlp = inter(sh["ffn"])
     # unfused, Korthikanti eq. 1: softmax output 2as, dropout mask as, dropout output 2as
@@ -310,7 +318,9 @@ def _stage(
     # ---- parameters on this rank: dense (sharded over dp*cp) and expert (dp*cp/ep)
     norm_p = float(model.norm_params)
     local_experts = model.num_experts / ep
-    dense_layer = sh["attn"] + model.router_params + 2 * norm_p
+    # sh["shared"]: the router (and, for fine-grained MoE, the shared expert and the dense
+    # layers' MLP, as a mean over the layers): MLP parameters outside the routed experts
+    dense_layer = sh["attn"] + sh["shared"] + 2 * norm_p
     expert_layer = local_experts * sh["expert"]
     head_held = last & ((not model.tie_embeddings) | (pp > 1))  # tied: a copy when pp > 1
     dense = layers_r * dense_layer
@@ -331,13 +341,13 @@ def _stage(
     # the host holds the offloaded share of the optimizer state (ZeRO-Offload; Megatron's
     # --optimizer-cpu-offload keeps --optimizer-offload-fraction of it on the CPU)
     optim = sharded((o_b * dense, o_b * expert), 1) * (1.0 - a["opt_off"])
-    linear = layers_r * (sh["attn"] + model.router_params + expert_layer)
+    linear = layers_r * (sh["attn"] + sh["shared"] + expert_layer)
     copies = lcopy_b * linear + np.where(last, hcopy_b * sh["head"], 0.0)
     # fp8 primary weights (--fp8-param-gather): the layers' GEMM weights live in fp8
     # (1 B, not bf16's 2) and their cached transpose is fp8 too (1 B); the embedding,
     # norms and LM head stay bf16
     fp8p = np.where(a["fp8p"], 1.0, 0.0)
-    lin_dense = layers_r * (sh["attn"] + model.router_params)
+    lin_dense = layers_r * (sh["attn"] + sh["shared"])
     lin_w = sharded((lin_dense, layers_r * expert_layer), 3)
     weights = weights - fp8p * (w_b - 1.0) * lin_w
     copies = copies - fp8p * np.maximum(lcopy_b - 1.0, 0.0) * linear

@@ -65,8 +65,8 @@ is read as bf16 too, an overestimate of its bytes with an fp8 cache).
   runs both in one varlen call.
 - ``vllm``: no host or scheduler time and every kernel in a graph (V1 runs attention
   outside its piecewise graphs; kernels of large steps are long enough to hide launches);
-  MoE routing is perfectly balanced and each active expert a separate GEMM; sampling is
-  one softmax over the vocabulary per sequence.
+  each active expert a separate GEMM (skew: the model's ``moe_imbalance``); sampling is
+  one softmax over the vocabulary per sequence; MLA as in :mod:`workloads.decompose.mla`.
 - ``pytorch-eager``: Llama-style dense models on one GPU only; its host constant is a
   property of the measuring VM's CPU and PyTorch version.
 - Memory: the non-torch, graph-pool and activation terms follow vLLM's profile of
@@ -107,6 +107,7 @@ from costmodels.steps.serving_memory import (
 from costmodels.steps.serving_summary import SummaryPricing
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import OpTemplate, serving_templates, tp_shard
+from workloads.decompose.mla import attention_dims
 from workloads.decompose.quant import KV_CACHE_DTYPES, WEIGHT_FORMATS, kv_storage_dtype
 from workloads.decompose.serving import total_instances
 from workloads.models import ModelConfig, load_model
@@ -311,6 +312,7 @@ class StepModel(VllmMemory, SummaryPricing):
             tp_nodes=-(-tp // gpn),
             pp_nodes=2 if tp * pp > gpn else 1,
         )
+        self._attn_dims = {p: attention_dims(m, shard, p) for p in ("prefill", "decode")}
         params = getattr(getattr(cost_model, "base", cost_model), "params", None)
         self._launch = launch_costs(params, self.attn_backend)
         self.label = getattr(cost_model, "label", type(cost_model).__name__)
@@ -435,7 +437,6 @@ class StepModel(VllmMemory, SummaryPricing):
         return g
 
     def _attn_rows(self, batch: np.ndarray, n: np.ndarray, p: np.ndarray) -> pd.DataFrame:
-        s = self.shape
         size = len(n)
         return normalise_frame(
             pd.DataFrame(
@@ -445,9 +446,9 @@ class StepModel(VllmMemory, SummaryPricing):
                     "batch": batch.astype(np.int64),
                     "seq_q": n.astype(np.int64),
                     "seq_kv": (n + p).astype(np.int64),
-                    "heads_q": np.full(size, s.hq),
-                    "heads_kv": np.full(size, s.hkv),
-                    "head_dim": np.full(size, self.model.head_dim),
+                    "heads_q": np.full(size, self._attn_dims["prefill"]["heads_q"]),
+                    "heads_kv": np.full(size, self._attn_dims["prefill"]["heads_kv"]),
+                    "head_dim": np.full(size, self._attn_dims["prefill"]["head_dim"]),
                     "causal": np.ones(size, dtype=bool),
                     "backend": self.attn_backend,
                 }
@@ -496,7 +497,6 @@ class StepModel(VllmMemory, SummaryPricing):
         return self._pricer.work(frame, launch, fp8)
 
     def _decode_frame(self, batch: np.ndarray, kv: np.ndarray, dtype: str) -> pd.DataFrame:
-        s = self.shape
         size = len(batch)
         return normalise_frame(
             pd.DataFrame(
@@ -506,9 +506,9 @@ class StepModel(VllmMemory, SummaryPricing):
                     "batch": np.asarray(batch, dtype=np.int64),
                     "seq_q": np.ones(size, dtype=np.int64),
                     "seq_kv": np.asarray(kv, dtype=np.int64),
-                    "heads_q": np.full(size, s.hq),
-                    "heads_kv": np.full(size, s.hkv),
-                    "head_dim": np.full(size, self.model.head_dim),
+                    "heads_q": np.full(size, self._attn_dims["decode"]["heads_q"]),
+                    "heads_kv": np.full(size, self._attn_dims["decode"]["heads_kv"]),
+                    "head_dim": np.full(size, self._attn_dims["decode"]["head_dim"]),
                     "backend": self.attn_backend,
                 }
             ).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])

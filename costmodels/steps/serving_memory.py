@@ -117,18 +117,29 @@ class VllmMemory:
         logits = self.max_num_seqs * m.vocab_size * 4.0 * 3
         return float(self.max_num_batched_tokens * per_token + logits)
 
+    def _kv_elements_per_layer_per_gpu(self) -> int:
+        """KV-cache elements one token stores per layer on one TP rank: K and V of the
+        rank's KV heads, or for MLA the whole latent ``c_KV`` and ``k^R`` (DeepSeek-V2
+        sec. 2.1: ``kv_lora_rank + qk_rope_head_dim``): the down-projection is replicated
+        over TP, so every rank caches the full latent and TP does not divide it."""
+        m = self.model
+        if m.is_mla:
+            return m.kv_elements_per_token_per_layer
+        return 2 * self.shape.hkv * m.head_dim
+
     @property
     def kv_bytes_per_token(self) -> float:
         """K and V of one token on one replica: all layers, every TP rank's heads (a KV
-        head replicated over ranks when tp > num_kv_heads counts on each)."""
+        head replicated over ranks when tp > num_kv_heads counts on each; an MLA latent
+        on every rank)."""
         kv_elt = DTYPE_BYTES[Dtype(self.kv_cache_dtype)]
-        heads = self.shape.hkv * self.tp
-        return float(2 * self.model.num_layers * heads * self.model.head_dim * kv_elt)
+        per_layer = self._kv_elements_per_layer_per_gpu() * self.tp
+        return float(self.model.num_layers * per_layer * kv_elt)
 
     def kv_bytes_per_token_per_gpu(self, stage: int = 0) -> float:
         kv_elt = DTYPE_BYTES[Dtype(self.kv_cache_dtype)]
         layers = self.stage_layers()[stage]
-        return float(2 * layers * self.shape.hkv * self.model.head_dim * kv_elt)
+        return float(layers * self._kv_elements_per_layer_per_gpu() * kv_elt)
 
     def memory_bytes_per_gpu(
         self, gpu_memory_utilization: float = 0.9, stage: int = 0

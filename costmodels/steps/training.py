@@ -293,6 +293,8 @@ def _layer_params_per_rank(model: ModelConfig, plan: TrainPlan, per_tp_rank: int
     gates = 3 if model.activation == "swiglu" else 2
     expert = model.num_experts * gates * model.hidden_size * model.expert_ffn_hidden_size
     expert_per_rank = expert // plan.tp
+    if model.num_dense_layers:  # the mean layer: routed experts in the MoE layers' share
+        expert_per_rank = expert_per_rank * model.moe_layers // model.num_layers
     return per_tp_rank - expert_per_rank + expert_per_rank // plan.ep
 
 
@@ -305,6 +307,9 @@ def model_flops(model: ModelConfig, tokens: int, seq_len: int) -> float:
         0 if model.tie_embeddings else 1
     )
     dense = 6.0 * n_active * tokens
+    if model.is_mla:  # Q K^T at the QK head width, P V at the value width
+        width = model.attention_matmul_width
+        return dense + 6.0 * model.num_layers * 2.0 * width * seq_len * tokens / 2
     attn = 6.0 * model.num_layers * 2.0 * model.num_heads * model.head_dim * seq_len * tokens / 2
     return dense + attn
 
@@ -436,13 +441,20 @@ def cp_exposed_s(
 
 def ep_comm(model: ModelConfig, plan: TrainPlan, gpus_per_node: int) -> Comm | None:
     """Token dispatch (and, priced the same, combine) all-to-all of an expert-parallel MoE
-    layer (GShard); None without expert parallelism."""
+    layer (GShard); None without expert parallelism. Under routing skew the busiest EP
+    rank receives ``moe_imbalance`` times the mean rank's tokens and every rank waits for
+    it, so the per-rank bytes scale by that factor (the busiest rank's volume). A model
+    mixing dense and MoE layers pays it in the MoE layers' share of the mean layer."""
     if model.num_experts == 1 or plan.ep == 1:
         return None
     nodes = group_nodes(plan.ep, plan.dp_stride, gpus_per_node)
     elt = DTYPE_BYTES[Dtype(plan.activation_dtype)]
     tokens = plan.micro_batch * plan.seq_len // plan.cp
     nbytes = tokens * model.experts_per_token * model.hidden_size * elt
+    if model.moe_imbalance != 1.0:
+        nbytes = nbytes * model.moe_imbalance
+    if model.num_dense_layers:
+        nbytes = nbytes * model.moe_layers / model.num_layers
     return Comm("all_to_all", nbytes, plan.ep, nodes, plan.activation_dtype)
 
 

@@ -52,7 +52,7 @@ from simcli.serving.simulator import ServeConfig, ServeResult, Simulator
 from simcli.serving.timeline import StepRecorder
 from workloads.decompose.quant import kv_storage_dtype
 from workloads.lengths import parse_dist
-from workloads.models import ModelConfig, load_model
+from workloads.models import ModelConfig, load_model, with_moe_imbalance
 
 # --------------------------------------------------------------------------- deployments
 
@@ -417,7 +417,7 @@ def resolve_drafts(options: ServeOptions, model: ModelConfig) -> tuple[ModelConf
 def resolve_serve(options: ServeOptions) -> ServeScenario:
     """``simcli serve``'s options resolved once (see the module docstring)."""
     options.require()
-    model = load_model(options.model)  # type: ignore[arg-type]
+    model = with_moe_imbalance(load_model(options.model), options.moe_imbalance)  # type: ignore[arg-type]
     load_catalog().gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
     drafts = resolve_drafts(options, model)
     arrivals = resolve_arrivals(options)
@@ -591,7 +591,7 @@ class StepScenario:
 
 def resolve_step(options: StepOptions) -> StepScenario:
     o = options
-    model = load_model(o.model)
+    model = with_moe_imbalance(load_model(o.model), o.moe_imbalance)
     hardware = resolve_hardware(o.gpu, o.tp * o.pp, profile=o.profile)
     step = build_step_model(
         model, hardware, tp=o.tp, pp=o.pp, engine=o.engine, attn_backend=o.attn_backend,

@@ -56,6 +56,7 @@ from simcli.serving.plan_inputs import (
 from simcli.serving.schedulers import SCHEDULERS
 from simcli.serving.spec import SpecConfig
 
+from workloads.models import moe_imbalance_field
 DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
 PERCENTILE_HELP = (
     "met by --attainment of the requests: a p90 target by default (--attainment 0.99: p99)"
@@ -79,6 +80,7 @@ class ServeOptions(CommandConfig):
 
     model: str | None = Field(None, description="Built-in model id or config.json (required).")
     gpu: str | None = Field(None, description="GPU id (see `simcli specs list`; required).")
+    moe_imbalance: float = moe_imbalance_field()
     tp: int = count_field(
         1, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Tensor-parallel GPUs per replica."
     )
@@ -648,6 +650,7 @@ class ServePlanOptions(CommandConfig):
             weight_dtype=self.weight_dtype,
             kv_cache_dtype=self.kv_cache_dtype,
             prices=parse_prices(self.price),
+    moe_imbalance: float = moe_imbalance_field()
         )
 
     def workload(self) -> Workload:

@@ -34,7 +34,7 @@ from simcli.training.search_estimate import memory_capacity_bytes
 from simcli.training.search_space import COMPUTE_DTYPE, SearchSpace
 from simcli.training.simulator import TrainResult, simulate_iteration
 from simcli.training.to_train import to_train_fields
-from workloads.models import ModelConfig, load_model
+from workloads.models import ModelConfig, load_model, moe_imbalance_field, with_moe_imbalance
 from workloads.ops import MAX_TOKENS
 from workloads.plan import (
     PRECISIONS,
@@ -200,6 +200,7 @@ class TrainConfig(BaseModel):
         json_schema_extra={"le_why": GPUS_WHY},
         description="Expert-parallel degree (MoE models, within DP).",
     )
+    moe_imbalance: float = moe_imbalance_field()
     zero: Literal[0, 1, 2, 3] = Field(
         0, description="ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 parameters."
     )
@@ -332,6 +333,7 @@ class PlanConfig(BaseModel):
     model_config = _CONFIG
 
     model: str = Field(description="Built-in model id or a HuggingFace-style config.json path.")
+    moe_imbalance: float = moe_imbalance_field()
     gpu: str = Field(description="GPU id (see `simcli specs list`).")
     gpus: int = Field(
         ge=1,
@@ -501,7 +503,7 @@ def _precisions(hardware: Hardware) -> list[str]:
 def resolve_train(config: TrainConfig) -> TrainScenario:
     """Model, plan, hardware (GPU, count, cluster, catalog, cost model, price), framework
     and attention of one ``simcli train`` run; bad input is one :class:`ValueError` line."""
-    model = load_model(config.model)
+    model = with_moe_imbalance(load_model(config.model), config.moe_imbalance)
     plan = make_plan(
         model,
         num_gpus=config.gpus,
@@ -567,7 +569,7 @@ def resolve_train(config: TrainConfig) -> TrainScenario:
 def resolve_plan(config: PlanConfig) -> PlanScenario:
     """Model, search space and the hardware of every GPU count the search tries (with
     prices) of one ``simcli plan`` run; bad input is one :class:`ValueError` line."""
-    model = load_model(config.model)
+    model = with_moe_imbalance(load_model(config.model), config.moe_imbalance)
     space = SearchSpace(
         max_tp=config.max_tp,
         tp=config.tp,

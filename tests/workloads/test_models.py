@@ -80,6 +80,12 @@ def test_builtin_ids_cover_the_brief():
         "megatron-22b",
         "turing-530b",
         "megatron-1t",
+        "qwen3-8b",
+        "qwen1.5-moe-a2.7b",
+        "qwen3-30b-a3b",
+        "deepseek-v2-lite",
+        "deepseek-v2",
+        "deepseek-v3",
     }
     assert set(model_ids()) == expected
     assert all(m.source for m in list_models())

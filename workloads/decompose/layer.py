@@ -15,10 +15,22 @@ Collective ``bytes`` is the size of the full (unsharded) tensor, ``tokens * hidd
 dtype_bytes``, for all-reduce, all-gather (output size) and reduce-scatter (input size),
 the nccl-tests convention; ``ranks = tp``; none when ``tp == 1``.
 
+MoE layers (Mixtral; DeepSeekMoE, Dai et al. 2024; Qwen2-MoE): a router GEMM and top-k
+softmax, the routed experts as one GEMM per active expert, and the always-on shared expert
+as a plain tensor-parallel MLP. The ``tokens * top_k`` assignments spread over
+``min(num_experts, tokens * top_k)`` active experts (rows rounded up); the model's
+``moe_imbalance`` ``F`` (busiest expert's tokens over the mean, 1 = balanced) prices every
+active expert at the busiest one's ``ceil(F * mean)`` rows (at most all the tokens): the
+layer waits for its slowest expert - with expert parallelism, for the busiest EP rank -
+so this is that rank's time when the hot experts share it, an upper bound otherwise.
+A model mixing dense and MoE layers (DeepSeek's ``first_k_dense_replace``) is priced as
+its mean layer: the dense MLP's ops carry ``dense_layers / num_layers`` instances and
+the MoE ops ``moe_layers / num_layers`` times theirs (exact for the sum over all layers;
+pipeline stages get the mean layer).
+
 Simplifications: biases are fused into their GEMMs; dropout is not modelled (Llama-style
-pre-training runs without it); MoE routing is perfectly balanced (the ``tokens * top_k``
-assignments spread evenly over ``min(num_experts, tokens * top_k)`` experts, rows rounded
-up); sliding-window attention is a sparsity pattern, priced elsewhere.
+pre-training runs without it); sliding-window attention is a sparsity pattern, priced
+elsewhere.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import numpy as np
 
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import LayerKernels
+from workloads.decompose.mla import mla_templates
 from workloads.decompose.shard import TPShard
 from workloads.decompose.templates import (
     OpTemplate,
@@ -48,15 +61,34 @@ def norm_kind(model: ModelConfig) -> str:
 
 
 def moe_active(model: ModelConfig):
-    """Active experts as a function of tokens, under balanced routing."""
+    """Active experts per layer as a function of tokens, under balanced routing; for a
+    model mixing dense and MoE layers, times the MoE layers' share (the mean layer)."""
     k, ne = model.experts_per_token, model.num_experts
-    return lambda x: np.minimum(ne, x * k).astype(float)
+    share = _moe_share(model)
+    if share == 1.0:
+        return lambda x: np.minimum(ne, x * k).astype(float)
+    return lambda x: np.minimum(ne, x * k).astype(float) * share
 
 
 def moe_rows(model: ModelConfig):
-    """Tokens per active expert as a function of tokens (rounded up)."""
-    k, ne = model.experts_per_token, model.num_experts
-    return lambda x: np.ceil(x * k / np.minimum(ne, x * k)).astype(np.int64)
+    """Tokens of the busiest active expert as a function of tokens (rounded up): the mean
+    ``x * k / active`` times ``moe_imbalance``, at most ``x`` (a token visits an expert
+    once)."""
+    k, ne, f = model.experts_per_token, model.num_experts, model.moe_imbalance
+    if f == 1.0:
+        return lambda x: np.ceil(x * k / np.minimum(ne, x * k)).astype(np.int64)
+    return lambda x: np.minimum(x, np.ceil(f * x * k / np.minimum(ne, x * k))).astype(np.int64)
+
+
+def _moe_share(model: ModelConfig) -> float:
+    """Share of the layers that are MoE layers (1 for all-MoE and dense models)."""
+    if not model.is_moe or model.num_dense_layers == 0:
+        return 1.0
+    return model.moe_layers / model.num_layers
+
+
+def _constant(share: float):
+    return None if share == 1.0 else (lambda x: np.full(len(x), share))
 
 
 def rms_eager(tag: str, label: str, h: int, per_layer: bool = True) -> list[OpTemplate]:
@@ -96,21 +128,31 @@ def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> 
     up = 2 if gated else 1  # gate and up fused into one column-parallel GEMM
     act_kind = OpKind.swiglu.value if gated else OpKind.gelu.value
     fused = kernels == "fused"
-    if not model.is_moe:
-        out = [gemm("mlp_up", h, up * sh.ffn, dtype, regather=fused)]
+
+    def dense_mlp(prefix: str, width: int, mult) -> list[OpTemplate]:
+        kw = {"mult": mult} if mult is not None else {}
+        out = [gemm(f"{prefix}_up", h, up * width, dtype, regather=fused, **kw)]
         if kernels == "eager":  # F.silu on the strided gate half, then * the up half
             out += [
-                traffic("silu", 2.0 * e * sh.ffn, "silu_mul", strided=True),
-                traffic("silu_mul", 3.0 * e * sh.ffn, "silu_mul", strided=True),
+                traffic("silu", 2.0 * e * width, "silu_mul", strided=True, **kw),
+                traffic("silu_mul", 3.0 * e * width, "silu_mul", strided=True, **kw),
             ]
         elif kernels == "vllm" and gated:  # silu_and_mul reads gate and up, writes one
-            out.append(traffic("act", 3.0 * sh.ffn * e))
+            act = "act" if prefix == "mlp" else f"{prefix}_act"
+            out.append(traffic(act, 3.0 * width * e, **kw))
         else:
             name = "act" if kernels == "vllm" else model.activation
-            out.append(elementwise(name, act_kind, sh.ffn, dtype))
-        return out + [gemm("mlp_down", sh.ffn, h, dtype)]
+            name = name if prefix == "mlp" else f"{prefix}_{name}"
+            out.append(elementwise(name, act_kind, width, dtype, **kw))
+        return out + [gemm(f"{prefix}_down", width, h, dtype, **kw)]
+
+    if not model.is_moe:
+        return dense_mlp("mlp", sh.ffn, None)
+    share = _moe_share(model)
+    dense = dense_mlp("mlp", sh.ffn, _constant(1.0 - share)) if share < 1.0 else []
     k, ne, f = model.experts_per_token, model.num_experts, sh.expert_ffn
     active, rows = moe_active(model), moe_rows(model)
+    per_layer = {"mult": _constant(share)} if share < 1.0 else {}
     if kernels == "vllm":  # fused_moe's activation: 3 f elements per routed token
         act = OpTemplate(
             "expert_act",
@@ -122,14 +164,18 @@ def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> 
     else:
         act = rows_ew(f"expert_{model.activation}", act_kind, rows, f, dtype, active)
     softmax = "topk_softmax" if kernels == "vllm" else "router_softmax"
+    gate = 1 if model.shared_expert_gate else 0  # the shared expert's sigmoid gate, fused
+    shared = dense_mlp("shared", sh.shared_ffn, _constant(share)) if sh.shared_ffn else []
     return [
-        gemm("router", h, ne, dtype, regather=fused),
-        elementwise(softmax, OpKind.softmax.value, ne, dtype, label="router"),
-        traffic("moe_permute", 2.0 * k * h * e),
+        *dense,
+        gemm("router", h, ne + gate, dtype, regather=fused, **per_layer),
+        elementwise(softmax, OpKind.softmax.value, ne, dtype, label="router", **per_layer),
+        *shared,
+        traffic("moe_permute", 2.0 * k * h * e, **per_layer),
         rows_gemm("expert_up", rows, h, up * f, dtype, mult=active),
         act,
         rows_gemm("expert_down", rows, f, h, dtype, mult=active),
-        traffic("moe_unpermute", 2.0 * k * h * e, "moe_permute"),
+        traffic("moe_unpermute", 2.0 * k * h * e, "moe_permute", **per_layer),
     ]
 
 
@@ -185,7 +231,13 @@ def layer_templates(
         pre_attn, pre_mlp = [norm(f"{model.norm}_1")], [norm(f"{model.norm}_2")]
 
     out = [*pre_attn, region("attn", "enter")]
+    if model.is_mla:
+        out += mla_templates(model, sh, dtype, kernels, serving, kv_dtype, attention())
+        return _after_attention(out, model, sh, dtype, kernels, pre_mlp, residual)
     out.append(gemm("qkv_proj", h, qkv, dtype, regather=kernels == "fused"))
+    if model.qk_norm:  # Qwen3: RMSNorm over each q and k head before RoPE
+        rows = float(sh.heads + sh.kv_heads)
+        out.append(elementwise("qk_norm", nk, d, dtype, rows=rows, label="norm"))
     if model.position == "rope":
         if kernels == "eager":
             out += _rope_eager("rope_q", sh.heads * d) + _rope_eager("rope_k", sh.kv_heads * d)
@@ -203,7 +255,17 @@ def layer_templates(
         else:  # reshape_and_cache_flash: reads k and v, writes them into the paged cache
             kv_e = e if kv_dtype is None else DTYPE_BYTES[Dtype(kv_dtype)]
             out.append(traffic("kv_cache_write", 2.0 * sh.kv_heads * d * (e + kv_e)))
-    out += [attention(), gemm("o_proj", sh.heads * d, h, dtype), region("attn", "exit")]
+    out += [attention(), gemm("o_proj", sh.heads * d, h, dtype)]
+    return _after_attention(out, model, sh, dtype, kernels, pre_mlp, residual)
+
+
+def _after_attention(
+    out: list[OpTemplate], model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels,
+    pre_mlp: list[OpTemplate], residual,
+) -> list[OpTemplate]:  # fmt: skip
+    """The rest of a layer after its attention block: the attention region's exit, the
+    residual add, the MLP's norm and the MLP between its region markers."""
+    out = [*out, region("attn", "exit")]
     out += residual("residual_1")
     out += [*pre_mlp, region("mlp", "enter")]
     out += _mlp(model, sh, dtype, kernels)

@@ -36,7 +36,11 @@ from workloads.models import ModelConfig, ModelError
 
 # GEMM templates whose weights a quantised checkpoint stores quantised (vLLM's
 # QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear and fused-MoE experts)
-QUANTISED_GEMMS = ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "expert_up", "expert_down")
+QUANTISED_GEMMS = (
+    "qkv_proj", "o_proj", "mlp_up", "mlp_down", "expert_up", "expert_down",
+    # MLA projections (workloads.decompose.mla) and the MoE shared expert
+    "q_proj", "kv_a_proj", "qkv_a_proj", "q_b_proj", "kv_b_proj", "shared_up", "shared_down",
+)  # fmt: skip
 # Activation quantisation before an fp8 GEMM: reads bf16 (2 B) and writes fp8 (1 B)
 FP8_QUANT_BYTES_PER_ELEMENT = 3.0
 
@@ -109,6 +113,13 @@ def quantised_params_per_layer(model: ModelConfig, tp: int) -> int:
     biases, norms and the MoE router stay unquantised."""
     sz = shard_sizes(model, tp)
     h, d = model.hidden_size, model.head_dim
+    if model.is_mla or model.num_dense_layers or model.shared_ffn_hidden_size:
+        # MLA's projections (its latent norms stay unquantised); the mean layer's routed
+        # experts, shared expert and dense MLP (the router stays unquantised)
+        norms = (model.kv_lora_rank or 0) + (model.q_lora_rank or 0)
+        attn = sz["attn"] - norms if model.is_mla else sz["attn"]
+        router = model.router_params * model.moe_layers / model.num_layers
+        return int(attn + model.num_experts * sz["expert"] + sz["shared"] - router)
     attn = h * (sz["heads"] + 2 * sz["kv_heads"]) * d + sz["heads"] * d * h
     per_expert = (3 if model.activation == "swiglu" else 2) * h * sz["ffn_e"]
     return int(attn + model.num_experts * per_expert)

@@ -19,6 +19,7 @@ import numpy as np
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import get_engine
 from workloads.decompose.layer import expand_forward, layer_templates, norm_kind, rms_eager
+from workloads.decompose.mla import attention_dims
 from workloads.decompose.quant import (
     FP8_QUANT_BYTES_PER_ELEMENT,
     QUANTISED_GEMMS,
@@ -197,8 +198,7 @@ def prefill_ops(
     check_backend(attn_backend, OpKind.attn_fwd)
     attn = Op(
         op=OpKind.attn_fwd, dtype=dt, batch=batch, seq_q=prompt_len, seq_kv=prompt_len,
-        heads_q=shard.heads, heads_kv=shard.kv_heads, head_dim=model.head_dim, causal=True,
-        backend=attn_backend or None,
+        causal=True, backend=attn_backend or None, **attention_dims(model, shard, "prefill"),
     )  # fmt: skip
     tpls = serving_templates(model, shard, engine, dt)
     return _concrete(model, tpls, batch * prompt_len, batch, attn, dt)
@@ -220,8 +220,7 @@ def decode_step_ops(
     check_backend(attn_backend, OpKind.attn_decode)
     attn = Op(
         op=OpKind.attn_decode, dtype=dt, batch=batch, seq_q=1, seq_kv=context_len,
-        heads_q=shard.heads, heads_kv=shard.kv_heads, head_dim=model.head_dim,
-        backend=attn_backend or None,
+        backend=attn_backend or None, **attention_dims(model, shard, "decode"),
     )  # fmt: skip
     tpls = serving_templates(model, shard, engine, dt)
     return _concrete(model, tpls, batch, batch, attn, dt)

@@ -30,6 +30,7 @@ class TPShard:
     ffn: int
     expert_ffn: int
     vocab: int  # ceil(vocab / tp): the vocabulary is padded to a multiple of tp
+    shared_ffn: int = 0  # the MoE shared expert's width on this rank (0 without one)
 
 
 def _tp_problem(model: ModelConfig, tp: int) -> str | None:
@@ -46,6 +47,10 @@ def _tp_problem(model: ModelConfig, tp: int) -> str | None:
         return f"tp={tp} does not divide ffn_hidden_size={model.ffn_hidden_size}"
     if model.expert_ffn_hidden_size % tp:
         return f"tp={tp} does not divide moe_ffn_hidden_size={model.expert_ffn_hidden_size}"
+    if model.shared_ffn_hidden_size % tp:
+        return (
+            f"tp={tp} does not divide shared_expert_ffn_hidden_size={model.shared_ffn_hidden_size}"
+        )
     return None
 
 
@@ -70,6 +75,7 @@ def tp_shard(model: ModelConfig, tp: int) -> TPShard:
         ffn=model.ffn_hidden_size // tp,
         expert_ffn=model.expert_ffn_hidden_size // tp,
         vocab=-(-model.vocab_size // tp),
+        shared_ffn=model.shared_ffn_hidden_size // tp,
     )
 
 
@@ -79,20 +85,38 @@ def shard_sizes(model: ModelConfig, tp: Any) -> dict[str, Any]:
     (replicated when tp > num_kv_heads), FFN and expert-FFN shards, the padded vocabulary
     shard, and the parameters of one layer's attention (``attn``), one expert's MLP
     (``expert``), one layer (``layer``), the embedding (with learned positions) and an
-    untied LM head (``vocab_h``)."""
+    untied LM head (``vocab_h``). A model mixing dense and MoE layers reports its mean
+    layer: ``expert`` and ``shared`` (the shared expert, dense MLP and router: the MLP
+    parameters outside the routed experts) are means over all layers, so ``num_layers``
+    times them is the exact sum."""
     h, d = model.hidden_size, model.head_dim
     heads = model.num_heads // tp
     kv_heads = np.maximum(1, model.num_kv_heads // tp)
     ffn_e = model.expert_ffn_hidden_size // tp
     vocab = -(-model.vocab_size // tp)
     qkv_out = (heads + 2 * kv_heads) * d
-    attn = h * qkv_out + heads * d * h
-    attn = attn + (qkv_out if model.qkv_bias else 0) + (h if model.out_proj_bias else 0)
+    if model.is_mla:
+        attn = mla_params_per_rank(model, tp)
+    else:
+        attn = h * qkv_out + heads * d * h
+        attn = attn + (qkv_out if model.qkv_bias else 0) + (h if model.out_proj_bias else 0)
+        attn = attn + (2 * d if model.qk_norm else 0)
     gated = model.activation == "swiglu"
-    expert = (3 if gated else 2) * h * ffn_e
-    if model.mlp_bias:
-        expert = expert + (2 * ffn_e if gated else ffn_e) + h
-    mlp = model.num_experts * expert + model.router_params
+
+    def mlp_params(width):
+        n = (3 if gated else 2) * h * width
+        return n + ((2 * width if gated else width) + h if model.mlp_bias else 0)
+
+    expert = mlp_params(ffn_e)
+    shared = model.router_params
+    if model.is_moe and (model.num_dense_layers or model.shared_ffn_hidden_size):
+        share = model.moe_layers / model.num_layers
+        shared_mlp = mlp_params(model.shared_ffn_hidden_size // tp)
+        shared = share * (shared_mlp + shared) + (1.0 - share) * mlp_params(
+            model.ffn_hidden_size // tp
+        )
+        expert = share * expert
+    mlp = model.num_experts * expert + shared
     pos = model.max_seq_len * h if model.position == "learned" else 0
     return {
         "heads": heads,
@@ -102,6 +126,7 @@ def shard_sizes(model: ModelConfig, tp: Any) -> dict[str, Any]:
         "vocab": vocab,
         "attn": attn,
         "expert": expert,
+        "shared": shared,
         "layer": attn + mlp + 2 * model.norm_params,
         "embedding": vocab * h + pos,
         "vocab_h": vocab * h,
@@ -124,3 +149,17 @@ def params_per_tp_rank(model: ModelConfig, tp: int) -> dict[str, int]:
         "final_norm": model.norm_params,
         "lm_head": 0 if model.tie_embeddings else int(sz["vocab_h"]),
     }
+
+
+def mla_params_per_rank(model: ModelConfig, tp: Any) -> Any:
+    """MLA attention parameters one TP rank holds (``tp`` an int or an array; see
+    :mod:`workloads.decompose.mla`): the
+    replicated down-projections and latent norms, and ``1/tp`` of ``W^UQ`` (or ``W^Q``),
+    ``W^UK``/``W^UV`` and ``W^O``."""
+    h, nh = model.hidden_size, model.num_heads
+    c, r, ql = model.kv_lora_rank or 0, model.qk_rope_head_dim or 0, model.q_lora_rank
+    heads = nh // tp
+    replicated = h * (c + r) + c + ((h + 1) * ql if ql else 0)
+    q_in = ql if ql else h
+    split = heads * (q_in * model.head_dim + c * (model.qk_nope_head_dim + model.v_dim))
+    return replicated + split + heads * model.v_dim * h

@@ -26,15 +26,18 @@ Region = Literal["enter", "exit"]
 
 @dataclass(frozen=True)
 class LayerOp:
-    """A named op and how many identical instances of it run (e.g. one per expert)."""
+    """A named op and how many identical instances of it run (e.g. one per expert).
+
+    ``count`` is a whole number except in the mean layer of a model mixing dense and MoE
+    layers, where an MLP op runs in a share of the layers (e.g. 1/27 of a dense MLP)."""
 
     name: str
     op: Op
-    count: int = 1
+    count: int | float = 1
 
     def __post_init__(self) -> None:
-        if self.count < 1:
-            raise ModelError(f"LayerOp {self.name!r}: count must be >= 1, got {self.count}")
+        if not self.count > 0:
+            raise ModelError(f"LayerOp {self.name!r}: count must be > 0, got {self.count}")
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,9 @@ class OpTemplate:
                 row[key] = int(np.asarray(value).reshape(-1)[0])
         if self.traffic_bytes is not None:
             row["dtype"] = dtype
-        inst = int(round(float(self.instances_at(xs)[0])))
-        return LayerOp(self.name, Op(**row), self.count * inst * repeat)
+        total = self.count * float(self.instances_at(xs)[0]) * repeat
+        count: int | float = int(round(total)) if abs(total - round(total)) < 1e-9 else total
+        return LayerOp(self.name, Op(**row), count)
 
 
 # --- constructors ---------------------------------------------------------------------------

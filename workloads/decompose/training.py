@@ -30,6 +30,7 @@ from workloads.decompose.layer import (
     norm_kind,
     region_collective,
 )
+from workloads.decompose.mla import attention_dims
 from workloads.decompose.shard import TPShard, params_per_tp_rank, positive_int, tp_shard
 from workloads.decompose.templates import (
     LayerOp,
@@ -223,18 +224,15 @@ def _region(ctx: _Ctx, step: OpTemplate, backward: bool) -> list[OpTemplate]:
 
 
 def _attn_fwd(ctx: _Ctx, causal: bool, attn_backend: str) -> Op:
-    m, sh = ctx.model, ctx.shard
     return Op(
         op=OpKind.attn_fwd,
         dtype=ctx.act_dtype,
         batch=ctx.batch,
         seq_q=ctx.seq_len,
         seq_kv=ctx.seq_len,
-        heads_q=sh.heads,
-        heads_kv=sh.kv_heads,
-        head_dim=m.head_dim,
         causal=causal,
         backend=attn_backend or None,
+        **attention_dims(ctx.model, ctx.shard, "train"),
     )
 
 

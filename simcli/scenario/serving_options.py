@@ -55,8 +55,8 @@ from simcli.serving.plan_inputs import (
 )
 from simcli.serving.schedulers import SCHEDULERS
 from simcli.serving.spec import SpecConfig
-
 from workloads.models import moe_imbalance_field
+
 DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
 PERCENTILE_HELP = (
     "met by --attainment of the requests: a p90 target by default (--attainment 0.99: p99)"
@@ -79,8 +79,8 @@ class ServeOptions(CommandConfig):
     resolves from these options and the hardware."""
 
     model: str | None = Field(None, description="Built-in model id or config.json (required).")
-    gpu: str | None = Field(None, description="GPU id (see `simcli specs list`; required).")
     moe_imbalance: float = moe_imbalance_field()
+    gpu: str | None = Field(None, description="GPU id (see `simcli specs list`; required).")
     tp: int = count_field(
         1, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Tensor-parallel GPUs per replica."
     )
@@ -650,7 +650,6 @@ class ServePlanOptions(CommandConfig):
             weight_dtype=self.weight_dtype,
             kv_cache_dtype=self.kv_cache_dtype,
             prices=parse_prices(self.price),
-    moe_imbalance: float = moe_imbalance_field()
         )
 
     def workload(self) -> Workload:
@@ -680,6 +679,7 @@ class StepOptions(CommandConfig):
     batch) of one replica."""
 
     model: str = Field(description="Built-in model id or config.json.")
+    moe_imbalance: float = moe_imbalance_field()
     gpu: str = Field(description="GPU id (see `simcli specs list`).")
     tp: int = Field(1, gt=0, description="Tensor-parallel degree.")
     pp: int = Field(1, gt=0, description="Pipeline-parallel degree.")

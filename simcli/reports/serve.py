@@ -125,6 +125,21 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "spec_steps": "speculative decoding: sequence-steps verified",
     "spec_accepted_tokens_per_step": "speculative decoding: accepted drafts per step, mean",
     "spec_tokens_per_step": "speculative decoding: tokens emitted per step, mean",
+    "spectr_acceptance": "SpecTr (--spec-drafts N > 1): draft selection priced, kseq "
+    "(k-sequential selection, two-class token model) | independent-bound (1 - (1 - a)^N)",
+    "spec_acceptance_single": "speculative decoding: single-draft acceptance a = 1 - TV(p, q) "
+    "per position, mean",
+    "spec_acceptance_per_position": "speculative decoding: acceptance used per draft position "
+    "(with SpecTr's N drafts), comma-separated",
+    "triforce_kv_budget": "TriForce: retrieval KV cache of the target-as-draft, tokens",
+    "triforce_tiny_acceptance": "TriForce: acceptance of the tiny model's drafts by the "
+    "retrieval draft",
+    "triforce_acceptance": "TriForce: acceptance of the retrieval draft's tokens by the "
+    "target, mean per position",
+    "triforce_retrieval_cache_gib_per_gpu": "TriForce: retrieval caches of all --max-batch-size "
+    "seats, GiB per GPU (reserved before the paged KV cache)",
+    "triforce_tiny_cache_gib_per_gpu": "TriForce: StreamingLLM caches of the tiny model, all "
+    "seats, GiB per GPU",
     "branches": "sampled branches per request (N)",
     "branches_stop": "finished branches completing a request (M)",
     "prune": "branch pruning (none | sart)",
@@ -132,6 +147,11 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "branches_pruned": "multi-branch: branches pruned",
     "branches_cancelled": "multi-branch: branches cancelled when their request completed",
     "branch_tokens_cancelled": "multi-branch: tokens of cancelled branches",
+    "answer_selection": "multi-branch: answer chosen from the finished branches, majority | "
+    "prm-best",
+    "answer_accuracy": "multi-branch: fraction of completed requests whose selected answer is "
+    "right (branch quality model: --branch-accuracy, --branch-length-correlation, --prm-noise)",
+    "finished_branch_accuracy": "multi-branch: fraction of finished branches that are right",
     "price_per_gpu_hour": "US$ per GPU-hour used for cost",
     "simulation_wall_s": "wall-clock seconds the simulation took",
     "simulated_requests_per_wall_s": "requests simulated per wall-clock second",
@@ -411,6 +431,29 @@ def _timeline_figures(timeline: pd.DataFrame, max_lines: int = 8):
     return figs, len(reps) - len(shown)
 
 
+# the report's decoding section: speculative acceptance, branch answers, and the latency
+# they trade against
+DECODING_METRICS = (
+    "e2e_s_p50",
+    "spec_k",
+    "spec_drafts",
+    "spectr_acceptance",
+    "spec_acceptance_single",
+    "spec_acceptance_per_position",
+    "spec_tokens_per_step",
+    "triforce_kv_budget",
+    "triforce_tiny_acceptance",
+    "triforce_acceptance",
+    "triforce_retrieval_cache_gib_per_gpu",
+    "triforce_tiny_cache_gib_per_gpu",
+    "branches_stop",
+    "prune",
+    "branches_pruned",
+    "answer_selection",
+    "answer_accuracy",
+    "finished_branch_accuracy",
+)
+
 KEY_METRICS = (
     "requests_completed",
     "requests_rejected_too_long",
@@ -465,6 +508,9 @@ def serve_report(
     setup["SLOs"] = slo_text or "none given"
     rep.summary({k: out.get(k) for k in KEY_METRICS}, title="Summary")
     rep.summary(setup, title="Deployment")
+    quality = {k: out.get(k) for k in DECODING_METRICS if out.get(k) is not None}
+    if len(quality) > 1:  # speculative decoding or branches: what they cost and deliver
+        rep.summary(quality, title="Decoding: acceptance, answer accuracy and latency")
     rep.heading("Latency distributions")
     rep.figure(
         _cdf_figure(hists, slos),

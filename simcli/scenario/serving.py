@@ -49,6 +49,7 @@ from simcli.serving.requests import (
 )
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, ServeResult, Simulator
+from simcli.serving.spec import RetrievalDraft, StreamingDraft
 from simcli.serving.timeline import StepRecorder
 from workloads.decompose.quant import kv_storage_dtype
 from workloads.lengths import parse_dist
@@ -240,7 +241,16 @@ def resolve_deployment(
         )
     else:
         step = pre = build_step_model(model, hardware, tp=o.tp, attn_pattern=o.attn_pattern, **kw)
-    draft_steps = tuple(build_step_model(d, hardware, tp=o.tp, **kw) for d in drafts)
+    spec = config.speculative
+    triforce = spec is not None and spec.retrieval_budget is not None
+    built = tuple(build_step_model(d, hardware, tp=o.tp, **kw) for d in drafts[triforce:])
+    draft_steps: tuple[Any, ...] = built
+    if triforce:  # drafts[0] is the target itself, drafting over its retrieval cache
+        seats = o.max_batch_size
+        draft_steps = (
+            RetrievalDraft(step, spec.retrieval_budget, spec.retrieval_chunk, seats),  # type: ignore[union-attr,arg-type]
+            *(StreamingDraft(d, spec.tiny_cache or 1, seats) for d in built),  # type: ignore[union-attr]
+        )
     return ServeDeployment(hardware, pre_hw, config, step, pre, draft_steps)
 
 
@@ -395,9 +405,10 @@ class ServeScenario:
 
 def resolve_drafts(options: ServeOptions, model: ModelConfig) -> tuple[ModelConfig, ...]:
     """``--draft-model`` and ``--spec-hierarchy``, each with the target's vocabulary."""
-    if options.draft_model is None:
+    triforce = options.triforce_kv_budget is not None
+    if options.draft_model is None and not triforce:
         return ()
-    drafts = []
+    drafts = [model] if triforce else []  # TriForce: the target drafts for itself
     for flag, ident in (
         ("--draft-model", options.draft_model),
         ("--spec-hierarchy", options.spec_hierarchy),

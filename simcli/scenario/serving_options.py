@@ -36,6 +36,7 @@ from simcli.scenario.config_base import (
     option_flag,
     tokens_field,
 )
+from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
 from simcli.scenario.serving_precision import (
     KV_CACHE_DTYPE_HELP,
     WEIGHT_DTYPE_HELP,
@@ -241,6 +242,23 @@ class ServeOptions(CommandConfig):
     spec_tiny_acceptance: float | None = Field(
         None, ge=0, le=1, description="Tiny-model acceptance rate (0.6)."
     )
+    spectr_acceptance: Literal["kseq", "independent-bound"] | None = Field(
+        None,
+        description="SpecTr acceptance of --spec-drafts N > 1: kseq (default; k-sequential "
+        "selection under a two-class token model) | independent-bound (1 - (1 - a)^N).",
+    )
+    triforce_kv_budget: int | None = tokens_field(
+        None,
+        description="TriForce: the target drafts for itself over a retrieval KV cache of "
+        "this many tokens (4096 in the paper); no --draft-model; --spec-hierarchy names the "
+        "tiny model. Defaults then: --spec-k 6, --spec-tiny-k 1, --spec-acceptance 0.9.",
+    )
+    triforce_chunk_size: int | None = tokens_field(
+        None, description="TriForce: KV chunk the retrieval selects, tokens (8)."
+    )
+    triforce_tiny_cache: int | None = tokens_field(
+        None, description="TriForce: StreamingLLM cache of the tiny model, tokens (256)."
+    )
     branches: int = Field(1, gt=0, le=1024, description="Sampled branches per request (N).")
     branches_stop: int | None = Field(
         None, gt=0, description="Finished branches that complete a request (M; default N)."
@@ -254,6 +272,38 @@ class ServeOptions(CommandConfig):
     )
     prune_max: int | None = Field(
         None, ge=0, description="SART phase-1 most pruned branches beta (default N - M)."
+    )
+    branch_accuracy: float | None = Field(
+        None, ge=0, le=1, description="Probability that one branch answers right (0.6)."
+    )
+    branch_length_correlation: float | None = Field(
+        None,
+        ge=-1,
+        le=1,
+        description="Latent correlation of a branch's correctness with its length rank "
+        "among its request's branches; < 0: longer less often right (-0.3).",
+    )
+    branch_question_correlation: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="Latent correlation of the branches of one question (hard questions "
+        "fail together) (0.5).",
+    )
+    prm_noise: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="Noise of the process-reward scores that pruning and prm-best use: 0 "
+        "separates right from wrong branches, large values are a coin toss (1.0).",
+    )
+    branch_wrong_answers: int | None = Field(
+        None, gt=0, le=1_000_000, description="Distinct wrong answers a branch may reach (4)."
+    )
+    answer_selection: Literal["majority", "prm-best"] | None = Field(
+        None,
+        description="Answer of a request from its finished branches: majority (vote) | "
+        "prm-best (best PRM score).",
     )
 
     @field_validator("prompt_len", "output_len")
@@ -356,93 +406,14 @@ class ServeOptions(CommandConfig):
         return split_replicas(replicas, ratio)
 
     def speculative(self) -> SpecConfig | None:
-        """The speculative-decoding config of ``--draft-model`` and ``--spec-*``."""
-        k, acceptance, per_position = self.spec_k, self.spec_acceptance, None
-        if self.draft_model is None:
-            for flag, value in (
-                ("--spec-k", self.spec_k),
-                ("--spec-acceptance", self.spec_acceptance),
-                ("--spec-acceptance-per-position", self.spec_acceptance_per_position),
-                ("--spec-drafts", self.spec_drafts),
-                ("--spec-hierarchy", self.spec_hierarchy),
-                ("--spec-tiny-k", self.spec_tiny_k),
-                ("--spec-tiny-acceptance", self.spec_tiny_acceptance),
-            ):
-                if value is not None:
-                    raise ValueError(
-                        f"{flag} needs --draft-model (the model that drafts the tokens)"
-                    )
-            return None
-        if self.spec_hierarchy is None:
-            for flag, value in (
-                ("--spec-tiny-k", self.spec_tiny_k),
-                ("--spec-tiny-acceptance", self.spec_tiny_acceptance),
-            ):
-                if value is not None:
-                    raise ValueError(f"{flag} needs --spec-hierarchy (the tiny model)")
-        if acceptance is not None and self.spec_acceptance_per_position is not None:
-            raise ValueError("give --spec-acceptance or --spec-acceptance-per-position, not both")
-        if self.spec_acceptance_per_position is not None:
-            per_position = unit_floats(
-                "--spec-acceptance-per-position", self.spec_acceptance_per_position
-            )
-            if k is not None and len(per_position) != k:
-                raise ValueError(
-                    f"--spec-acceptance-per-position has {len(per_position)} values for --spec-k "
-                    f"{k}; allowed: one value per draft position"
-                )
-            k = len(per_position)
-        rates = per_position or (0.7 if acceptance is None else acceptance,)
-        return SpecConfig(
-            k=k or 4,
-            acceptance=rates,
-            drafts=self.spec_drafts or 1,
-            tiny_k=(self.spec_tiny_k or 2) if self.spec_hierarchy is not None else 0,
-            tiny_acceptance=0.6 if self.spec_tiny_acceptance is None else self.spec_tiny_acceptance,
-        )
+        """The speculative-decoding config of ``--draft-model``, ``--triforce-*`` and
+        ``--spec-*`` (:func:`~simcli.scenario.serving_features.spec_config`)."""
+        return spec_config(self)
 
     def branching(self) -> BranchConfig | None:
-        """The multi-branch config of ``--branches`` and ``--prune*`` (output lengths of the
-        extra branches are the workload's, added by the resolver)."""
-        n, stop, prune = self.branches, self.branches_stop, self.prune
-        if stop is not None and stop > n:
-            raise ValueError(
-                f"--branches-stop {stop} > --branches {n}; allowed: 1 <= --branches-stop "
-                "<= --branches"
-            )
-        tuning = (
-            ("--prune-interval", self.prune_interval),
-            ("--prune-threshold", self.prune_threshold),
-            ("--prune-max", self.prune_max),
-        )
-        if n == 1:
-            for flag, value in (("--prune", prune), *tuning):
-                if value is not None:
-                    raise ValueError(f"{flag} needs --branches N (N > 1)")
-            return None
-        if (prune or "none") == "none":
-            for flag, value in tuning:
-                if value is not None:
-                    raise ValueError(f"{flag} needs --prune sart")
-        return BranchConfig(
-            branches=n,
-            stop_after=stop,
-            prune=prune or "none",
-            prune_interval=self.prune_interval or 64,
-            prune_threshold=0.2 if self.prune_threshold is None else self.prune_threshold,
-            prune_max=self.prune_max,
-        )
-
-
-def unit_floats(flag: str, text: str) -> tuple[float, ...]:
-    """``0.9,0.8`` -> (0.9, 0.8), each in [0, 1]."""
-    try:
-        values = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or any(not (0.0 <= v <= 1.0) for v in values):
-        raise ValueError(f"{flag} {text!r} is invalid; allowed: comma-separated numbers in [0, 1]")
-    return values
+        """The multi-branch config of ``--branches``, ``--prune*`` and the branch quality
+        options (:func:`~simcli.scenario.serving_features.branch_config`)."""
+        return branch_config(self)
 
 
 # --------------------------------------------------------------------------- simcli serve plan

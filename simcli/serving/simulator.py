@@ -259,6 +259,7 @@ class Simulator:
             return rep
 
         self.spec_stats = SpecStats() if spec is not None else None
+        self.draft_steps = tuple(drafts)
         self.branching = (
             config.branching
             if config.branching is not None and config.branching.branches > 1
@@ -504,6 +505,23 @@ class Simulator:
         out["spec_steps"] = steps if sp else None
         out["spec_accepted_tokens_per_step"] = ss.accepted / steps if steps else None  # type: ignore[union-attr]
         out["spec_tokens_per_step"] = ss.emitted / steps if steps else None  # type: ignore[union-attr]
+        multi = sp is not None and sp.drafts > 1
+        out["spectr_acceptance"] = sp.spectr if multi else None  # type: ignore[union-attr]
+        out["spec_acceptance_single"] = float(sp.single_draft.mean()) if sp else None
+        out["spec_acceptance_per_position"] = (
+            ",".join(f"{a:.4g}" for a in sp.per_position) if sp else None
+        )
+        tri = sp is not None and sp.retrieval_budget is not None
+        caches = [getattr(d, "cache_bytes_per_gpu", lambda: None)() for d in self.draft_steps]
+        out["triforce_kv_budget"] = sp.retrieval_budget if tri else None  # type: ignore[union-attr]
+        out["triforce_tiny_acceptance"] = sp.tiny_acceptance if tri and sp.tiny_k else None  # type: ignore[union-attr]
+        out["triforce_acceptance"] = float(sp.per_position.mean()) if tri else None  # type: ignore[union-attr]
+        out["triforce_retrieval_cache_gib_per_gpu"] = (
+            caches[0] / 2**30 if tri and caches and caches[0] is not None else None
+        )
+        out["triforce_tiny_cache_gib_per_gpu"] = (
+            caches[1] / 2**30 if tri and len(caches) > 1 and caches[1] is not None else None
+        )
         b, bst = self.branching, self.branch_stats
         out["branches"] = b.branches if b else 1
         out["branches_stop"] = b.m if b else 1
@@ -512,6 +530,13 @@ class Simulator:
         out["branches_pruned"] = bst.pruned if bst else None
         out["branches_cancelled"] = bst.cancelled if bst else None
         out["branch_tokens_cancelled"] = bst.cancelled_tokens if bst else None
+        out["answer_selection"] = b.answer if b else None
+        out["answer_accuracy"] = (
+            bst.answered_correct / bst.answered if bst and bst.answered else None
+        )
+        out["finished_branch_accuracy"] = (
+            bst.finished_correct / bst.finished if bst and bst.finished else None
+        )
         return out
 
 

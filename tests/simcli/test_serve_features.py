@@ -386,7 +386,8 @@ def test_spec_acceptance_process_matches_prefix_products():
     rates = (0.9, 0.7, 0.5, 0.3)
     cfg1 = SpecConfig(k=4, acceptance=rates)
     assert cfg1.expected_accepted == pytest.approx(0.9 + 0.63 + 0.315 + 0.0945)
-    best3 = SpecConfig(k=4, acceptance=rates, drafts=3)  # SpecTr: best of three drafts
+    # SpecTr's independent-draft bound (the K-SEQ default: tests/simcli/serving/test_spec.py)
+    best3 = SpecConfig(k=4, acceptance=rates, drafts=3, spectr="independent-bound")
     assert best3.per_position == pytest.approx([1 - (1 - a) ** 3 for a in rates])
     assert best3.verify_k == 14 and best3.lookahead == 13
     for c in (cfg1, best3):

@@ -54,9 +54,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from costmodels.ops.sparse_kernel import (
     ELEMENT_BYTES,
@@ -324,6 +328,80 @@ def _selected_pairs(seq_len: int, block: int, selected: int) -> float:
     return float(np.minimum(selected, t // block + 1).sum())
 
 
+def nsa_work(
+    *,
+    seq_len: int,
+    heads_q: int,
+    heads_kv: int,
+    block: int = 64,
+    selected: int = 16,
+    batch: int = 1,
+    head_dim: int = 128,
+) -> dict[str, float]:
+    """Work counts of NSA's selected branch: ``pairs_kv`` (token, KV head, selected block)
+    steps, ``pairs_q = G x pairs_kv``, ``rows_q`` (token, query head) outputs, ``mma_m``
+    the NSA kernel's padded MMA rows."""
+    if heads_q % heads_kv:
+        raise SparseAttentionError(f"heads_kv={heads_kv} must divide heads_q={heads_q}")
+    g = heads_q // heads_kv
+    pairs_kv = batch * heads_kv * _selected_pairs(seq_len, block, selected)
+    return {
+        "group": g,
+        "pairs_kv": pairs_kv,
+        "pairs_q": pairs_kv * g,
+        "rows_q": float(batch * seq_len * heads_q),
+        "mma_m": max(16, 1 << (g - 1).bit_length()),
+        "block": block,
+        "head_dim": head_dim,
+    }
+
+
+@lru_cache(maxsize=1)
+def _nsa_fsa_fits() -> dict[str, Any]:
+    path = Path(str(resources.files("costmodels") / "data" / "nsa_fsa.yaml"))
+    return yaml.safe_load(path.read_text()) if path.exists() else {}
+
+
+def nsa_fsa_fit(gpu: str | GpuSpec) -> tuple[dict[str, Any], str] | None:
+    """The measured NSA/FSA fit for ``gpu`` (its own, else one of its architecture, as
+    :func:`kernel_params`), and its provenance; None where there is none."""
+    spec = gpu_spec(gpu)
+    fits = _nsa_fsa_fits()
+    if spec.id in fits:
+        return fits[spec.id], fits[spec.id].get("source", spec.id)
+    from hardware_specs.registry import builtin_catalog
+
+    cat = builtin_catalog()
+    for gid, entry in fits.items():
+        if gid in cat.gpus and cat.gpus[gid].architecture == spec.architecture:
+            return entry, f"transferred from {gid} (same architecture): {entry.get('source', '')}"
+    return None
+
+
+NSA_FIT_TERMS = ("launch_s", "step_s")
+FSA_FIT_TERMS = ("launch_s", "index_s", "pair_s", "row_s")
+
+
+def nsa_fsa_features(w: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """The fitted model's features (``calibrate.sparse.nsa_fit``): NSA ``[1, pairs_kv x e]``
+    (a program per (token, KV head) reloads each selected block; flat in G up to 16, as
+    measured), FSA ``[1, pairs_kv, pairs_q x e, rows_q x d / 128]`` (index sort, main kernel
+    and fp32 partials per (query head, selection), reduction per output row); ``e =
+    block x head_dim / (64 x 128)`` scales the element work from the fitted shape."""
+    e = w["block"] * w["head_dim"] / (64.0 * 128.0)
+    f_nsa = np.array([1.0, w["pairs_kv"] * e])
+    f_fsa = np.array([1.0, w["pairs_kv"], w["pairs_q"] * e, w["rows_q"] * w["head_dim"] / 128])
+    return f_nsa, f_fsa
+
+
+def _fitted_times(w: Mapping[str, float], fit: Mapping[str, Any]) -> tuple[float, float]:
+    """(NSA, FSA) seconds from the fitted coefficients."""
+    f_nsa, f_fsa = nsa_fsa_features(w)
+    c_nsa = np.array([fit["nsa"][k] for k in NSA_FIT_TERMS])
+    c_fsa = np.array([fit["fsa"][k] for k in FSA_FIT_TERMS])
+    return float(f_nsa @ c_nsa), float(f_fsa @ c_fsa)
+
+
 def nsa_kernel_choice(
     *,
     seq_len: int,
@@ -335,6 +413,7 @@ def nsa_kernel_choice(
     batch: int = 1,
     dtype: str = "bf16",
     gpu: str | GpuSpec = "h100-sxm",
+    fitted: bool = True,
 ) -> KernelChoice:
     """NSA selected attention (each query token attends ``selected`` blocks of ``block``
     keys, shared by the G = heads_q / heads_kv query heads of a KV group): the NSA kernel
@@ -358,6 +437,11 @@ def nsa_kernel_choice(
     reduction reading them back; plus the token-to-block index (``fsa_index_bytes`` per
     selection). FSA's cost grows with G while NSA's stays flat until G > 16, so FSA wins
     for small GQA groups and NSA for large ones.
+
+    Measured (``fitted``, where :func:`nsa_fsa_fit` has a fit for the GPU or its
+    architecture): both times come from the linear fit of the Triton kernels' timings in
+    the same work counts (:func:`nsa_work`; ``calibrate.sparse.nsa_fit``), the analytical
+    parts above stay as ``details``.
     """
     spec = gpu_spec(gpu)
     if heads_q % heads_kv:
@@ -404,6 +488,18 @@ def nsa_kernel_choice(
         "reduce": by_reduce / hbm,
     }
     fsa_s = P["fsa_kernels"] * P["launch_s"] + sum(parts.values())
+    fit = nsa_fsa_fit(spec) if fitted else None
+    work = nsa_work(
+        seq_len=seq_len,
+        heads_q=heads_q,
+        heads_kv=heads_kv,
+        block=bk,
+        selected=selected,
+        batch=batch,
+        head_dim=d,
+    )
+    if fit is not None:
+        nsa_s, fsa_s = _fitted_times(work, fit[0])
     useful = g / m
     details = {
         "group": g,
@@ -415,6 +511,7 @@ def nsa_kernel_choice(
         "fsa_parts_s": parts,
         "fsa_partial_output_bytes": pairs_q * (8.0 * d + 24.0),
         "selections": pairs_kv,
+        "source": fit[1] if fit is not None else "analytical (NSA_FSA constants, not fitted)",
     }
     if fsa_s < nsa_s:
         reason = (

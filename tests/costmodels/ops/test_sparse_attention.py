@@ -245,10 +245,37 @@ def test_fsa_beats_nsa_for_small_groups_and_not_for_large_ones():
     assert large.choice == "nsa" and "NSA is" in large.reason and "G=16" in large.reason
     assert small.time_s == small.fsa_s and large.time_s == large.nsa_s
     assert small.details["mma_m"] == 16 and small.details["mma_useful_fraction"] == 1 / 16
-    # README of Relaxed-System-Lab/Flash-Sparse-Attention: FSA below G = 8, NSA from 8
-    g4 = sa.nsa_kernel_choice(seq_len=65536, heads_q=16, heads_kv=4)
-    g8 = sa.nsa_kernel_choice(seq_len=65536, heads_q=32, heads_kv=4)
+    # README of Relaxed-System-Lab/Flash-Sparse-Attention: FSA below G = 8, NSA from 8;
+    # the analytical constants were set to that. Measured (Triton, H100, 64k): FSA wins
+    # at G = 4, G = 8 is a tie (FSA 1% faster), NSA wins at G = 16.
+    g4 = sa.nsa_kernel_choice(seq_len=65536, heads_q=16, heads_kv=4, fitted=False)
+    g8 = sa.nsa_kernel_choice(seq_len=65536, heads_q=32, heads_kv=4, fitted=False)
     assert g4.choice == "fsa" and g8.choice == "nsa"
+    m4, m8, m16 = (
+        sa.nsa_kernel_choice(seq_len=65536, heads_q=4 * g, heads_kv=4) for g in (4, 8, 16)
+    )
+    assert m4.choice == "fsa" and m16.choice == "nsa"
+    assert abs(m8.fsa_speedup - 1.0) < 0.1
+    assert "fitted on" in m8.details["source"] and "analytical" in g8.details["source"]
+
+
+def test_measured_nsa_fsa_fit_matches_its_data_and_transfers_by_architecture():
+    """The shipped fit reproduces the committed H100 timings (CSV): NSA within 10% per
+    row, FSA within 10% on average (its first row, 8k G=1, measured an index build twice
+    as slow as every other row's); the H200 (same architecture) uses it, labelled."""
+    import pandas as pd
+
+    from costmodels.ops.sparse_attention import nsa_fsa_fit
+
+    d = pd.read_csv("calibrate/data/nsa-fsa-h100-sxm/nsa_fsa.csv")
+    errs = []
+    for r in d.itertuples():
+        c = sa.nsa_kernel_choice(seq_len=r.seq_len, heads_q=r.heads_q, heads_kv=r.heads_kv)
+        assert abs(c.nsa_s * 1e3 / r.nsa_ms - 1) < 0.1, r
+        errs.append(abs(c.fsa_s * 1e3 / r.fsa_ms - 1))
+    assert sum(errs) / len(errs) < 0.1
+    fit = nsa_fsa_fit("h200-sxm")
+    assert fit is not None and fit[1].startswith("transferred from h100-sxm")
 
 
 def test_nsa_fsa_kernel_level_speedups_have_the_published_size():

@@ -20,6 +20,7 @@ per decode step and inside a training micro-batch or a serving iteration.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -40,6 +41,7 @@ from workloads.sparsity import (
     HybridPattern,
     NSAPattern,
     Pattern,
+    S2Pattern,
     WindowPattern,
     parse_pattern,
 )
@@ -460,16 +462,126 @@ def sparse_step_model_ms(
     }
 
 
-
-
 # --------------------------------------------------------------------------- serving
 
 GRID_POINTS = 12
 MIN_LEN = 256
 
 
+# --------------------------------------------------------------------------- serving KV
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """What a paged serving engine can hold per sequence under an attention pattern.
+
+    A KV block (``block_size`` tokens of every layer) is split into ``full_units +
+    capped_units`` layer groups: ``full_units`` keep every token; ``capped_units`` (sliding
+    window layers) free blocks wholly outside the window, so they hold at most
+    ``ceil(sinks / bs) + ceil(window / bs) + 1`` blocks (the window's ``window`` newest
+    keys straddle one more block than they fill; vLLM's sliding-window manager frees whole
+    blocks). ``bytes_factor`` scales the KV bytes a cached token costs (NSA's compressed
+    keys: one compressed token per stride ``d`` on the NSA layers, reserved per token).
+    """
+
+    full_units: int = 1
+    capped_units: int = 0
+    window_tokens: int = 0
+    sink_tokens: int = 0
+    bytes_factor: float = 1.0
+    note: str = "every layer keeps the whole context"
+
+    @property
+    def capped(self) -> bool:
+        return self.capped_units > 0
+
+    def cap_blocks(self, block_size: int) -> int:
+        """Blocks a capped layer group holds at most (0: no cap)."""
+        if not self.capped:
+            return 0
+        bs = block_size
+        return -(-self.sink_tokens // bs) + -(-self.window_tokens // bs) + 1
+
+    def cap_tokens(self, block_size: int) -> int | None:
+        """KV tokens per sequence and capped layer, at most (block-rounded); None: no cap."""
+        return self.cap_blocks(block_size) * block_size if self.capped else None
+
+
+def _window_layout(p: WindowPattern, dense_layers: int, sparse_layers: int) -> KvLayout:
+    g = math.gcd(dense_layers, sparse_layers) or 1
+    return KvLayout(
+        full_units=dense_layers // g,
+        capped_units=sparse_layers // g,
+        window_tokens=p.window,
+        sink_tokens=p.sinks,
+        note=(
+            f"{sparse_layers} sliding-window layers free blocks older than the window "
+            f"({p.window} tokens) and keep {p.sinks} sink tokens"
+            + (f"; {dense_layers} dense layers keep everything" if dense_layers else "")
+        ),
+    )
+
+
+def kv_layout(pattern: Pattern | None, num_layers: int) -> KvLayout:
+    """The :class:`KvLayout` of ``pattern`` over ``num_layers`` layers.
+
+    - window (StreamingLLM: window + sinks): capped; hybrid dense/window: only the window
+      layers are capped.
+    - NSA: nothing freed (the selection scores every block, NSA sec. 3.3.2), plus the
+      compressed-key cache, ``(c - l) // d + 1 <= c / d`` tokens (NSA eq. 7): KV grows by
+      ``1 / d`` on the NSA layers.
+    - S2 (Lin et al. 2024): each query head keeps its local blocks and its own strided
+      blocks (residue ``h mod stride``), but the query heads of a layer (and of a GQA
+      group) together cover every residue, and a paged engine's block holds all KV heads
+      of a layer (vLLM, SGLang: ``[block, kv_heads, head_dim]``), so no block can be freed;
+      only per-head block tables would free ``1 - 1/stride`` of it: not modelled.
+    - others (top-k, SALE, AdaSpa): the selection is dynamic, every block is kept.
+    """
+    if pattern is None or isinstance(pattern, DensePattern):
+        return KvLayout()
+    inner, dense = pattern, 0
+    if isinstance(pattern, HybridPattern):
+        inner, dense = pattern.inner, len(pattern.dense_layers(num_layers))
+    sparse = num_layers - dense
+    if isinstance(inner, WindowPattern) and sparse > 0:
+        return _window_layout(inner, dense, sparse)
+    if isinstance(inner, NSAPattern) and sparse > 0:
+        extra = sparse / num_layers / inner.d
+        return KvLayout(
+            bytes_factor=1.0 + extra,
+            note=(
+                f"NSA keeps the whole context (selection scores every block) plus one "
+                f"compressed token per {inner.d}: KV grows {extra:.1%}"
+            ),
+        )
+    if isinstance(inner, S2Pattern):
+        return KvLayout(
+            note=(
+                "S2: each head needs only its strided and local blocks, but the heads of a "
+                "layer cover every block and a paged block holds all KV heads: nothing freed"
+            )
+        )
+    return KvLayout(note=f"{inner.kind}: the selection is dynamic, every block is kept")
+
+
 class PatternStepModel(StepModel):
-    """:class:`StepModel` with ``pattern``'s attention in every layer (see the module)."""
+    """:class:`StepModel` with ``pattern``'s attention in every layer (see the module).
+
+    Its KV follows :func:`kv_layout`: ``kv_bytes_per_token`` (and so the KV capacity)
+    include NSA's compressed keys, and ``kv_layout`` tells the serving simulator which
+    layers free old blocks."""
+
+    @property
+    def kv_layout(self) -> KvLayout:
+        # the base constructor may ask for KV sizes before the pattern is set
+        return kv_layout(getattr(self, "pattern", None), self.model.num_layers)
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return super().kv_bytes_per_token * self.kv_layout.bytes_factor
+
+    def kv_bytes_per_token_per_gpu(self, stage: int = 0) -> float:
+        return super().kv_bytes_per_token_per_gpu(stage) * self.kv_layout.bytes_factor
 
     def __init__(self, *args: Any, pattern: str | Pattern, max_len: int = 131072, **kw: Any):
         super().__init__(*args, **kw)

@@ -160,6 +160,85 @@ class DecodeBatch:
         return best
 
 
+class CappedDecodeBatch(DecodeBatch):
+    """A :class:`DecodeBatch` whose sequences hold ``full * ceil(c / bs) + capped *
+    min(ceil(c / bs), cap_blocks)`` block units at context ``c`` (a sliding-window
+    pattern's :class:`costmodels.steps.sparse.KvLayout`): past ``cap_blocks`` a capped
+    layer frees its oldest block as it takes a new one.
+
+    Still O(1) per iteration: per residue class it also counts the *open* sequences (context
+    below ``cap_blocks * bs``, still growing their capped layers); a sequence closes at a
+    decode iteration known when it joins, bucketed like the finishes, so each sequence is
+    touched once when it closes and never per iteration.
+    """
+
+    def __init__(self, block_size: int, full: int, capped: int, cap_blocks: int) -> None:
+        super().__init__(block_size)
+        self.full = full
+        self.capped = capped
+        self.cap_blocks = cap_blocks
+        self.cap_tokens = cap_blocks * block_size
+        self.res_open = [0] * block_size
+        self.close: dict[int, list[Sequence]] = {}
+        self.close_dit: dict[int, int] = {}  # id(seq) -> decode iteration it closes at
+
+    def blocks_for(self, tokens: int) -> int:
+        b = -(-tokens // self.block_size)
+        return self.full * b + self.capped * min(b, self.cap_blocks)
+
+    def add(self, seq: Sequence, reserved: bool = False) -> None:
+        super().add(seq, reserved)
+        c = seq.ctx_tokens
+        if c < self.cap_tokens:
+            self.res_open[seq.res_key] += 1
+            cd = self.dit + self.cap_tokens - c
+            self.close_dit[id(seq)] = cd
+            bucket = self.close.get(cd)
+            if bucket is None:
+                self.close[cd] = [seq]
+            else:
+                bucket.append(seq)
+
+    def remove(self, seq: Sequence) -> int:
+        if self.close_dit.pop(id(seq), None) is not None:
+            self.res_open[seq.res_key] -= 1
+        super().remove(seq)
+        return self.blocks_for(seq.ctx_tokens)
+
+    def needing_blocks(self) -> int:
+        r = -self.dit % self.block_size
+        return self.full * self.res[r] + self.capped * self.res_open[r]
+
+    def blocks_needed(self, seq: Sequence) -> int:
+        if seq.res_key != -self.dit % self.block_size:
+            return 0
+        return self.full + (self.capped if id(seq) in self.close_dit else 0)
+
+    def join_need(self, seq: Sequence) -> int:
+        c = seq.ctx_tokens
+        if c % self.block_size:
+            return 0
+        return self.full + (self.capped if c < self.cap_tokens else 0)
+
+    def held_blocks(self, in_flight: bool) -> int:
+        if not self.n:
+            return self.needing_blocks() if in_flight else 0
+        b = -(-self.contexts() // self.block_size)
+        held = int((self.full * b + self.capped * np.minimum(b, self.cap_blocks)).sum())
+        return held + (self.needing_blocks() if in_flight else 0)
+
+    def advance(self) -> list[Sequence]:
+        done = super().advance()
+        closing = self.close.pop(self.dit, None)
+        if closing:
+            dit, close_dit = self.dit, self.close_dit
+            for s in closing:  # skip stale entries (left, or left and rejoined)
+                if close_dit.get(id(s)) == dit:
+                    del close_dit[id(s)]
+                    self.res_open[s.res_key] -= 1
+        return done
+
+
 class Batch:
     """One iteration's work on one engine."""
 
@@ -183,4 +262,4 @@ class Batch:
         return sum(self.prefill_new) + self.n_decode
 
 
-__all__ = ["Batch", "DecodeBatch", "StepModelLike"]
+__all__ = ["Batch", "CappedDecodeBatch", "DecodeBatch", "StepModelLike"]

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from simcli.serving.batch import Batch, DecodeBatch, StepModelLike
+from simcli.serving.batch import Batch, CappedDecodeBatch, DecodeBatch, StepModelLike
 from simcli.serving.kv import BlockManager
 from simcli.serving.requests import (
     ARRIVED,
@@ -114,6 +114,10 @@ class Engine:
         self.swapped: deque[Sequence] = deque()
         self.incoming: deque[Sequence] = deque()  # decode-only pools: KV already transferred
         self.decode: DecodeBatch = decode_batch or DecodeBatch(block_size)  # type: ignore[assignment]
+        # a sliding-window KV layout: blocks are layer-group units, old ones freed
+        dec = self.decode
+        self.capped = isinstance(dec, CappedDecodeBatch)
+        self.unit_share = 1.0 / (dec.full + dec.capped) if self.capped else 1.0  # type: ignore[attr-defined]
         self.joins: list[Sequence] = []  # joined the decode batch since its last iteration
         self.batch: Batch | None = None
         self.batch_start_s = 0.0
@@ -132,6 +136,12 @@ class Engine:
         self.prune_at: dict[int, list[Request]] = {}
 
     # --- admission -----------------------------------------------------------------------
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks (units of a capped layout) a sequence of ``tokens`` cached tokens holds."""
+        if self.capped:
+            return self.decode.blocks_for(tokens)  # type: ignore[attr-defined]
+        return -(-tokens // self.block_size)
+
     @property
     def num_running(self) -> int:
         return self.decode.n + len(self.prefilling)
@@ -142,7 +152,7 @@ class Engine:
             self.waiting.appendleft(seq)
         else:
             self.waiting.append(seq)
-        self.queued_blocks += -(-seq.prefill_target // self.block_size)
+        self.queued_blocks += self.blocks_for(seq.prefill_target)
 
     def admission_cost(self, seq: Sequence) -> tuple[int, int, object]:
         """``(blocks taken from available, prefix tokens reused, plan)`` for admitting the
@@ -151,12 +161,13 @@ class Engine:
         branch."""
         bs = self.block_size
         target = seq.prefill_target
-        total = -(-target // bs)
+        total = self.blocks_for(target)
         req = seq.request
         if req.branch is not None:
             total += req.branch.extra_blocks(req, bs)
         kv = self.kv
-        if req.prefix_key is None or not kv.prefix_caching:
+        # a capped (sliding-window) layout frees prefix blocks: no prefix reuse
+        if req.prefix_key is None or not kv.prefix_caching or self.capped:
             return total, 0, None
         pb = min(req.prefix_tokens, target - 1) // bs
         if pb <= 0:
@@ -180,7 +191,7 @@ class Engine:
         popped = self.waiting.popleft()
         assert popped is seq
         bs = self.block_size
-        total = -(-seq.prefill_target // bs)
+        total = self.blocks_for(seq.prefill_target)
         self.queued_blocks -= total
         req = seq.request
         if req.branch is not None:
@@ -235,7 +246,7 @@ class Engine:
         blocks to host memory (swap-out time charged to this iteration)."""
         self.leave_decode(seq)
         kv = self.kv
-        blocks = -(-seq.ctx_tokens // self.block_size)  # its KV (not speculative lookahead)
+        blocks = self.blocks_for(seq.ctx_tokens)  # its KV (not speculative lookahead)
         kv.release(seq.private_blocks)
         self._drop_prefix(seq)
         seq.private_blocks = 0
@@ -245,7 +256,9 @@ class Engine:
             seq.state = SWAPPED
             seq.private_blocks = blocks  # now in host memory
             self.swapped.appendleft(seq)
-            self.swap_bytes += blocks * self.block_size * self.replica.kv_bytes_per_token
+            self.swap_bytes += (
+                blocks * self.block_size * self.replica.kv_bytes_per_token * self.unit_share
+            )
         else:
             # ctx = prompt + generated - 1 (the last token is not yet in the cache)
             seq.prefill_target = seq.ctx_tokens + 1
@@ -284,7 +297,10 @@ class Engine:
             queue.popleft()
             kv.allocate(cost)
             self.swap_bytes += (
-                seq.private_blocks * self.block_size * self.replica.kv_bytes_per_token
+                seq.private_blocks
+                * self.block_size
+                * self.replica.kv_bytes_per_token
+                * self.unit_share
             )
             seq.shared_blocks = 0
             dec.add(seq, reserved=True)
@@ -311,11 +327,10 @@ class Engine:
         their next token are handed back for that reservation to take."""
         incoming = self.incoming
         dec = self.decode
-        bs = self.block_size
         while incoming and incoming[0].state == ARRIVED and self.num_running < max_seqs:
             seq = incoming.popleft()
             self.incoming_blocks -= seq.private_blocks
-            kv_blocks = -(-seq.ctx_tokens // bs)
+            kv_blocks = self.blocks_for(seq.ctx_tokens)
             self.kv.release(seq.private_blocks - kv_blocks)
             seq.private_blocks = kv_blocks
             dec.add(seq)
@@ -325,7 +340,7 @@ class Engine:
         """Decode-only pools: take a sequence whose prompt KV (``seq.ctx_tokens``) was
         computed elsewhere and transferred here (its blocks are allocated when it joins the
         decode batch)."""
-        seq.private_blocks = -(-seq.ctx_tokens // self.block_size)
+        seq.private_blocks = self.blocks_for(seq.ctx_tokens)
         seq.state = SWAPPED
         self.incoming.append(seq)
         self.outstanding += 1
@@ -336,7 +351,7 @@ class Engine:
     def transfer_blocks(self, seq: Sequence) -> int:
         """Blocks a decode engine reserves for a transfer of ``seq``'s KV: its prompt and
         the slot(s) of its next decode step, so that it can always join the batch."""
-        return -(-(seq.ctx_tokens + self.decode.lookahead) // self.block_size)
+        return self.blocks_for(seq.ctx_tokens + self.decode.lookahead)
 
     def can_take_transfer(self, blocks: int, max_seqs: int) -> bool:
         if self.num_running + len(self.incoming) + self.in_transit >= max_seqs:

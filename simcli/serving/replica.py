@@ -35,7 +35,9 @@ class Replica:
     ``hold_kv``: a prefill replica keeps a handed-off sequence's KV until the decode side
     calls :meth:`Engine.transfer_sent` (``handoff(seq, now_s, engine, prefill_s)``);
     without it the KV is freed first (``handoff(seq, now_s)``). ``on_free(now_s)`` runs
-    after each iteration (a decode pool pulls waiting transfers). ``spec``: a
+    after each iteration (a decode pool pulls waiting transfers). ``block_units``: layer
+    groups per KV block of a capped (sliding-window) layout, whose decode batches are
+    :class:`~simcli.serving.batch.CappedDecodeBatch`. ``spec``: a
     :class:`~simcli.serving.spec.SpecCost` pricing speculative iterations, with
     ``decode_batch(engine_index)`` building each engine's decode batch.
     """
@@ -60,6 +62,7 @@ class Replica:
         decode_batch: Callable[[int], object] | None = None,
         kv_bytes_per_token: float | None = None,
         gpus: int = 1,
+        block_units: int = 1,
     ) -> None:
         self.index = index
         self.step_model = step_model
@@ -89,7 +92,8 @@ class Replica:
         )
         self.outstanding = 0
         self.kv_capacity_tokens = kv_capacity_tokens
-        blocks = kv_capacity_tokens // block_size // pp
+        # a capped KV layout counts a block as ``block_units`` layer-group units
+        blocks = kv_capacity_tokens // block_size // pp * block_units
         self.engines = [
             Engine(
                 self,

@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simcli.serving.batch import StepModelLike
+from simcli.serving.batch import CappedDecodeBatch, StepModelLike
 from simcli.serving.branches import BranchConfig, BranchState, BranchStats
 from simcli.serving.disagg import DisaggConfig, Disaggregation, KVTransferModel
 from simcli.serving.metrics import EnergyMeter, Metrics
@@ -178,6 +178,11 @@ class Simulator:
     ) -> None:
         self.config = config
         self.step_model = step_model
+        self.decode_step_model = (
+            decode_step_model
+            if config.disaggregation is not None and decode_step_model
+            else step_model
+        )
         bs = config.block_size
         util = config.gpu_memory_utilization
         spec = config.speculative
@@ -227,6 +232,22 @@ class Simulator:
         ) -> Replica:
             spec_cost = decode_batch = None
             kv_bytes = None
+            layout = getattr(model, "kv_layout", None)
+            units = 1
+            if layout is not None and layout.capped:
+                if spec is not None or self.branching is not None:
+                    raise SimulationError(
+                        "a sliding-window KV layout (--attn-pattern window:...) is not "
+                        "simulated together with speculative decoding or branches; allowed: "
+                        "one of them"
+                    )
+                full, capped = layout.full_units, layout.capped_units
+                cap_blocks = layout.cap_blocks(bs)
+                units = full + capped
+
+                def decode_batch(i: int) -> CappedDecodeBatch:
+                    return CappedDecodeBatch(bs, full, capped, cap_blocks)
+
             if spec is not None:
                 spec_cost = SpecCost(spec, model, draft_step_model, tiny_step_model)
                 stats = self.spec_stats
@@ -253,6 +274,7 @@ class Simulator:
                 decode_batch=decode_batch,
                 kv_bytes_per_token=kv_bytes,
                 gpus=gpus,
+                block_units=units,
             )
             rep.energy = meter
             rep.branch_stats = self.branch_stats  # type: ignore[assignment]
@@ -463,6 +485,7 @@ class Simulator:
             out["energy_kwh"] = None
             out["energy_j_per_output_token"] = None
         out |= self._feature_summary()
+        out |= self._kv_layout_summary()
         per = []
         for r in self.replicas:
             per.append(
@@ -475,6 +498,39 @@ class Simulator:
                 }
             )
         return ServeResult(summary=out, per_replica=per)
+
+    def _kv_layout_summary(self) -> dict[str, float | int | str | None]:
+        """With a sparse attention pattern: what its KV layout holds per sequence and how
+        many more (fewer) sequences of ``max_model_len`` tokens fit than with dense KV.
+        Absent without a pattern (dense output unchanged)."""
+        model = self.decode_step_model
+        layout = getattr(model, "kv_layout", None)
+        if layout is None:
+            return {}
+        bs = self.config.block_size
+        units = layout.full_units + layout.capped_units
+        length = self.config.max_model_len
+        out: dict[str, float | int | str | None] = {
+            "kv_layout": layout.note,
+            "kv_tokens_per_seq_cap": layout.cap_tokens(bs),
+            "kv_bytes_per_token_factor": layout.bytes_factor,
+        }
+        if length:
+            dense_blocks = -(-int(length) // bs)
+            if layout.capped:
+                cap = layout.cap_blocks(bs)
+                held = layout.full_units * dense_blocks + layout.capped_units * min(
+                    dense_blocks, cap
+                )
+            else:
+                held = units * dense_blocks
+            # pattern blocks (units) per replica over what one sequence holds; dense: the
+            # same memory without the pattern's extra bytes per token
+            out["kv_seqs_at_max_len"] = self.kv_capacity_tokens // bs * units // held
+            dense_tokens = int(self.kv_capacity_tokens * layout.bytes_factor)
+            out["kv_seqs_at_max_len_dense"] = dense_tokens // bs // dense_blocks
+            out["kv_capacity_gain"] = units * dense_blocks / held / layout.bytes_factor
+        return out
 
     def _feature_summary(self) -> dict[str, float | int | str | None]:
         """Keys of the optional features (None when a feature is off)."""

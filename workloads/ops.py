@@ -137,6 +137,46 @@ CSV_COLUMNS: tuple[str, ...] = (
 )
 # `nodes`: how many nodes the `ranks` of a collective span (default 1, i.e. one node).
 EXTRA_COLUMNS: tuple[str, ...] = ("nodes",)
+# `sparsity`: a gemm's weight (or MLP activation) sparsity, see :func:`parse_gemm_sparsity`.
+# Optional in a stricter sense than EXTRA_COLUMNS: a validated frame has the column only
+# when its input had it, so every frame, CSV and output without it is as before.
+SPARSITY_COLUMN = "sparsity"
+SPARSITY_ALLOWED = (
+    "empty or dense, 2:4 (semi-structured, cuSPARSELt), unstructured:S with 0 <= S < 1 "
+    "(fraction of zero weights, Flash-LLM), cats:F with 0 < F <= 1 (fraction of MLP neurons "
+    "active per token, CATS)"
+)
+
+
+def parse_gemm_sparsity(text: Any) -> tuple[str, float]:
+    """A gemm's sparsity: ``""``/``"dense"`` -> ("dense", 1.0); ``"2:4"`` -> ("2:4", 0.5);
+    ``"unstructured:0.8"`` -> ("unstructured", 0.8); ``"cats:0.3"`` -> ("cats", 0.3).
+    Anything else is one :class:`OpError` line listing the allowed forms."""
+    t = "" if text is None else str(text).strip().lower()
+    if t in ("dense", ""):
+        return "dense", 1.0
+    if t == "2:4":
+        return "2:4", 0.5
+    kind, _, value = t.partition(":")
+    try:
+        v = float(value)
+    except ValueError:
+        v = float("nan")
+    if kind == "unstructured" and 0.0 <= v < 1.0:
+        return kind, v
+    if kind == "cats" and 0.0 < v <= 1.0:
+        return kind, v
+    raise OpError(f"sparsity {text!r} not understood; allowed: {SPARSITY_ALLOWED}")
+
+
+def canonical_sparsity(text: Any) -> str:
+    """The spelling the cost models key on: "" (dense), "2:4", "unstructured:S", "cats:F"."""
+    kind, v = parse_gemm_sparsity(text)
+    if kind == "dense":
+        return ""
+    return kind if kind == "2:4" else f"{kind}:{v:g}"
+
+
 INT_COLUMNS = (
     "m",
     "n",
@@ -224,6 +264,9 @@ class Op(BaseModel):
     bytes: int | None = Field(default=None, gt=0)
     ranks: int | None = Field(default=None, gt=0)
     nodes: int | None = Field(default=None, gt=0)
+    sparsity: str | None = Field(
+        default=None, description=f"gemm only: weight/activation sparsity; {SPARSITY_ALLOWED}"
+    )
 
     @model_validator(mode="after")
     def _check_kind(self) -> Op:
@@ -255,15 +298,18 @@ def check_fields(kind: OpKind, values: dict[str, Any]) -> None:
         ranks, nodes = values.get("ranks") or 2, values.get("nodes") or 1
         if ranks % nodes:
             raise OpError(f"ranks ({ranks}) must be a multiple of nodes ({nodes})")
+    sparsity = values.get(SPARSITY_COLUMN)
+    if sparsity and canonical_sparsity(sparsity) and kind != OpKind.gemm:
+        raise OpError(f"op {kind.value!r} takes no sparsity ({sparsity!r}); allowed: gemm rows")
 
 
 def ops_frame(ops: list[Op] | tuple[Op, ...]) -> pd.DataFrame:
     """Build a validated ops frame from :class:`Op` objects."""
     import pandas as pd
 
-    return normalise_frame(
-        pd.DataFrame([o.row() for o in ops], columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
-    )
+    sparse = any(o.sparsity for o in ops)
+    columns = [*CSV_COLUMNS, *EXTRA_COLUMNS, *([SPARSITY_COLUMN] if sparse else [])]
+    return normalise_frame(pd.DataFrame([o.row() for o in ops], columns=columns))
 
 
 def _text_codes(series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -340,12 +386,12 @@ def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame
     is allowed. Sizes become float64 (NaN when empty; exact up to 2**53), ``causal`` a
     bool, ``op``/``dtype``/``backend`` lower-case strings.
     """
-    known = set(CSV_COLUMNS) | set(EXTRA_COLUMNS)
+    known = set(CSV_COLUMNS) | set(EXTRA_COLUMNS) | {SPARSITY_COLUMN}
     unknown = [c for c in frame.columns if c not in known]
     if unknown:
         raise OpError(
             f"unknown column(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(CSV_COLUMNS)}"
-            f" (optional: {', '.join(EXTRA_COLUMNS)})"
+            f" (optional: {', '.join((*EXTRA_COLUMNS, SPARSITY_COLUMN))})"
         )
     if "op" not in frame.columns:
         raise OpError("missing column 'op'")
@@ -434,6 +480,24 @@ def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame
     else:
         out["density"] = np.full(n_rows, np.nan)
 
+    columns = (*CSV_COLUMNS, *EXTRA_COLUMNS)
+    if SPARSITY_COLUMN in frame.columns:
+        codes, sp = _text_codes(frame[SPARSITY_COLUMN])
+        canon = []
+        for j, value in enumerate(sp):  # the distinct values only
+            try:
+                canon.append(canonical_sparsity(value))
+            except OpError:
+                first_bad(codes == j, SPARSITY_COLUMN, "row {row}: column 'sparsity' {value} "
+                          f"not understood; allowed: {SPARSITY_ALLOWED}")  # fmt: skip
+        out[SPARSITY_COLUMN] = np.array(canon, dtype=object)[codes]
+        first_bad(
+            (out[SPARSITY_COLUMN] != "") & (out["op"] != OpKind.gemm.value),
+            SPARSITY_COLUMN,
+            "row {row}: sparsity {value} on a non-gemm op; allowed: gemm rows only",
+        )
+        columns = (*columns, SPARSITY_COLUMN)
+
     import pandas as pd
 
     # text stays object (pandas 3 would make Arrow strings of it: slower to build and to
@@ -441,7 +505,7 @@ def normalise_frame(frame: pd.DataFrame, *, row_offset: int = 0) -> pd.DataFrame
     result = pd.DataFrame(
         {
             c: pd.Series(out[c], dtype=object, copy=False) if out[c].dtype == object else out[c]
-            for c in (*CSV_COLUMNS, *EXTRA_COLUMNS)
+            for c in columns
         }
     )
     _check_kinds(result, row_offset)

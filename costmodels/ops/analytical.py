@@ -26,8 +26,10 @@ from workloads.ops import (
     CSV_COLUMNS,
     ELEMENTWISE_KINDS,
     EXTRA_COLUMNS,
+    SPARSITY_COLUMN,
     Op,
     OpKind,
+    canonical_sparsity,
     normalise_frame,
 )
 
@@ -64,6 +66,8 @@ def frame_columns(frame: pd.DataFrame) -> Columns:
             cols[c] = frame[c].to_numpy(dtype=bool)
         else:
             cols[c] = frame[c].to_numpy(dtype=float, na_value=np.nan)
+    if SPARSITY_COLUMN in frame.columns:  # optional: only frames that name it carry it
+        cols[SPARSITY_COLUMN] = _text(frame[SPARSITY_COLUMN])
     return cols
 
 
@@ -84,7 +88,18 @@ def op_columns(op: Op) -> Columns:
             cols[c] = np.array([bool(v)])
         else:
             cols[c] = np.array([np.nan if v is None else float(v)])
+    if op.sparsity:
+        cols[SPARSITY_COLUMN] = np.array([canonical_sparsity(op.sparsity)], dtype=str)
     return cols
+
+
+def sparse_gemm_rows(cols: Columns) -> np.ndarray:
+    """Rows that are gemms with a (non-dense) ``sparsity``: the sparse-GEMM model prices
+    them, and no learned dense-GEMM correction applies to them."""
+    sp = cols.get(SPARSITY_COLUMN)
+    if sp is None:
+        return np.zeros(len(cols["op"]), dtype=bool)
+    return (sp != "") & (cols["op"] == OpKind.gemm.value)
 
 
 class AnalyticalCostModel:
@@ -130,9 +145,19 @@ class AnalyticalCostModel:
         def sub(mask: np.ndarray, *names: str) -> list[np.ndarray]:
             return [cols[n][mask] for n in names]
 
-        mask = family == "gemm"
+        sparse = sparse_gemm_rows(cols)
+        mask = (family == "gemm") & ~sparse
         if mask.any():
             put(mask, gemm_work(*sub(mask, "m", "n", "k", "batch", "dtype"), gpu, p.gemm))
+        if sparse.any():
+            from costmodels.ops.sparse_gemm import sparse_gemm_work
+
+            kinds = cols[SPARSITY_COLUMN]
+            for value in np.unique(kinds[sparse]):
+                mask = sparse & (kinds == value)
+                args = sub(mask, "m", "n", "k", "batch", "dtype")
+                # the dense GEMM under every sparse model is this model's (its profile's)
+                put(mask, sparse_gemm_work(*args, str(value), gpu, dense=p.gemm))
         mask = family == "tiled"
         if mask.any():
             args = sub(

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from costmodels.ops.analytical import AnalyticalCostModel, frame_columns, op_columns
+from costmodels.ops.analytical import (
+    AnalyticalCostModel,
+    frame_columns,
+    op_columns,
+    sparse_gemm_rows,
+)
 from costmodels.ops.common import CHUNK_ROWS, NotFittedError, Work, distinct, in_chunks
 from costmodels.ops.features import (
     FEATURE_NAMES,
@@ -477,6 +482,8 @@ class LearnedCostModel:
             log_ratio[idx] = self.residuals_[key].predict_features(
                 Features(sub_cols, sub_work), len(idx)
             )
+        # sparse GEMMs: their own fitted model; the dense-GEMM correction does not apply
+        log_ratio[sparse_gemm_rows(cols)] = 0.0
         return Work(time_s=work.time_s * np.exp(log_ratio), flops=work.flops, bytes=work.bytes)
 
     def work_columns_reference(self, cols: dict[str, np.ndarray]) -> Work:

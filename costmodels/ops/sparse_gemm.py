@@ -53,7 +53,6 @@ numpy only (and the project's pydantic/yaml parameter loading); no torch, no sim
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -70,7 +69,7 @@ from costmodels.ops.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype,
 from costmodels.ops.gemm import SPLIT_FACTORS, gemm_work, row_alignment
 from costmodels.ops.params import GemmParams, arch_params, deep_merge
 from hardware_specs.schema import GpuSpec
-from workloads.ops import Op, normalise_frame
+from workloads.ops import Op, normalise_frame, parse_gemm_sparsity
 
 SPARSITY_KINDS = ("dense", "2:4", "unstructured", "cats")
 
@@ -188,25 +187,9 @@ def dense_gemm_params(gpu: GpuSpec) -> GemmParams:
 
 def parse_sparsity(text: str) -> tuple[str, float]:
     """``"2:4"`` -> ("2:4", 0.5); ``"unstructured:0.8"`` -> ("unstructured", 0.8);
-    ``"cats:0.3"`` -> ("cats", 0.3); ``"dense"`` -> ("dense", 1.0)."""
-    t = str(text).strip().lower()
-    if t in ("dense", ""):
-        return "dense", 1.0
-    if t == "2:4":
-        return "2:4", 0.5
-    kind, _, value = t.partition(":")
-    try:
-        v = float(value)
-    except ValueError:
-        v = math.nan
-    if kind == "unstructured" and 0.0 <= v < 1.0:
-        return kind, v
-    if kind == "cats" and 0.0 < v <= 1.0:
-        return kind, v
-    raise ValueError(
-        f"sparsity {text!r} not understood; allowed: dense, 2:4, unstructured:S with "
-        "0 <= S < 1 (fraction of zero weights), cats:F with 0 < F <= 1 (active fraction)"
-    )
+    ``"cats:0.3"`` -> ("cats", 0.3); ``"dense"`` -> ("dense", 1.0)
+    (:func:`workloads.ops.parse_gemm_sparsity`, whose error is a ValueError)."""
+    return parse_gemm_sparsity(text)
 
 
 def cats_rows_read(neurons: np.ndarray, active: float, tokens: np.ndarray, multiple: int = 8):

@@ -348,6 +348,12 @@ def _grow_sparse_gemm(op: Op, rng: np.random.Generator) -> Op:
     return grow_op(op, "m", 2.0)
 
 
+# 2:4 is not monotone in tokens, as measured: cuSPARSELt's default heuristic runs a narrow
+# kernel up to 128 tokens and a faster wide one from 256 (H100, all 52 layer shapes of
+# calibrate/data/h100-sxm/sparse_gemm.csv: 0.60-1.02x the 128-token time at 256). The
+# model's drop is at most narrow/wide memory factor (0.4 / 0.815 = 0.49x), so its
+# envelope is 0.55; every other growth (n, k, batch, tokens within a kernel) stays monotone.
+SPARSE_MONOTONE_RTOL = {"2:4": 0.55}
 for _name, (_sparsity, _kernel) in SPARSE_GEMMS.items():
     register(
         Registered(
@@ -358,6 +364,10 @@ for _name, (_sparsity, _kernel) in SPARSE_GEMMS.items():
             sample=_sample_weight_gemm,
             grow=_grow_sparse_gemm,
             many=ops_frame,
+            monotone_rtol=SPARSE_MONOTONE_RTOL.get(_name, 0.0),
+            tolerance_note="measured kernel switch at 128 -> 256 tokens"
+            if _name in SPARSE_MONOTONE_RTOL
+            else "",
         )
     )
 

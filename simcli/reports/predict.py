@@ -16,7 +16,7 @@ from costmodels.ops.features import OP_CLASSES, op_class
 from simcli.reports.bundle import config_document, write_output_dir
 from simcli.reports.charts import PALETTE, new_figure
 from simcli.reports.page import Report
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS
+from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, SPARSITY_COLUMN
 
 _INPUT_DOC = (
     "input column, copied unchanged from --input (see README: The ops CSV); one-op "
@@ -29,6 +29,10 @@ CSV_SCHEMAS: dict[str, dict[str, str]] = {
         "name": "predict layer only: the op's name in the layer (qkv_proj, attn, ...)",
         "count": "predict layer only: calls per layer (predicted_ms covers all of them)",
         **{c: _INPUT_DOC for c in (*CSV_COLUMNS, *EXTRA_COLUMNS)},
+        SPARSITY_COLUMN: "optional input column (gemm rows): the weight's sparsity, priced by "
+        "the sparse-GEMM models: empty/dense, 2:4 (cuSPARSELt kernel, CUDA-graph replay), "
+        "unstructured:S (S = zero fraction, Flash-LLM), cats:F (F = active MLP neurons per "
+        "token, CATS); written only when the input has it",
         "predicted_ms": "predicted time of the row's op, milliseconds",
     },
     "by_op.csv": {

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, INT_COLUMNS
+from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, INT_COLUMNS, SPARSITY_COLUMN
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 PREDICTED = "predicted_ms"
 # bytes that make pandas' reading differ from a plain split on commas and newlines
 _SPECIAL = (b'"', b" ", b"\t", b"\r", b"\x00", b"\x0b", b"\x0c")
-_TEXT = ("op", "dtype", "backend", "causal")
-_KNOWN = {*CSV_COLUMNS, *EXTRA_COLUMNS}
+_TEXT = ("op", "dtype", "backend", "causal", "sparsity")
+_KNOWN = {*CSV_COLUMNS, *EXTRA_COLUMNS, SPARSITY_COLUMN}
 _LINES_PER_BLOCK = 1 << 16  # output assembled this many lines at a time (bounded memory)
 
 

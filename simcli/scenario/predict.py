@@ -34,6 +34,7 @@ from workloads.ops import (
     Op,
     OpError,
     OpKind,
+    canonical_sparsity,
     check_size_limits,
     normalise_frame,
     ops_frame,
@@ -90,13 +91,27 @@ class GemmConfig(BaseModel):
     n: int = _size("n", description="Columns of B and C.")
     k: int = _size("k", description="Inner dimension.")
     batch: int = _size("batch", 1, description="Independent products (bmm).")
+    sparsity: str = Field(
+        "",
+        description="Sparsity of B (the weight; cats: of the MLP activations), as the ops "
+        "CSV's sparsity column: empty/dense, 2:4, unstructured:S, cats:F. 2:4 is the "
+        "cuSPARSELt kernel as a CUDA-graph replay runs it (no per-call host plan setup).",
+    )
     dtype: str = _dtype()
     gpu: str = _gpu()
     profile: Path | None = _profile()
     hardware: Path | None = _hardware()
 
     def op(self) -> Op:
-        return Op(op=OpKind.gemm, m=self.m, n=self.n, k=self.k, batch=self.batch, dtype=self.dtype)
+        return Op(
+            op=OpKind.gemm,
+            m=self.m,
+            n=self.n,
+            k=self.k,
+            batch=self.batch,
+            dtype=self.dtype,
+            sparsity=canonical_sparsity(self.sparsity) or None,
+        )
 
 
 class AttentionConfig(BaseModel):

@@ -14,7 +14,8 @@ import numpy as np
 
 from costmodels.ops.attention import attention_work, decode_work
 from costmodels.ops.collectives import collective_work
-from costmodels.ops.common import CHUNK_ROWS, Work, factorize, in_chunks
+from costmodels.ops.columns import Columns, frame_columns, op_columns, sparse_gemm_rows
+from costmodels.ops.common import CHUNK_ROWS, Work, in_chunks
 from costmodels.ops.elementwise import elementwise_work
 from costmodels.ops.energy import PowerModel
 from costmodels.ops.features import lookup
@@ -23,13 +24,10 @@ from costmodels.ops.params import ArchParams, arch_params
 from hardware_specs.registry import Catalog, System, load_catalog
 from workloads.ops import (
     COLLECTIVE_KINDS,
-    CSV_COLUMNS,
     ELEMENTWISE_KINDS,
-    EXTRA_COLUMNS,
     SPARSITY_COLUMN,
     Op,
     OpKind,
-    canonical_sparsity,
     normalise_frame,
 )
 
@@ -53,53 +51,6 @@ _FAMILY_OF_OP = {
     **{k: "elementwise" for k in _ELEMENTWISE},
     **{k: "collective" for k in _COLLECTIVES},
 }
-Columns = dict[str, np.ndarray]
-
-
-def frame_columns(frame: pd.DataFrame) -> Columns:
-    """A normalised ops frame as plain numpy arrays (strings as str arrays)."""
-    cols: Columns = {}
-    for c in (*CSV_COLUMNS, *EXTRA_COLUMNS):
-        if c in _STR_COLUMNS:
-            cols[c] = _text(frame[c])
-        elif c == "causal":
-            cols[c] = frame[c].to_numpy(dtype=bool)
-        else:
-            cols[c] = frame[c].to_numpy(dtype=float, na_value=np.nan)
-    if SPARSITY_COLUMN in frame.columns:  # optional: only frames that name it carry it
-        cols[SPARSITY_COLUMN] = _text(frame[SPARSITY_COLUMN])
-    return cols
-
-
-def _text(series: pd.Series) -> np.ndarray:
-    """A text column as a str array ("" where missing), via its few distinct values."""
-    codes, uniq = factorize(series.to_numpy())
-    return np.append(np.asarray(uniq, dtype=str), "")[codes]  # code -1 (missing) -> ""
-
-
-def op_columns(op: Op) -> Columns:
-    row = op.row()
-    cols: Columns = {}
-    for c in (*CSV_COLUMNS, *EXTRA_COLUMNS):
-        v = row[c]
-        if c in _STR_COLUMNS:
-            cols[c] = np.array([v or ""], dtype=str)
-        elif c == "causal":
-            cols[c] = np.array([bool(v)])
-        else:
-            cols[c] = np.array([np.nan if v is None else float(v)])
-    if op.sparsity:
-        cols[SPARSITY_COLUMN] = np.array([canonical_sparsity(op.sparsity)], dtype=str)
-    return cols
-
-
-def sparse_gemm_rows(cols: Columns) -> np.ndarray:
-    """Rows that are gemms with a (non-dense) ``sparsity``: the sparse-GEMM model prices
-    them, and no learned dense-GEMM correction applies to them."""
-    sp = cols.get(SPARSITY_COLUMN)
-    if sp is None:
-        return np.zeros(len(cols["op"]), dtype=bool)
-    return (sp != "") & (cols["op"] == OpKind.gemm.value)
 
 
 class AnalyticalCostModel:

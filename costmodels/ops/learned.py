@@ -16,12 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from costmodels.ops.analytical import (
-    AnalyticalCostModel,
-    frame_columns,
-    op_columns,
-    sparse_gemm_rows,
-)
+from costmodels.ops.analytical import AnalyticalCostModel, frame_columns, op_columns
+from costmodels.ops.columns import sparse_gemm_rows
 from costmodels.ops.common import CHUNK_ROWS, NotFittedError, Work, distinct, in_chunks
 from costmodels.ops.features import (
     FEATURE_NAMES,

@@ -75,3 +75,11 @@ def load_profile(path: str | Path) -> Profile:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise ProfileError(f"profile {path}: {loc}: {err['msg']}") from exc
+
+
+def shipped_profiles() -> tuple[Profile, ...]:
+    """The calibration profiles shipped in ``costmodels/profiles`` (sorted by file name)."""
+    from importlib import resources
+
+    folder = Path(str(resources.files("costmodels") / "profiles"))
+    return tuple(load_profile(p) for p in sorted(folder.glob("*.json")))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +28,7 @@ from costmodels.ops.analytical import AnalyticalCostModel
 from costmodels.ops.energy import PowerModel, datasheet_power_model, datasheet_power_note
 from costmodels.ops.learned import LearnedCostModel
 from costmodels.ops.params import arch_params, deep_merge
-from costmodels.ops.profile import Profile, load_profile
+from costmodels.ops.profile import Profile, load_profile, shipped_profiles
 from hardware_specs.registry import Catalog, System, load_catalog
 
 # Parameters that describe the software stack rather than the chip: they transfer
@@ -103,11 +102,6 @@ def provenance_fields(cost_model: Any) -> dict[str, Any]:
         "op_model_provenance": prov.kind,
         "op_model_expected_error_pct": round(100.0 * prov.expected_error, 2),
     }
-
-
-def shipped_profiles() -> tuple[Profile, ...]:
-    folder = Path(str(resources.files("costmodels") / "profiles"))
-    return tuple(load_profile(p) for p in sorted(folder.glob("*.json")))
 
 
 def _latencies_only(tree: dict[str, Any]) -> dict[str, Any]:

@@ -64,7 +64,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from costmodels.ops.analytical import Columns, frame_columns, op_columns
+from costmodels.ops.columns import Columns, frame_columns, op_columns
 from costmodels.ops.common import ELEMENT_BYTES, GEMM_OUT_BYTES, Work, by_dtype, cdiv, peak_flops
 from costmodels.ops.gemm import SPLIT_FACTORS, gemm_work, row_alignment
 from costmodels.ops.params import GemmParams, arch_params, deep_merge
@@ -172,7 +172,7 @@ def sparse_params(architecture: str, overrides: dict[str, Any] | None = None) ->
 def dense_gemm_params(gpu: GpuSpec) -> GemmParams:
     """The dense GEMM parameters the sparse models build on: the shipped calibration
     profile of this GPU (or of one of its architecture), else the architecture defaults."""
-    from costmodels.ops.select import shipped_profiles
+    from costmodels.ops.profile import shipped_profiles
 
     profiles = [p for p in shipped_profiles() if p.scope == "gpu"]
     own = [p for p in profiles if p.gpu == gpu.id]
@@ -474,3 +474,59 @@ class SparseGemmModel:
     def predict(self, op: Op) -> float:
         """Seconds for one op."""
         return float(self.work(op).time_s[0])
+
+
+# tokens at which break-even is searched: every count up to 65,536 (the largest prefill
+# chunk any engine runs); the 2:4 kernel switch and padding steps make the curves jagged,
+# so no bisection
+BREAK_EVEN_MAX_TOKENS = 65536
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """Where a sparse GEMM pays against the dense one on the same layer, over token counts
+    1..``BREAK_EVEN_MAX_TOKENS``: ``pays`` is ``"below"`` (sparse faster at 1 token, up to
+    ``break_even_tokens`` exclusive), ``"above"`` (faster from ``break_even_tokens`` on),
+    ``"always"`` or ``"never"``; ``crossings`` counts the sign changes (more than one: the
+    curves cross again, e.g. at 2:4's 128 -> 256-token kernel switch)."""
+
+    pays: str
+    break_even_tokens: int | None
+    crossings: int
+    speedup_1_token: float
+    speedup_max_tokens: float
+
+
+def break_even(
+    n: float,
+    k: float,
+    dtype: str,
+    sparsity: str,
+    gpu: GpuSpec,
+    params: SparseGemmParams | None = None,
+    *,
+    dense: GemmParams | None = None,
+    max_tokens: int = BREAK_EVEN_MAX_TOKENS,
+    eager: bool = False,
+) -> BreakEven:
+    """The token count at which the ``sparsity`` GEMM of weight [n, k] starts or stops
+    beating the dense GEMM, both from the models (dense / sparse time at every count)."""
+    m = np.arange(1, max_tokens + 1, dtype=float)
+    nn, kk = np.full(len(m), float(n)), np.full(len(m), float(k))
+    dp = dense if dense is not None else dense_gemm_params(gpu)
+    kw = {"dense": dp, "eager": eager}
+    sparse = sparse_gemm_work(m, nn, kk, None, dtype, sparsity, gpu, params, **kw).time_s
+    base = sparse_gemm_work(m, nn, kk, None, dtype, "dense", gpu, params, **kw).time_s
+    wins = sparse < base
+    flips = np.flatnonzero(wins[1:] != wins[:-1])
+    if not len(flips):
+        pays, at = ("always" if wins[0] else "never"), None
+    else:
+        pays, at = ("below" if wins[0] else "above"), int(flips[0]) + 2  # first count after
+    return BreakEven(
+        pays=pays,
+        break_even_tokens=at,
+        crossings=int(len(flips)),
+        speedup_1_token=float(base[0] / sparse[0]),
+        speedup_max_tokens=float(base[-1] / sparse[-1]),
+    )

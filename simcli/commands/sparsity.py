@@ -20,6 +20,7 @@ from simcli.scenario.sparsity import (
     resolve_sparsity,
     run_sparsity,
 )
+from simcli.sparsity.gemm import GEMM_COLUMNS
 from simcli.sparsity.whatif import COLUMNS
 
 app = typer.Typer(
@@ -134,20 +135,38 @@ def _write_outputs(
     write_sparsity_bundle(
         output, rows, curve_rows, inputs=inputs, meta=meta, footnotes=_footnotes(rows)
     )
+    if meta.get("gemm_break_even"):  # beside the bundle's files, written atomically
+        buf = io.StringIO()
+        _gemm_frame(meta["gemm_break_even"]).to_csv(buf, index=False, float_format="%.6g")
+        atomic_write_text(output / "gemm_break_even.csv", buf.getvalue())
 
 
 def _emit(rows: list[dict[str, Any]], meta: dict[str, Any], fmt: Format, title: str) -> None:
-    """The rows on stdout: a table with the kernel footnotes, CSV, or the JSON object."""
+    """The rows on stdout: a table with the kernel footnotes, CSV, or the JSON object.
+    With --weight-sparsity/--activation-sparsity, a second table (or, after one blank
+    line, a second CSV) of the linear layers' break-even token counts."""
+    gemm = meta.get("gemm_break_even")
     if fmt == Format.table:
         emit_records(_table_rows(rows), fmt, title=title)
         for line in _footnotes(rows):
             sys.stdout.write(line + "\n")
+        if gemm:
+            emit_records(gemm, fmt, title="linear layers: sparse vs dense GEMM break-even")
     elif fmt == Format.csv:
         pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(
             sys.stdout, index=False, float_format="%.6g"
         )
+        if gemm:
+            sys.stdout.write("\n")
+            _gemm_frame(gemm).to_csv(sys.stdout, index=False, float_format="%.6g")
     else:
         emit_records(rows, fmt, json_wrapper=meta)
+
+
+def _gemm_frame(gemm: list[dict[str, Any]]) -> pd.DataFrame:
+    frame = pd.DataFrame(gemm, columns=list(GEMM_COLUMNS))
+    frame["break_even_tokens"] = frame["break_even_tokens"].astype("Int64")
+    return frame
 
 
 def _curve_lengths(seqs: list[int]) -> list[int]:

@@ -17,6 +17,7 @@ import pandas as pd
 from simcli.reports.bundle import config_document, write_output_dir
 from simcli.reports.charts import PALETTE, hbar_stack, new_figure
 from simcli.reports.page import Report
+from simcli.sparsity.gemm import GEMM_COLUMNS
 from simcli.sparsity.whatif import COLUMNS
 
 GIB = 1024**3
@@ -49,6 +50,9 @@ CURVE_COLUMNS = (
 _COMPARISON_DOC = {k: v + _UNITS.get(k, "") for k, v in COLUMNS.items()}
 CSV_SCHEMAS: dict[str, dict[str, str]] = {
     "comparison.csv": _COMPARISON_DOC,
+    # only with --weight-sparsity / --activation-sparsity; also the JSON's gemm_break_even
+    # list and, after a blank line, the second CSV on stdout
+    "gemm_break_even.csv": GEMM_COLUMNS,
     "speedup_curves.csv": {
         **{c: _COMPARISON_DOC[c] for c in CURVE_COLUMNS},
         "seq_len": "tokens per sequence of this curve point (decode at a KV cache of seq_len)",

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from simcli.scenario.hardware import resolve_hardware
+from simcli.sparsity.gemm import check_sparsity_options, gemm_break_even_rows
 from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, sweep
 from workloads.models import ModelConfig, load_model
 from workloads.sparsity import ALLOWED
@@ -58,6 +59,17 @@ class SparsityConfig(BaseModel):
     micro_batch: int = Field(1, description="Training micro-batch.")
     recompute: str = Field("none", description="none | selective | full")
     kernels_only: bool = Field(False, description="Skip prefill, decode-step and training columns.")
+    weight_sparsity: str | None = Field(
+        None,
+        description="Linear-layer weight sparsity: 2:4 | unstructured:S (S = zero fraction). "
+        "Adds gemm_break_even rows: per layer, the tokens per step where the sparse GEMM "
+        "starts or stops beating dense.",
+    )
+    activation_sparsity: str | None = Field(
+        None,
+        description="MLP activation sparsity: cats:F (F = active neurons per token). Adds "
+        "gemm_break_even rows for the MLP layers.",
+    )
 
 
 def comma_ints(text: str | None, flag: str) -> list[int] | None:
@@ -103,6 +115,8 @@ class SparsityScenario:
             "micro_batch": c.micro_batch,
             "recompute": c.recompute,
             "kernels_only": c.kernels_only,
+            "weight_sparsity": c.weight_sparsity,
+            "activation_sparsity": c.activation_sparsity,
         }
 
 
@@ -118,6 +132,7 @@ def resolve_sparsity(config: SparsityConfig) -> SparsityScenario:
             f"--seq-lens {c.seq_lens!r} is not a comma list of integers; allowed: e.g. 8192,32768"
         )
     groups = comma_ints(c.gqa_groups, "--gqa-groups")
+    check_sparsity_options(c.weight_sparsity, c.activation_sparsity)
     model = load_model(c.model)
     gpu = c.gpu
     pricer = SparsityPricer(gpu, cost_models=lambda n: resolve_hardware(gpu, n).cost_model)
@@ -188,6 +203,9 @@ def run_sparsity(
         "seconds": seconds,
         "columns": COLUMNS,
     }
+    weight, activation = check_sparsity_options(c.weight_sparsity, c.activation_sparsity)
+    if weight or activation:  # only then: the object is unchanged without the options
+        meta["gemm_break_even"] = gemm_break_even_rows(s.model, c.gpu, c.tp, weight, activation)
     return SparsityRun(scenario=s, rows=rows, curve_rows=curve_rows, meta=meta)
 
 

@@ -65,8 +65,10 @@ is read as bf16 too, an overestimate of its bytes with an fp8 cache).
   runs both in one varlen call.
 - ``vllm``: no host or scheduler time and every kernel in a graph (V1 runs attention
   outside its piecewise graphs; kernels of large steps are long enough to hide launches);
-  each active expert a separate GEMM (skew: the model's ``moe_imbalance``); sampling is
-  one softmax over the vocabulary per sequence; MLA as in :mod:`workloads.decompose.mla`.
+  routed experts as ``fused_moe``'s grouped GEMMs, one launch per projection reading only
+  the touched experts' weights (:mod:`workloads.decompose.moe`; skew: the model's
+  ``moe_imbalance``); sampling is one softmax over the vocabulary per sequence; MLA as in
+  :mod:`workloads.decompose.mla`.
 - ``pytorch-eager``: Llama-style dense models on one GPU only; its host constant is a
   property of the measuring VM's CPU and PyTorch version.
 - Memory: the non-torch, graph-pool and activation terms follow vLLM's profile of

@@ -110,3 +110,20 @@ def test_bad_imbalance_is_one_line_exit_2(run, args, match):
                  "--context-len", "16")  # fmt: skip
     assert result.exit_code == 2
     assert match in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("model", "extra"),
+    [
+        ("mixtral-8x7b", ["--gpus", "16", "--tp", "2", "--pp", "2", "--ep", "4"]),
+        ("qwen1.5-moe-a2.7b", ["--gpus", "8", "--ep", "4"]),
+    ],
+)
+def test_train_moe_with_grouped_experts_runs(run, model, extra):
+    args = ["train", "--model", model, "--gpu", "h100-sxm", *extra, "--micro-batch", "1",
+            "--global-batch", "16", "--seq-len", "2048", "--recompute", "full", "--zero", "1",
+            "--format", "json"]  # fmt: skip
+    out = _json(run(*args))
+    assert out["iteration_s"] > 0 and 0 < out["mfu"] < 1
+    skew = _json(run(*args, "--moe-imbalance", "2"))
+    assert skew["iteration_s"] > out["iteration_s"]

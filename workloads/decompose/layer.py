@@ -16,17 +16,14 @@ dtype_bytes``, for all-reduce, all-gather (output size) and reduce-scatter (inpu
 the nccl-tests convention; ``ranks = tp``; none when ``tp == 1``.
 
 MoE layers (Mixtral; DeepSeekMoE, Dai et al. 2024; Qwen2-MoE): a router GEMM and top-k
-softmax, the routed experts as one GEMM per active expert, and the always-on shared expert
-as a plain tensor-parallel MLP. The ``tokens * top_k`` assignments spread over
-``min(num_experts, tokens * top_k)`` active experts (rows rounded up); the model's
-``moe_imbalance`` ``F`` (busiest expert's tokens over the mean, 1 = balanced) prices every
-active expert at the busiest one's ``ceil(F * mean)`` rows (at most all the tokens): the
-layer waits for its slowest expert - with expert parallelism, for the busiest EP rank -
-so this is that rank's time when the hot experts share it, an upper bound otherwise.
-A model mixing dense and MoE layers (DeepSeek's ``first_k_dense_replace``) is priced as
-its mean layer: the dense MLP's ops carry ``dense_layers / num_layers`` instances and
-the MoE ops ``moe_layers / num_layers`` times theirs (exact for the sum over all layers;
-pipeline stages get the mean layer).
+softmax, the routed experts as grouped GEMMs (one launch each for the up and the down
+projection over all touched experts, their activation one kernel over the routed rows;
+:mod:`workloads.decompose.moe`: distinct experts touched, rows padded to the kernel's M
+tile, the model's ``moe_imbalance``), and the always-on shared expert as a plain
+tensor-parallel MLP. A model mixing dense and MoE layers (DeepSeek's
+``first_k_dense_replace``) is priced as its mean layer: the dense MLP's ops carry
+``dense_layers / num_layers`` instances and the MoE ops ``moe_layers / num_layers`` times
+theirs (exact for the sum over all layers; pipeline stages get the mean layer).
 
 Simplifications: biases are fused into their GEMMs; dropout is not modelled (Llama-style
 pre-training runs without it); sliding-window attention is a sparsity pattern, priced
@@ -35,11 +32,10 @@ elsewhere.
 
 from __future__ import annotations
 
-import numpy as np
-
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import LayerKernels
 from workloads.decompose.mla import mla_templates
+from workloads.decompose.moe import constant, grouped_gemm, moe_share
 from workloads.decompose.shard import TPShard
 from workloads.decompose.templates import (
     OpTemplate,
@@ -48,7 +44,6 @@ from workloads.decompose.templates import (
     elementwise,
     gemm,
     region,
-    rows_gemm,
     sharded_elementwise,
     traffic,
 )
@@ -58,37 +53,6 @@ from workloads.ops import OpKind
 
 def norm_kind(model: ModelConfig) -> str:
     return "rmsnorm" if model.norm == "rmsnorm" else "layernorm"
-
-
-def moe_active(model: ModelConfig):
-    """Active experts per layer as a function of tokens, under balanced routing; for a
-    model mixing dense and MoE layers, times the MoE layers' share (the mean layer)."""
-    k, ne = model.experts_per_token, model.num_experts
-    share = _moe_share(model)
-    if share == 1.0:
-        return lambda x: np.minimum(ne, x * k).astype(float)
-    return lambda x: np.minimum(ne, x * k).astype(float) * share
-
-
-def moe_rows(model: ModelConfig):
-    """Tokens of the busiest active expert as a function of tokens (rounded up): the mean
-    ``x * k / active`` times ``moe_imbalance``, at most ``x`` (a token visits an expert
-    once)."""
-    k, ne, f = model.experts_per_token, model.num_experts, model.moe_imbalance
-    if f == 1.0:
-        return lambda x: np.ceil(x * k / np.minimum(ne, x * k)).astype(np.int64)
-    return lambda x: np.minimum(x, np.ceil(f * x * k / np.minimum(ne, x * k))).astype(np.int64)
-
-
-def _moe_share(model: ModelConfig) -> float:
-    """Share of the layers that are MoE layers (1 for all-MoE and dense models)."""
-    if not model.is_moe or model.num_dense_layers == 0:
-        return 1.0
-    return model.moe_layers / model.num_layers
-
-
-def _constant(share: float):
-    return None if share == 1.0 else (lambda x: np.full(len(x), share))
 
 
 def rms_eager(tag: str, label: str, h: int, per_layer: bool = True) -> list[OpTemplate]:
@@ -148,42 +112,30 @@ def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> 
 
     if not model.is_moe:
         return dense_mlp("mlp", sh.ffn, None)
-    share = _moe_share(model)
-    dense = dense_mlp("mlp", sh.ffn, _constant(1.0 - share)) if share < 1.0 else []
+    share = moe_share(model)
+    dense = dense_mlp("mlp", sh.ffn, constant(1.0 - share)) if share < 1.0 else []
     k, ne, f = model.experts_per_token, model.num_experts, sh.expert_ffn
-    active, rows = moe_active(model), moe_rows(model)
-    per_layer = {"mult": _constant(share)} if share < 1.0 else {}
-    if kernels == "vllm":  # fused_moe's activation: 3 f elements per routed token
-        act = OpTemplate(
-            "expert_act",
-            "expert_act",
-            "copy",
-            lambda x: {"bytes": np.maximum(1, rows(x) * 3 * f * e // 2)},
-            mult=active,
+    per_layer = {"mult": constant(share)} if share < 1.0 else {}
+    if kernels == "vllm":  # silu_and_mul over the [T k, 2 f] cache: 3 f elements per row
+        act = traffic("expert_act", 3.0 * k * f * e, **per_layer)
+    else:  # one activation kernel over the T k permuted rows (grouped MLP)
+        act = elementwise(
+            f"expert_{model.activation}", act_kind, f, dtype, rows=float(k), **per_layer
         )
-    else:
-        act = rows_ew(f"expert_{model.activation}", act_kind, rows, f, dtype, active)
     softmax = "topk_softmax" if kernels == "vllm" else "router_softmax"
     gate = 1 if model.shared_expert_gate else 0  # the shared expert's sigmoid gate, fused
-    shared = dense_mlp("shared", sh.shared_ffn, _constant(share)) if sh.shared_ffn else []
+    shared = dense_mlp("shared", sh.shared_ffn, constant(share)) if sh.shared_ffn else []
     return [
         *dense,
         gemm("router", h, ne + gate, dtype, regather=fused, **per_layer),
         elementwise(softmax, OpKind.softmax.value, ne, dtype, label="router", **per_layer),
         *shared,
         traffic("moe_permute", 2.0 * k * h * e, **per_layer),
-        rows_gemm("expert_up", rows, h, up * f, dtype, mult=active),
+        grouped_gemm("expert_up", model, h, up * f, dtype, **per_layer),
         act,
-        rows_gemm("expert_down", rows, f, h, dtype, mult=active),
+        grouped_gemm("expert_down", model, f, h, dtype, **per_layer),
         traffic("moe_unpermute", 2.0 * k * h * e, "moe_permute", **per_layer),
     ]
-
-
-def rows_ew(name: str, kind: str, rows, n: int, dtype: str, mult) -> OpTemplate:
-    """An elementwise op over ``rows(x)`` rows, ``mult(x)`` instances (MoE experts)."""
-    return OpTemplate(
-        name, name, kind, lambda x: {"m": rows(x), "n": n, "dtype": dtype}, "ew", mult=mult
-    )
 
 
 def layer_templates(

@@ -119,8 +119,11 @@ def quantise_gemms(
     """The layer's :data:`~workloads.decompose.quant.QUANTISED_GEMMS` in weight format
     ``fmt``: weight-only formats mark the GEMM with its weight bits (it still computes in
     the activation dtype); fp8 (W8A8) runs it in fp8 after a quantisation kernel on its
-    input (:data:`~workloads.decompose.quant.FP8_QUANT_BYTES_PER_ELEMENT` per element; for
-    experts, each routed token's row)."""
+    input (:data:`~workloads.decompose.quant.FP8_QUANT_BYTES_PER_ELEMENT` per element, in
+    as many layers as the GEMM runs). vLLM's ``fused_experts`` quantises the hidden states
+    once before the grouped up projection (the kernel gathers each routed row from them)
+    and the ``[T k, f]`` activation output before the down projection: one row per token,
+    then ``k``."""
     if not fmt.quantised:
         return list(tpls)
     out: list[OpTemplate] = []
@@ -132,10 +135,9 @@ def quantise_gemms(
             out.append(replace(t, weight_bits=fmt.bits))
             continue
         k = int(t.fields_at(np.ones(1, np.int64))["k"])  # type: ignore[misc]
-        rows = model.experts_per_token if t.mult is not None else 1  # routed rows per token
-        out.append(
-            traffic(f"{t.name}_quant", FP8_QUANT_BYTES_PER_ELEMENT * k * rows, "fp8_quant")
-        )
+        rows = model.experts_per_token if t.name == "expert_down" else 1  # rows per token
+        nbytes = FP8_QUANT_BYTES_PER_ELEMENT * k * rows
+        out.append(traffic(f"{t.name}_quant", nbytes, "fp8_quant", mult=t.mult))
         out.append(replace(t, fields=_with_dtype(t.fields, fmt.gemm_dtype)))  # type: ignore[arg-type]
     return out
 

@@ -122,17 +122,6 @@ def gemm(name: str, k: int, n: int, dtype: str, label: str = "", **kw: Any) -> O
     return OpTemplate(name, label or name, "gemm", fields, "gemm", **kw)
 
 
-def rows_gemm(
-    name: str, rows: Callable[[np.ndarray], np.ndarray], k: int, n: int, dtype: str, **kw: Any
-) -> OpTemplate:
-    """A GEMM whose rows are a function of ``x`` (tokens per active expert)."""
-
-    def fields(x: np.ndarray) -> dict[str, Any]:
-        return {"m": rows(x), "k": k, "n": n, "dtype": dtype}
-
-    return OpTemplate(name, kw.pop("label", name), "gemm", fields, "gemm", **kw)
-
-
 def elementwise(
     name: str, kind: str, n: int, dtype: str, rows: float = 1.0, label: str = "", **kw: Any
 ) -> OpTemplate:

@@ -14,7 +14,8 @@ twice its FLOPs), attention an ``attn_bwd``, elementwise ops the same kind scale
 parallelism the sequence-sharded input of a column-parallel GEMM is all-gathered again for
 its weight gradient (``LinearWithGradAccumulationAndAsyncCommunication``). The vocabulary
 is padded to ``ceil(vocab / tp)`` columns per rank; MoE experts are tensor-parallel like
-the dense MLP (expert parallelism is priced by the step model's all-to-alls).
+the dense MLP, their GEMMs grouped (:mod:`workloads.decompose.moe`; expert parallelism is
+priced by the step model's all-to-alls).
 """
 
 from __future__ import annotations
@@ -199,13 +200,14 @@ def _backward(ctx: _Ctx, steps: list[OpTemplate], attn: Op | None = None) -> lis
             m, k, n = op.m, op.k, op.n
             assert m is not None and k is not None and n is not None
             # dgrad: dX[m,k] = dY[m,n] . W^T[n,k]; wgrad: dW[k,n] = X^T[k,m] . dY[m,n]
-            # the backward GEMMs run in the forward GEMM's dtype (a bf16 LM head under fp8)
-            dt = op.dtype
-            out.append(LayerOp(f"{lo.name}_dgrad", _gemm(ctx, m, n, k, dt), lo.count))
+            # the backward GEMMs run in the forward GEMM's dtype (a bf16 LM head under fp8);
+            # a grouped (MoE) GEMM's are grouped too: the same experts, one launch each
+            dt, b = op.dtype, op.batch
+            out.append(LayerOp(f"{lo.name}_dgrad", _gemm(ctx, m, n, k, dt, b), lo.count))
             if step.regather and ctx.sp:
                 gather = ctx.collective(OpKind.all_gather, nbytes)
                 out.append(LayerOp(f"tp_allgather_{lo.name}_input", gather))
-            out.append(LayerOp(f"{lo.name}_wgrad", _gemm(ctx, k, m, n, dt), lo.count))
+            out.append(LayerOp(f"{lo.name}_wgrad", _gemm(ctx, k, m, n, dt, b), lo.count))
         elif op.op in ELEMENTWISE_KINDS:
             out.append(LayerOp(f"{lo.name}_bwd", _backward_op(op), lo.count))
         else:  # pragma: no cover - every forward step kind is handled above
@@ -213,8 +215,10 @@ def _backward(ctx: _Ctx, steps: list[OpTemplate], attn: Op | None = None) -> lis
     return ctx.act(out)
 
 
-def _gemm(ctx: _Ctx, m: int, k: int, n: int, dtype: Dtype | None = None) -> Op:
-    return Op(op=OpKind.gemm, dtype=dtype or ctx.dtype, m=m, k=k, n=n)
+def _gemm(
+    ctx: _Ctx, m: int, k: int, n: int, dtype: Dtype | None = None, batch: int | None = None
+) -> Op:
+    return Op(op=OpKind.gemm, dtype=dtype or ctx.dtype, m=m, k=k, n=n, batch=batch)
 
 
 def _region(ctx: _Ctx, step: OpTemplate, backward: bool) -> list[OpTemplate]:

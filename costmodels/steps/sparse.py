@@ -506,6 +506,25 @@ class KvLayout:
         """KV tokens per sequence and capped layer, at most (block-rounded); None: no cap."""
         return self.cap_blocks(block_size) * block_size if self.capped else None
 
+    @property
+    def units(self) -> int:
+        """Layer-group units per KV block (1 without a capped group)."""
+        return self.full_units + self.capped_units
+
+    def held_units(self, tokens: int, block_size: int) -> int:
+        """Units a sequence of ``tokens`` cached tokens holds at most: every block of the
+        full groups, at most :meth:`cap_blocks` of the capped ones."""
+        blocks = -(-int(tokens) // block_size)
+        if not self.capped:
+            return self.units * blocks
+        return self.full_units * blocks + self.capped_units * min(
+            blocks, self.cap_blocks(block_size)
+        )
+
+    def capacity_units(self, kv_capacity_tokens: int, block_size: int) -> int:
+        """Units a KV cache of ``kv_capacity_tokens`` (dense-equivalent tokens) holds."""
+        return int(kv_capacity_tokens) // block_size * self.units
+
 
 def _window_layout(p: WindowPattern, dense_layers: int, sparse_layers: int) -> KvLayout:
     g = math.gcd(dense_layers, sparse_layers) or 1

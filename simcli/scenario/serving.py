@@ -511,6 +511,7 @@ class CandidateDeployments:
             engine=sp.engine,
             weight_dtype=sp.weight_dtype,
             kv_cache_dtype=sp.kv_cache_dtype,
+            attn_pattern=sp.attn_pattern,
             price_per_gpu_hour=prices.get(c.gpu, prices.get("*")),
             qps=w.qps,
             num_requests=w.num_requests,

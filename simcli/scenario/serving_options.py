@@ -551,6 +551,12 @@ class ServePlanOptions(CommandConfig):
     )
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
+    attn_pattern: str | None = Field(
+        None,
+        description="Sparse attention pattern of every deployment (as `simcli serve "
+        "--attn-pattern`): its decode reads and the KV it allocates (a window frees old "
+        "blocks, so more sequences fit).",
+    )
     top: int = Field(5, gt=0, description="How many deployments to return.")
     price: str | None = Field(
         None,
@@ -621,6 +627,7 @@ class ServePlanOptions(CommandConfig):
             weight_dtype=self.weight_dtype,
             kv_cache_dtype=self.kv_cache_dtype,
             prices=parse_prices(self.price),
+            attn_pattern=self.attn_pattern,
         )
 
     def workload(self) -> Workload:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from simcli.serving.requests import SyntheticSpec
 from workloads.lengths import parse_dist
+from workloads.sparsity import parse_pattern
 
 DEFAULT_GPUS = ("h100-sxm", "h200-sxm", "a100-sxm-80gb")
 
@@ -147,6 +148,11 @@ class PlanSpace(BaseModel):
     prices: dict[str, float] = Field(
         default_factory=dict, description="US$ per GPU-hour overrides by GPU id; '*' for all"
     )
+    attn_pattern: str | None = Field(
+        default=None,
+        description="sparse attention pattern of every deployment (`simcli serve "
+        "--attn-pattern`): its decode reads and the KV it allocates",
+    )
 
     @field_validator("gpus", "tp", "schedulers", "chunk_sizes", "pd_ratios")
     @classmethod
@@ -168,6 +174,13 @@ class PlanSpace(BaseModel):
         for r in v:
             if r is not None:
                 pd_weights(r)
+        return v
+
+    @field_validator("attn_pattern")
+    @classmethod
+    def _pattern(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_pattern(v)  # one-line error naming the allowed patterns
         return v
 
     @field_validator("prices")

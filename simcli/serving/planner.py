@@ -172,6 +172,24 @@ class _Judge:
         return {k: self.slo.at_percentile(v) for k, v in zip(names, self.seen, strict=True)}
 
 
+def _held_units(step: Any, tokens: int, block_size: int) -> int:
+    """KV block units a sequence of ``tokens`` holds at most on ``step``'s replica: whole
+    blocks, or a sparse-attention KV layout's capped count (``step.kv_layout``,
+    :class:`costmodels.steps.sparse.KvLayout`: a sliding window frees old blocks)."""
+    layout = getattr(step, "kv_layout", None)
+    if layout is None:
+        return -(-int(tokens) // block_size)
+    return int(layout.held_units(tokens, block_size))
+
+
+def _capacity_units(step: Any, kv_capacity_tokens: int, block_size: int) -> int:
+    """KV block units of a replica of ``kv_capacity_tokens`` (see :func:`_held_units`)."""
+    layout = getattr(step, "kv_layout", None)
+    if layout is None:
+        return int(kv_capacity_tokens) // block_size
+    return int(layout.capacity_units(kv_capacity_tokens, block_size))
+
+
 class DeploymentBuilder(Protocol):
     """What the search needs priced for a candidate (implemented by
     :class:`simcli.scenario.serving.CandidateDeployments`, through ``simcli serve``'s
@@ -221,7 +239,7 @@ class Planner:
         # every deployment serves at most the model's max_position_embeddings (what `simcli
         # serve` defaults --max-model-len to): longer prompts are refused, outputs cut, once
         # here for all probes and bounds, as the simulator would for each
-        limit = model.max_seq_len
+        limit = self.limit = model.max_seq_len
         arrivals, prompts, outputs = [], [], []
         rejected = capped = 0
         for r in synthetic_requests(workload.spec()):
@@ -253,6 +271,8 @@ class Planner:
         self.result = PlanResult(
             self.model.id, slo, workload, [], prices=dict(self.prices), settings=settings
         )
+        if space.attn_pattern is not None:
+            settings["attn_pattern"] = space.attn_pattern
         if rejected or capped:
             self.result.notes.append(
                 f"{rejected} of the workload's {rejected + len(arrivals)} requests have a "
@@ -294,8 +314,17 @@ class Planner:
         except ValueError as exc:  # StepError / ModelError: the model does not fit
             return str(exc).splitlines()[0]
         bs = base.block_size
+        layout = getattr(st.step, "kv_layout", None)
+        if layout is not None and not any(n.startswith("KV layout") for n in self.result.notes):
+            dense = layout.units * -(-self.limit // bs)
+            gain = dense / layout.held_units(self.limit, bs) / layout.bytes_factor
+            self.result.notes.append(
+                f"KV layout of --attn-pattern {self.space.attn_pattern}: {layout.note}; a "
+                f"replica seats {gain:.2f}x the sequences of {self.limit} tokens it seats "
+                "with dense KV"
+            )
         longest = int((self.prompts + self.outputs - 1).max())
-        if longest > st.kv_capacity // bs * bs:
+        if _held_units(st.step, longest, bs) > _capacity_units(st.step, st.kv_capacity, bs):
             return f"a request needs {longest} tokens of KV cache, a replica holds {st.kv_capacity}"
         st.sched = base.scheduler
         return None
@@ -336,7 +365,11 @@ class Planner:
             seats = min(seats, c.chunk_size)  # type: ignore[type-var]
             budget = c.chunk_size  # type: ignore[assignment]
         c_mean = max(2, round(float(ctx.mean())))
-        b = max(1, min(seats, st.kv_capacity // c_mean))
+        kv_seats = st.kv_capacity // c_mean
+        if getattr(sm, "kv_layout", None) is not None:  # a pattern's KV: by block units
+            bs = sp.block_size
+            kv_seats = _capacity_units(sm, st.kv_capacity, bs) // _held_units(sm, c_mean, bs)
+        b = max(1, min(seats, kv_seats))
         # a decode token at context x in a batch of b: fixed share + attention over x keys
         one = sm.step_s(none, none, np.ones(b, np.int64)) / b
         at_mean = sm.step_s(none, none, np.full(b, c_mean)) / b

@@ -322,6 +322,9 @@ class Simulator:
         self.engine_capacity_tokens = self.kv_capacity_tokens // bs // config.pp * bs
         self.prefill_engine_capacity_tokens = self.prefill_capacity_tokens // bs // config.pp * bs
         self.lookahead = spec.lookahead if spec is not None else 1
+        # a capped (sliding-window) KV layout: a request fits by the units it holds at most
+        layout = getattr(self.decode_step_model, "kv_layout", None)
+        self._capped_layout = layout if layout is not None and layout.capped else None
         self.router = make_router(config.router)
         self.metrics.set_progress(progress, progress_total)
         if recorder is not None:
@@ -367,14 +370,18 @@ class Simulator:
                     "branches, shorter prompts or more KV room"
                 )
         need = req.prompt_tokens + out - 2 + self.lookahead
-        if need > self.engine_capacity_tokens or req.prompt_tokens > (
-            self.prefill_engine_capacity_tokens
-        ):
+        if not self._fits(need, req.prompt_tokens):
+            lay = self._capped_layout
+            held = (
+                f" (its window layers hold at most {lay.cap_tokens(self.config.block_size)})"
+                if lay is not None
+                else ""
+            )
             raise SimulationError(
                 f"request {req.id} needs {need} tokens of KV cache (prompt "
                 f"{req.prompt_tokens} + output {out}"
-                f"{f' + lookahead {self.lookahead - 1}' if self.lookahead > 1 else ''}) but a "
-                f"replica{' engine' if self.config.pp > 1 else ''} holds "
+                f"{f' + lookahead {self.lookahead - 1}' if self.lookahead > 1 else ''}){held} "
+                f"but a replica{' engine' if self.config.pp > 1 else ''} holds "
                 f"{min(self.engine_capacity_tokens, self.prefill_engine_capacity_tokens)}; "
                 "allowed: shorter requests or more KV room (more --tp, a bigger GPU)"
             )
@@ -386,6 +393,22 @@ class Simulator:
         if nxt is not None:
             events.append(nxt)
         return events
+
+    def _fits(self, need: int, prompt: int) -> bool:
+        """Whether a request's ``need`` tokens of KV (its prompt's on the prefill side) fit
+        one engine; with a capped layout, by the block units it holds at most (a window
+        model serves contexts longer than its cache)."""
+        lay = self._capped_layout
+        if lay is None:
+            return need <= self.engine_capacity_tokens and (
+                prompt <= self.prefill_engine_capacity_tokens
+            )
+        bs = self.config.block_size
+        return lay.held_units(need, bs) <= lay.capacity_units(
+            self.engine_capacity_tokens, bs
+        ) and lay.held_units(prompt, bs) <= lay.capacity_units(
+            self.prefill_engine_capacity_tokens, bs
+        )
 
     def _next_arrival(self) -> Arrival | None:
         assert self._stream is not None
@@ -517,13 +540,7 @@ class Simulator:
         }
         if length:
             dense_blocks = -(-int(length) // bs)
-            if layout.capped:
-                cap = layout.cap_blocks(bs)
-                held = layout.full_units * dense_blocks + layout.capped_units * min(
-                    dense_blocks, cap
-                )
-            else:
-                held = units * dense_blocks
+            held = layout.held_units(int(length), bs)
             # pattern blocks (units) per replica over what one sequence holds; dense: the
             # same memory without the pattern's extra bytes per token
             out["kv_seqs_at_max_len"] = self.kv_capacity_tokens // bs * units // held

@@ -1,0 +1,75 @@
+"""``serve plan --attn-pattern``: capacity planning sees a pattern's KV (issue 19). A
+sliding window frees old blocks, so a memory-bound workload needs fewer replicas; a
+request longer than the dense cache still fits when its window layers are capped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from costmodels.steps.sparse import kv_layout
+from simcli.serving.plan_inputs import PlanError, PlanSpace
+from simcli.serving.simulator import ServeConfig, SimulationError, Simulator
+from tests.simcli.serving.test_kv_window import WindowStep, _requests
+from workloads.sparsity import parse_pattern
+
+PLAN = ("serve", "plan", "--model", "llama3-8b", "--gpus-types", "h100-sxm", "--tp", "1",
+        "--schedulers", "vllm", "--pd-ratios", "none", "--qps", "20",
+        "--prompt-len", "lognormal:6000:0.5:16000", "--output-len", "lognormal:800:0.5:4000",
+        "--num-requests", "300", "--slo-ttft-s", "2", "--slo-tpot-s", "0.05", "--quiet",
+        "--format", "json")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def plans():
+    from typer.testing import CliRunner
+
+    from simcli.cli import app
+
+    runner = CliRunner()
+    out = {}
+    for name, extra in (("dense", ()), ("window", ("--attn-pattern", "window:1024"))):
+        res = runner.invoke(app, [*PLAN, *extra])
+        assert res.exit_code == 0, res.output
+        out[name] = json.loads(res.stdout)
+    return out
+
+
+def test_a_window_needs_fewer_replicas_and_says_why(plans):
+    dense, window = plans["dense"], plans["window"]
+    assert window["deployments"][0]["replicas"] < dense["deployments"][0]["replicas"]
+    assert window["attn_pattern"] == "window:1024"
+    assert "attn_pattern" not in dense  # dense output unchanged
+    note = next(n for n in window["notes"] if n.startswith("KV layout"))
+    assert "sliding-window" in note and "x the sequences" in note
+
+
+def test_a_bad_pattern_is_one_line():
+    from typer.testing import CliRunner
+
+    from simcli.cli import app
+
+    res = CliRunner().invoke(app, [*PLAN, "--attn-pattern", "windw:12"])
+    assert res.exit_code == 2
+    assert len(res.output.strip().splitlines()) == 1
+    with pytest.raises((ValueError, PlanError)):
+        PlanSpace(attn_pattern="windw:12")
+
+
+def test_a_long_request_fits_a_window_cache_but_not_a_dense_one():
+    """40k-token cache: a 60k-token request is refused dense, served with window:512."""
+    layout = kv_layout(parse_pattern("window:512"), 32)
+    req = _requests(n=1)[0]
+    req.prompt_tokens, req.output_tokens = 50_000, 10_000
+    req.seqs[0].prompt_tokens = req.seqs[0].prefill_target = 50_000
+    req.seqs[0].output_tokens = 10_000
+    cfg = ServeConfig(max_model_len=131072, prefix_caching=False)
+    with pytest.raises(SimulationError, match="needs"):
+        Simulator(WindowStep(None), cfg).run([req])
+    req2 = _requests(n=1)[0]
+    req2.prompt_tokens, req2.output_tokens = 50_000, 10_000
+    req2.seqs[0].prompt_tokens = req2.seqs[0].prefill_target = 50_000
+    req2.seqs[0].output_tokens = 10_000
+    out = Simulator(WindowStep(layout), cfg, check=True).run([req2]).summary
+    assert out["requests_completed"] == 1

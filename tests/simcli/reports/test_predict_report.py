@@ -10,7 +10,7 @@ import pytest
 
 from simcli.reports.predict import CSV_SCHEMAS
 from tests.simcli.reports.browser import check_report, one_error_line
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS
+from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, SPARSITY_COLUMN
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llama3-8b-layer-tp2.csv"
 FULL_ROWS = [  # every contract column, nodes included
@@ -92,9 +92,11 @@ def test_report_renders(bundle, tmp_path):
 
 
 def test_predictions_schema_with_every_column(run, tmp_path):
-    header = ",".join((*CSV_COLUMNS, *EXTRA_COLUMNS))
+    # every column, the optional sparsity one too (2:4 on the gemm row)
+    header = ",".join((*CSV_COLUMNS, *EXTRA_COLUMNS, SPARSITY_COLUMN))
+    rows = [r + (",2:4" if r.startswith("gemm,") else ",") for r in FULL_ROWS]
     src = tmp_path / "ops.csv"
-    src.write_text("\n".join([header, *FULL_ROWS]) + "\n")
+    src.write_text("\n".join([header, *rows]) + "\n")
     out = tmp_path / "bundle"
     result = run("predict", "--gpu", "h100-sxm", "--input", str(src), "--output", str(out))
     assert result.exit_code == 0, result.output

@@ -53,6 +53,9 @@ def test_bundle_files_and_json_stdout(bundle):
 def test_csv_schemas(bundle):
     folder, _ = bundle
     for name, schema in CSV_SCHEMAS.items():
+        if name == "gemm_break_even.csv":  # only with --weight/--activation-sparsity
+            assert not (folder / name).exists()
+            continue
         assert list(pd.read_csv(folder / name).columns) == list(schema), name
     assert list(CSV_SCHEMAS["comparison.csv"]) == list(COLUMNS)
     curves = pd.read_csv(folder / "speedup_curves.csv")
@@ -113,3 +116,20 @@ def test_bad_output_is_one_line_and_writes_nothing(run, tmp_path):
     r = run(*ARGS[:-1], "dense,foo:3", "--seq-len", "8192", "--output", str(tmp_path / "run"))
     assert "unknown sparsity pattern" in one_error_line(r)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_break_even_csv_schema(tmp_path):
+    """With weight/activation sparsity the bundle adds gemm_break_even.csv, columns as
+    documented."""
+    from typer.testing import CliRunner
+
+    from simcli.cli import app
+
+    folder = tmp_path / "run"
+    args = [*ARGS[:-2], "--patterns", "dense", "--seq-len", "8192", "--kernels-only",
+            "--weight-sparsity", "2:4", "--quiet", "--output", str(folder)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(folder / "gemm_break_even.csv")
+    assert list(frame.columns) == list(CSV_SCHEMAS["gemm_break_even.csv"])
+    assert len(frame) >= 4  # QKV, out-projection, MLP up, MLP down

@@ -5,13 +5,14 @@ from :mod:`simcli.scenario.serving_options` so that the options stay a list of f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from simcli.serving.branches import BranchConfig
 from simcli.serving.spec import SpecConfig
 
-if TYPE_CHECKING:
-    from simcli.scenario.serving_options import ServeOptions
+# the options are a simcli.scenario.serving_options.ServeOptions, which imports this module:
+# annotated as Any so that the import graph stays acyclic
+ServeOptions = Any
 
 
 def spec_config(o: ServeOptions) -> SpecConfig | None:

@@ -192,6 +192,29 @@ def parse_sparsity(text: str) -> tuple[str, float]:
     return parse_gemm_sparsity(text)
 
 
+def stored_bytes_per_weight(
+    sparsity: str, element_bytes: float, params: SparseGemmParams | None = None
+) -> float:
+    """HBM bytes a weight matrix stores per dense element under ``sparsity`` (the formats
+    the kernels below read): 2:4 keeps half the values plus ``metadata_bits_per_kept`` bits
+    of index each (cuSPARSELt's compressed matrix: the 2 kept values of every 4 and their
+    2-bit positions, NVIDIA A100 whitepaper sec. "Fine-grained structured sparsity";
+    0.5625x a bf16 matrix); unstructured:S is Flash-LLM's Tiled-CSL (Xia et al., VLDB
+    2024, sec. 4.1): ``1 - S`` of the values, each with a 16-bit in-tile location, plus
+    one offset per tile (no saving below S = 0.5 in 16-bit); dense and CATS (activation
+    sparsity: every weight stays) store the dense matrix."""
+    kind, value = parse_sparsity(sparsity)
+    p = params if params is not None else sparse_params("hopper")  # formats: shared base
+    if kind == "2:4":
+        sp = p.semi_structured
+        return 0.5 * (element_bytes + sp.metadata_bits_per_kept / 8.0)
+    if kind == "unstructured":
+        up = p.unstructured
+        tile = up.tile_offset_bytes / up.tile_elements
+        return (1.0 - value) * (element_bytes + up.index_bytes) + tile
+    return float(element_bytes)
+
+
 def cats_rows_read(neurons: np.ndarray, active: float, tokens: np.ndarray, multiple: int = 8):
     """Neurons a batch of ``tokens`` reads: the union of independent per-token active
     sets of fraction ``active``, rounded up to ``multiple`` (as the benchmark does)."""

@@ -56,7 +56,9 @@ class OpTemplate:
     column-parallel GEMM whose sequence-sharded input is gathered again for its weight
     gradient under sequence parallelism. ``weight_bits``: a weight-only quantised GEMM
     (W8A16/W4A16, :mod:`workloads.decompose.quant`) whose ``B`` operand is stored in that
-    many bits; the op itself keeps the activation dtype it computes in.
+    many bits; the op itself keeps the activation dtype it computes in. ``sparsity``: a
+    GEMM whose weight (or MLP activation) is sparse (:mod:`workloads.decompose.sparsity`;
+    the ops' ``sparsity`` column spelling).
     """
 
     name: str
@@ -73,6 +75,7 @@ class OpTemplate:
     region: Region | None = None
     regather: bool = False
     weight_bits: int | None = None
+    sparsity: str | None = None
 
     @property
     def is_attention(self) -> bool:
@@ -105,6 +108,8 @@ class OpTemplate:
                 row[key] = int(np.asarray(value).reshape(-1)[0])
         if self.traffic_bytes is not None:
             row["dtype"] = dtype
+        if self.sparsity:
+            row["sparsity"] = self.sparsity
         total = self.count * float(self.instances_at(xs)[0]) * repeat
         count: int | float = int(round(total)) if abs(total - round(total)) < 1e-9 else total
         return LayerOp(self.name, Op(**row), count)

@@ -112,6 +112,7 @@ from workloads.decompose import OpTemplate, serving_templates, tp_shard
 from workloads.decompose.mla import attention_dims
 from workloads.decompose.quant import KV_CACHE_DTYPES, WEIGHT_FORMATS, kv_storage_dtype
 from workloads.decompose.serving import total_instances
+from workloads.decompose.sparsity import linear_sparsity, sparsify_templates
 from workloads.models import ModelConfig, load_model
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
 
@@ -220,6 +221,8 @@ class StepModel(VllmMemory, SummaryPricing):
         dtype: str = "bf16",
         weight_dtype: str | None = None,
         kv_cache_dtype: str | None = None,
+        weight_sparsity: str | None = None,
+        activation_sparsity: str | None = None,
         max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
         max_num_seqs: int = DEFAULT_MAX_SEQS,
         cost_model: Any = None,
@@ -294,6 +297,9 @@ class StepModel(VllmMemory, SummaryPricing):
         self.cost_model = cost_model
         system = cost_model.system
         self.gpu = system.gpu
+        self.sparsity = linear_sparsity(
+            weight_sparsity, activation_sparsity, model=m, gpu=self.gpu, weight_dtype=weight_dtype
+        )  # fmt: skip
         for what, value in (("weight_dtype", self.gemm_dtype), ("kv_cache_dtype", kv_dt)):
             if value == "fp8" and not self.gpu.supports("fp8"):
                 raise StepError(
@@ -323,6 +329,7 @@ class StepModel(VllmMemory, SummaryPricing):
             m, shard, engine, dtype, pp=pp, tp_nodes=self.shape.tp_nodes,
             pp_nodes=self.shape.pp_nodes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dt,
         )  # fmt: skip
+        tpls["layer"] = sparsify_templates(tpls["layer"], self.sparsity)
         self._tpls = tpls
         self._layer_tpls = tpls["head"] + tpls["layer"] + tpls["tail"]
         attn = next(i for i, t in enumerate(tpls["layer"]) if t.is_attention)
@@ -360,6 +367,8 @@ class StepModel(VllmMemory, SummaryPricing):
         composition, each template's work times its kernel group's factor and the
         context's idle factor, floors times idle (:mod:`costmodels.steps.composition`)."""
         work = self._pricer.templates(tpls, x)
+        eager_2_4 = self.engine == "pytorch-eager" and self.sparsity.weight == "2:4"
+        eager = self._pricer.templates(tpls, x, eager=True) if eager_2_4 else work
         inst = total_instances(tpls, x)
         out = {}
         for ctx, floor in self._contexts().items():
@@ -368,7 +377,8 @@ class StepModel(VllmMemory, SummaryPricing):
                 key = self._composition_key(ctx)
                 f = self.composition.factors_for(key, [t.op or "copy" for t in tpls])
                 idle = self.composition.idle(key)
-            out[ctx] = work * f[:, None] + idle * floor * inst
+            w = eager if ctx == "stream" else work  # eager launches: 2:4's per-call set-up
+            out[ctx] = w * f[:, None] + idle * floor * inst
         return out
 
     def _build_grids(self) -> _Grids:
@@ -382,6 +392,7 @@ class StepModel(VllmMemory, SummaryPricing):
             self.dtype,
             self.weight_dtype,
             self.kv_cache_dtype,
+            self.sparsity,
             self.label,
             id(self.cost_model),
             None if self.composition is None else repr(sorted(self.composition.factors.items())),

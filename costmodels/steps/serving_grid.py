@@ -17,7 +17,13 @@ from costmodels.ops.analytical import frame_columns
 from costmodels.ops.gemm import weight_only_gemm_work
 from workloads.decompose import OpTemplate
 from workloads.decompose.quant import weight_only_bytes
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, INT_COLUMNS, normalise_frame
+from workloads.ops import (
+    CSV_COLUMNS,
+    EXTRA_COLUMNS,
+    INT_COLUMNS,
+    SPARSITY_COLUMN,
+    normalise_frame,
+)
 
 
 class StepError(ValueError):
@@ -47,7 +53,11 @@ def frame_of(
     cols: dict[str, Any] = {"op": op, "dtype": dt, **num}
     cols["causal"] = np.zeros(k * n, dtype=bool)
     cols["backend"] = np.full(k * n, "", dtype=object)
-    return normalise_frame(pd.DataFrame(cols).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS]))
+    columns = [*CSV_COLUMNS, *EXTRA_COLUMNS]
+    if any(t.sparsity for t in tpls):  # only then: dense frames stay as they were
+        cols[SPARSITY_COLUMN] = np.repeat([t.sparsity or "" for t in tpls], n).astype(object)
+        columns.append(SPARSITY_COLUMN)
+    return normalise_frame(pd.DataFrame(cols).reindex(columns=columns))
 
 
 @dataclass
@@ -107,8 +117,31 @@ class Pricer:
         run[mask] = w.time_s
         return run
 
-    def templates(self, tpls: Sequence[OpTemplate], x: np.ndarray) -> np.ndarray:
-        """[len(tpls), len(x)] seconds of work per template instance (MoE: x active)."""
+    def eager_sparse_s(self, frame: pd.DataFrame, run: np.ndarray | None) -> np.ndarray:
+        """Analytical seconds per row (or ``run``), the 2:4 rows as torch's eager
+        ``_cslt_sparse_mm`` call runs them: at least its per-call plan set-up
+        (:func:`costmodels.ops.sparse_gemm.sparse_gemm_work`, ``eager=True``). The ops'
+        models price 2:4 as the kernel alone (a CUDA-graph replay)."""
+        from costmodels.ops.sparse_gemm import sparse_gemm_work
+
+        run = self.analytical_of(frame) if run is None else run.copy()
+        mask = frame[SPARSITY_COLUMN].to_numpy() == "2:4"
+        gpu = getattr(self.analytical, "gpu", None)
+        params = getattr(self.analytical, "params", None)
+        if mask.any() and gpu is not None and params is not None:
+            c = frame_columns(frame.loc[mask])
+            w = sparse_gemm_work(
+                c["m"], c["n"], c["k"], c["batch"], c["dtype"], "2:4", gpu,
+                dense=params.gemm, eager=True,
+            )  # fmt: skip
+            run[mask] = w.time_s
+        return run
+
+    def templates(
+        self, tpls: Sequence[OpTemplate], x: np.ndarray, *, eager: bool = False
+    ) -> np.ndarray:
+        """[len(tpls), len(x)] seconds of work per template instance (MoE: x active);
+        ``eager``: 2:4 GEMMs as eager torch calls (:meth:`eager_sparse_s`)."""
         real = [t for t in tpls if t.op]
         out = np.zeros((len(tpls), len(x)))
         if not real:
@@ -117,6 +150,8 @@ class Pricer:
         launch = np.repeat([self.launch_s[t.launch] for t in real], len(x))
         bits = np.repeat([t.weight_bits or 0 for t in real], len(x))
         run = self.weight_only_s(frame, bits) if bits.any() else None
+        if eager and any(t.sparsity == "2:4" for t in real):
+            run = self.eager_sparse_s(frame, run)
         w = self.work(frame, launch, run).reshape(len(real), len(x))
         j = 0
         for i, t in enumerate(tpls):

@@ -6,7 +6,9 @@ capacity that is left (vLLM's ``determine_available_memory``).
 holds the attributes it reads (``model``, ``tp``, ``pp``, ``dtype``, ``weight_dtype``,
 ``kv_cache_dtype``, ``shape``, ``gpu``, ``max_num_batched_tokens``, ``max_num_seqs``).
 Weights count at their stored size (:mod:`workloads.decompose.quant`: int4/int8/fp8 linear
-layers with their scales), the KV cache at ``kv_cache_dtype``'s.
+layers with their scales; :mod:`workloads.decompose.sparsity`: 2:4 or unstructured linear
+layers in cuSPARSELt's or Flash-LLM's format, :func:`costmodels.ops.sparse_gemm.
+stored_bytes_per_weight`), the KV cache at ``kv_cache_dtype``'s.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from costmodels.ops.sparse_gemm import stored_bytes_per_weight
 from costmodels.steps.serving_grid import StepError
 from hardware_specs.schema import DTYPE_BYTES, Dtype
-from workloads.decompose import params_per_tp_rank
+from workloads.decompose import params_per_tp_rank, tp_shard
 from workloads.decompose.quant import quantised_params_per_layer, weight_format
+from workloads.decompose.sparsity import LinearSparsity, sparse_layer_params
 
 GIB = 1024**3
 
@@ -49,6 +53,13 @@ class VllmMemory:
     gpu: Any
     max_num_batched_tokens: int
     max_num_seqs: int
+    sparsity: LinearSparsity = LinearSparsity()
+
+    def _sparse_bytes(self, n: float, layers: int, tp: int, elt: int) -> float:
+        """``n`` weights in the activation dtype but the sparse linear layers of ``layers``
+        layers (one rank of ``tp``), which store their sparse format."""
+        q = sparse_layer_params(self.model, tp_shard(self.model, tp), self.sparsity) * layers
+        return float((n - q) * elt + q * stored_bytes_per_weight(self.sparsity.weight, elt))
 
     def _check_weights_fit(self) -> None:
         cap = self.gpu.memory_bytes
@@ -84,6 +95,8 @@ class VllmMemory:
             n += head + p["final_norm"]
         elt = DTYPE_BYTES[Dtype(self.dtype)]
         fmt = weight_format(self.weight_dtype)
+        if self.sparsity.weight:  # (never quantised: no sparse kernel for those)
+            return self._sparse_bytes(n, layers, self.tp, elt)
         if not fmt.quantised:
             return float(n * elt)
         q = quantised_params_per_layer(self.model, self.tp) * layers
@@ -97,6 +110,8 @@ class VllmMemory:
         n = m.num_params
         fmt = weight_format(self.weight_dtype)
         elt = DTYPE_BYTES[Dtype(self.dtype)]
+        if self.sparsity.weight:
+            return self._sparse_bytes(n, m.num_layers, 1, elt)
         if not fmt.quantised:
             return float(n * elt)
         q = quantised_params_per_layer(m, 1) * m.num_layers

@@ -30,6 +30,7 @@ import numpy as np
 from costmodels.ops.analytical import AnalyticalCostModel
 from costmodels.ops.learned import LearnedCostModel
 from costmodels.steps.composition import Composition
+from costmodels.steps.sparse_linear import eager_call_floor, sparsify_training_groups
 from hardware_specs.registry import System
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import LayerOp, op_groups, params_per_tp_rank
@@ -188,6 +189,7 @@ def step_costs(
     attn_backend: str = "",
     framework: Framework = "megatron",
     composition: Composition | None = None,
+    weight_sparsity: str | None = None,
 ) -> StepCosts:
     """Price one micro-batch of ``plan`` on one rank (see the module docstring).
 
@@ -195,16 +197,21 @@ def step_costs(
     (``megatron`` fused kernels, ``megatron-unfused`` pre-FlashAttention core attention,
     ``pytorch`` eager PyTorch under autocast, ``pytorch-compile`` compiled blocks).
     ``composition``: per-group factors fitted from whole-step traces
-    (:mod:`costmodels.steps.composition`), applied to every op but collectives."""
+    (:mod:`costmodels.steps.composition`), applied to every op but collectives.
+    ``weight_sparsity``: ``2:4`` linear layers (:mod:`costmodels.steps.sparse_linear`)."""
     gpn = system.node.gpus_per_node
     tp, cp, mb = plan.tp, plan.cp, plan.micro_batch
     seq_local = plan.seq_len // cp
     act_dtype = plan.activation_dtype
     attn_scale = 1.0 / cp
     groups = op_groups(model, plan, attn_backend, framework)
+    if weight_sparsity:
+        groups = sparsify_training_groups(groups, weight_sparsity, system.gpu)
     tp_nodes = group_nodes(tp, 1, gpn)
     ops = [with_nodes(o.op, tp_nodes) for g in groups for o in g]
     times = cost_model.predict_many(ops_frame(ops))
+    if weight_sparsity:
+        times = eager_call_floor(times, ops, framework, system.gpu)
     if composition is not None:
         times = times * composition.factors_for(framework, [o.op.value for o in ops])
     parts: list[np.ndarray] = []

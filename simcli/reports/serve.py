@@ -24,6 +24,7 @@ import pandas as pd
 
 from simcli.reports.charts import PALETTE, new_figure, pareto_line
 from simcli.reports.page import Report
+from simcli.scenario.sparsity_options import SPARSITY_SCHEMA
 from simcli.serving.plan_inputs import SLO
 
 # --------------------------------------------------------------------------- CSV schemas
@@ -57,6 +58,7 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "engine": "step-time engine (vllm | pytorch-eager)",
     "weight_dtype": "weight precision: bf16 | fp16 | fp8 (W8A8) | int8 | int4 (weight-only)",
     "kv_cache_dtype": "KV-cache element type as stored (bf16 | fp16 | fp8)",
+    **SPARSITY_SCHEMA,
     "replicas": "replicas (disaggregated: prefill + decode)",
     "scheduler": "replica scheduler (vllm | orca | sarathi)",
     "router": "request router",
@@ -66,7 +68,7 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "draft_model": "speculative decoding: draft model id",
     "spec_hierarchy": "speculative decoding: tiny model drafting for the draft",
     "weight_gib_per_gpu": "model weights on the fullest GPU of a (decode) replica, as stored "
-    "(quantised layers with their scales), GiB",
+    "(quantised layers with their scales, sparse layers in their compressed format), GiB",
     "op_model_provenance": "how the op models were obtained: calibrated, transferred or "
     "datasheet",
     "op_model_expected_error_pct": "expected op-time error of those models (held-out MAPE, or "

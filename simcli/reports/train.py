@@ -9,6 +9,7 @@ import pandas as pd
 
 from simcli.reports.charts import PALETTE, hbar_stack, new_figure, timeline
 from simcli.reports.page import Report
+from simcli.scenario.sparsity_options import SPARSITY_SCHEMA
 from simcli.training.to_train import TO_TRAIN_COLUMNS
 
 CSV_SCHEMAS: dict[str, dict[str, str]] = {
@@ -27,6 +28,7 @@ CSV_SCHEMAS: dict[str, dict[str, str]] = {
         "memory_margin_gib": "memory the plan must leave free (--memory-margin), GiB",
         "fits": "peak memory plus the margin within capacity",
         "num_microbatches": "micro-batches per iteration per pipeline",
+        **SPARSITY_SCHEMA,
         **TO_TRAIN_COLUMNS,
     },
     "breakdown.csv": {

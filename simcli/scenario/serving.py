@@ -35,6 +35,7 @@ from simcli.scenario.serving_options import (
     StepOptions,
 )
 from simcli.scenario.serving_precision import activation_dtype, check_precision
+from simcli.scenario.sparsity_options import sparsity_fields
 from simcli.serving.disagg import DisaggConfig
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.plan_inputs import SLO, Candidate, PlanSpace, Workload
@@ -69,6 +70,8 @@ def build_step_model(
     attn_backend: str | None = None,
     weight_dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
+    weight_sparsity: str | None = None,
+    activation_sparsity: str | None = None,
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
     max_num_seqs: int = DEFAULT_MAX_SEQS,
     composition: Composition | None | str = "shipped",
@@ -77,7 +80,9 @@ def build_step_model(
     hardware's op cost model and ``composition`` (default: the GPU's shipped file); with
     ``attn_pattern`` the sparse-attention variant
     (:class:`simcli.sparsity.serving.PatternStepModel`). ``weight_dtype`` fp16 runs the
-    activations in fp16, every other in bf16 (:mod:`workloads.decompose.quant`)."""
+    activations in fp16, every other in bf16 (:mod:`workloads.decompose.quant`);
+    ``weight_sparsity``/``activation_sparsity``: sparse linear layers
+    (:mod:`workloads.decompose.sparsity`)."""
     check_precision(hardware.gpu_id, weight_dtype, kv_cache_dtype)
     kw: dict[str, Any] = dict(
         tp=tp,
@@ -87,6 +92,8 @@ def build_step_model(
         dtype=activation_dtype(weight_dtype),
         weight_dtype=weight_dtype,
         kv_cache_dtype=kv_cache_dtype,
+        weight_sparsity=weight_sparsity,
+        activation_sparsity=activation_sparsity,
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         cost_model=hardware.cost_model,
@@ -226,6 +233,8 @@ def resolve_deployment(
         engine=o.engine,
         weight_dtype=o.weight_dtype,
         kv_cache_dtype=o.kv_cache_dtype,
+        weight_sparsity=o.weight_sparsity,
+        activation_sparsity=o.activation_sparsity,
         composition=_composition(o.composition),
         max_num_batched_tokens=o.chunk_size if o.scheduler == "sarathi" else sched.max_tokens,
         max_num_seqs=o.max_batch_size,
@@ -384,6 +393,7 @@ class ServeScenario:
             "engine": o.engine,
             "weight_dtype": o.weight_dtype,
             "kv_cache_dtype": kv_storage_dtype(o.kv_cache_dtype, activation_dtype(o.weight_dtype)),
+            **sparsity_fields(o),
             "replicas": o.total_replicas,
             "scheduler": o.scheduler,
             "router": o.router,
@@ -608,6 +618,7 @@ def resolve_step(options: StepOptions) -> StepScenario:
     step = build_step_model(
         model, hardware, tp=o.tp, pp=o.pp, engine=o.engine, attn_backend=o.attn_backend,
         weight_dtype=o.weight_dtype, kv_cache_dtype=o.kv_cache_dtype,
+        weight_sparsity=o.weight_sparsity, activation_sparsity=o.activation_sparsity,
         composition=_composition(o.composition),
     )  # fmt: skip
     return StepScenario(o, hardware, step, o.step_batch())
@@ -674,6 +685,7 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
         "engine": o.engine,
         "weight_dtype": sm.weight_dtype,
         "kv_cache_dtype": sm.kv_cache_dtype,
+        **sparsity_fields(o),
         "cost_model": sm.label,
         **provenance_fields(sm.cost_model),
         "attn_backend": sm.attn_backend,

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from hardware_specs.registry import load_catalog
+from simcli.scenario import sparsity_options as so
 from simcli.scenario.config_base import (
     MAX_GPUS_PER_STAGE,
     MAX_REPLICAS,
@@ -171,6 +172,8 @@ class ServeOptions(CommandConfig):
     )
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
+    weight_sparsity: so.WeightSparsity = so.weight_sparsity_field()
+    activation_sparsity: so.ActivationSparsity = so.activation_sparsity_field()
     max_model_len: int | None = tokens_field(
         None,
         description="Longest prompt + output a replica accepts, as vLLM's --max-model-len "
@@ -314,6 +317,7 @@ class ServeOptions(CommandConfig):
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
+        so.check_sparsity_options(self)
         spec = self.speculative()
         branching = self.branching()
         if not self.disaggregate:
@@ -695,6 +699,8 @@ class StepOptions(CommandConfig):
     )
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
+    weight_sparsity: so.WeightSparsity = so.weight_sparsity_field()
+    activation_sparsity: so.ActivationSparsity = so.activation_sparsity_field()
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
@@ -714,6 +720,7 @@ class StepOptions(CommandConfig):
     @model_validator(mode="after")
     def _phase_inputs(self) -> StepOptions:
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
+        so.check_sparsity_options(self)
         self.step_batch()
         return self
 

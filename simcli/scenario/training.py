@@ -23,12 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from costmodels.steps.composition import Composition, load_composition, shipped_composition
 from costmodels.steps.memory import MemoryEstimate, estimate_memory
-from costmodels.steps.training import step_costs
 from hardware_specs.prices import gpu_price
 from hardware_specs.published import mfu_note
 from hardware_specs.registry import MAX_GPUS
+from simcli.scenario import sparsity_options as so
 from simcli.scenario.hardware import CostModel, Hardware, resolve_hardware
-from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
+from simcli.scenario.training_costs import scenario_step_costs
 from simcli.training.search import Objective, SearchResult, gpu_counts, search_plans
 from simcli.training.search_estimate import memory_capacity_bytes
 from simcli.training.search_space import COMPUTE_DTYPE, SearchSpace
@@ -289,6 +289,8 @@ class TrainConfig(BaseModel):
         description="Sparse attention pattern for every layer (e.g. window:4096, nsa, "
         "hybrid:dense_every=4,inner=nsa; see `simcli sparsity compare`).",
     )
+    weight_sparsity: so.TrainWeightSparsity = so.weight_sparsity_field(training=True)
+    activation_sparsity: so.TrainActivationSparsity = so.activation_sparsity_field(training=True)
     profile: Path | None = Field(None, description="Calibration profile (JSON).")
     composition: Path | None = Field(
         None,
@@ -646,6 +648,7 @@ class TrainRun:
             "stages": res.stages,
             "plan": plan.model_dump(mode="json") | {"dp": plan.data_parallel, "sp": plan.sp},
             "attn_pattern": s.config.attn_pattern,
+            **so.sparsity_fields(s.config),
             **self.to_train(),
         }
 
@@ -675,15 +678,7 @@ def run_train(scenario: TrainScenario, *, keep_spans: bool = False) -> TrainRun:
     is one :class:`PlanError` line unless the config says ``ignore_memory``. ``keep_spans``
     keeps the timeline (traces, report bundles)."""
     s, hw = scenario, scenario.hardware
-    costs = None
-    if s.attn_pattern is not None:
-        base = step_costs(
-            s.model, s.plan, hw.cost_model, hw.system, s.attn_backend, s.framework, s.composition
-        )
-        pricer = SparsityPricer(hw.gpu_id, cost_models=s.cost_model, seed=0)
-        costs = sparse_step_costs(
-            s.model, s.plan, s.attn_pattern, hw.gpu_id, base=base, pricer=pricer
-        )
+    costs = scenario_step_costs(s)  # a sparse attention pattern, 2:4 linear layers
     # (the cost model prices the first node's NICs; the simulator scales the scale-out
     # traffic of other nodes by their bandwidth, see System.slowdown)
     result = simulate_iteration(

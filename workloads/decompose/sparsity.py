@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hardware_specs.schema import GpuSpec
+from workloads.decompose.shard import TPShard
 from workloads.decompose.templates import OpTemplate
 from workloads.models import ModelConfig, ModelError
 from workloads.ops import OpError, canonical_sparsity, parse_gemm_sparsity
@@ -104,13 +105,13 @@ def linear_sparsity(
             f"{weight_dtype} weights is modelled (cuSPARSELt's fp8 2:4 and Sparse-Marlin's int4 "
             "2:4 are not calibrated); allowed: --weight-dtype bf16 or fp16"
         )
-    if model is not None and a:
-        if model.activation != "swiglu" or model.ffn_hidden_size <= 0 or _moe_only(model):
-            raise ModelError(
-                f"--activation-sparsity {a} thresholds a dense SwiGLU MLP's SiLU(gate) (CATS); "
-                f"{model.id} has none; allowed: a model with a dense SwiGLU MLP, or no "
-                "--activation-sparsity"
-            )
+    no_mlp = model is not None and (model.activation != "swiglu" or _moe_only(model))
+    if a and no_mlp:
+        raise ModelError(
+            f"--activation-sparsity {a} thresholds a dense SwiGLU MLP's SiLU(gate) (CATS); "
+            f"{model.id} has none; allowed: a model with a dense SwiGLU MLP, or no "
+            "--activation-sparsity"
+        )
     if gpu is not None and w == "2:4" and gpu.sparse_speedup <= 1.0:
         raise ModelError(
             f"--weight-sparsity 2:4 needs sparse tensor cores (Ampere or later); {gpu.id} has "
@@ -119,7 +120,8 @@ def linear_sparsity(
     if gpu is not None and training and w and gpu.vendor != "nvidia":
         raise ModelError(
             f"--weight-sparsity {w} for training needs torch's 2:4 tile sparsifier and "
-            f"cuSPARSELt (CUDA only); {gpu.id} is a {gpu.vendor} GPU; allowed: an NVIDIA GPU"
+            f"cuSPARSELt (CUDA only); {gpu.id} is an {gpu.vendor.upper()} GPU; allowed: an "
+            "NVIDIA GPU"
         )
     return LinearSparsity(w, a)
 
@@ -179,6 +181,18 @@ def sparse_weight_params(tpls: list[OpTemplate]) -> float:
     return total
 
 
+def sparse_layer_params(model: ModelConfig, shard: TPShard, ls: LinearSparsity) -> float:
+    """:func:`sparse_weight_params` of one layer of ``model`` on one TP rank of ``shard``
+    (the serving layer's GEMMs; their weight shapes are every engine's)."""
+    if not ls.weight:
+        return 0.0
+    from workloads.decompose.layer import layer_templates
+
+    return sparse_weight_params(
+        sparsify_templates(layer_templates(model, shard, "bf16", "vllm"), ls)
+    )
+
+
 __all__ = [
     "CATS_GEMMS",
     "SPARSE_WEIGHT_DTYPES",
@@ -186,6 +200,7 @@ __all__ = [
     "WEIGHT_KINDS",
     "LinearSparsity",
     "linear_sparsity",
+    "sparse_layer_params",
     "sparse_weight_params",
     "sparsify_templates",
 ]

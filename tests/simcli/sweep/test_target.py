@@ -227,7 +227,7 @@ def test_output_options_are_not_parameters():
         parse_spec({"command": "train", "grid": {"output": ["x"]}}, "s.yaml")
     text = str(err.value)
     assert "'output' is not an option of `simcli train` (an output option" in text
-    assert "allowed: activation-offload, attn-backend" in text
+    assert "allowed: activation-offload, activation-sparsity, attn-backend" in text
 
 
 def test_point_ids_are_unchanged():

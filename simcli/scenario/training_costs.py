@@ -1,0 +1,30 @@
+"""The step costs of a ``simcli train`` scenario when they are not the default pricing: a
+sparse attention pattern (:func:`simcli.sparsity.whatif.sparse_step_costs`) and 2:4 linear
+layers (:mod:`costmodels.steps.sparse_linear`), alone or together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from costmodels.steps.training import StepCosts, step_costs
+from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
+
+
+def scenario_step_costs(s: Any) -> StepCosts | None:
+    """Step costs for a :class:`~simcli.scenario.training.TrainScenario` ``s``, or None
+    where the simulator's own pricing applies (no pattern, dense linear layers)."""
+    w = s.config.weight_sparsity
+    if s.attn_pattern is None and not w:
+        return None
+    hw = s.hardware
+    costs = step_costs(
+        s.model, s.plan, hw.cost_model, hw.system, s.attn_backend, s.framework, s.composition,
+        weight_sparsity=w,
+    )  # fmt: skip
+    if s.attn_pattern is None:
+        return costs
+    pricer = SparsityPricer(hw.gpu_id, cost_models=s.cost_model, seed=0)
+    return sparse_step_costs(s.model, s.plan, s.attn_pattern, hw.gpu_id, base=costs, pricer=pricer)
+
+
+__all__ = ["scenario_step_costs"]

@@ -300,6 +300,11 @@ class StepModel(VllmMemory, SummaryPricing):
         self.sparsity = linear_sparsity(
             weight_sparsity, activation_sparsity, model=m, gpu=self.gpu, weight_dtype=weight_dtype
         )  # fmt: skip
+        if self.sparsity.activation and shard.ffn < m.hidden_size:  # the CATS model's neurons
+            raise StepError(  # are the larger GEMM dimension (costmodels.ops.sparse_gemm)
+                f"--activation-sparsity at tp={tp}: {m.id}'s MLP has {shard.ffn} neurons per "
+                f"rank, fewer than its hidden size {m.hidden_size}; allowed: a smaller --tp"
+            )
         for what, value in (("weight_dtype", self.gemm_dtype), ("kv_cache_dtype", kv_dt)):
             if value == "fp8" and not self.gpu.supports("fp8"):
                 raise StepError(

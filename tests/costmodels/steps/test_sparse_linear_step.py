@@ -144,3 +144,10 @@ def test_training_refuses_fp8_gemms():
     )
     with pytest.raises(ValueError, match="no sparse training kernel"):
         step_costs(m, plan, hw.cost_model, hw.system, weight_sparsity="2:4")
+
+
+def test_cats_refused_where_the_neuron_axis_would_be_wrong():
+    # llama3-8b at tp 8: 1792 neurons per rank < hidden 4096 (the CATS model's neurons are
+    # the larger GEMM dimension)
+    with pytest.raises(ValueError, match="fewer than its hidden size"):
+        StepModel("llama3-8b", "h100-sxm", tp=8, activation_sparsity="cats:0.3")

@@ -522,6 +522,8 @@ class CandidateDeployments:
             weight_dtype=sp.weight_dtype,
             kv_cache_dtype=sp.kv_cache_dtype,
             attn_pattern=sp.attn_pattern,
+            weight_sparsity=sp.weight_sparsity,
+            activation_sparsity=sp.activation_sparsity,
             price_per_gpu_hour=prices.get(c.gpu, prices.get("*")),
             qps=w.qps,
             num_requests=w.num_requests,

@@ -555,6 +555,8 @@ class ServePlanOptions(CommandConfig):
     )
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
+    weight_sparsity: so.WeightSparsity = so.weight_sparsity_field()
+    activation_sparsity: so.ActivationSparsity = so.activation_sparsity_field()
     attn_pattern: str | None = Field(
         None,
         description="Sparse attention pattern of every deployment (as `simcli serve "
@@ -607,6 +609,7 @@ class ServePlanOptions(CommandConfig):
     def _some_slo(self) -> ServePlanOptions:
         self.slo()
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
+        so.check_sparsity_options(self)
         return self
 
     def space(self) -> PlanSpace:
@@ -632,6 +635,8 @@ class ServePlanOptions(CommandConfig):
             kv_cache_dtype=self.kv_cache_dtype,
             prices=parse_prices(self.price),
             attn_pattern=self.attn_pattern,
+            weight_sparsity=self.weight_sparsity,
+            activation_sparsity=self.activation_sparsity,
         )
 
     def workload(self) -> Workload:

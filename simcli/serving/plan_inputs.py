@@ -153,6 +153,12 @@ class PlanSpace(BaseModel):
         description="sparse attention pattern of every deployment (`simcli serve "
         "--attn-pattern`): its decode reads and the KV it allocates",
     )
+    weight_sparsity: str | None = Field(
+        default=None, description="linear layers' weight sparsity (`simcli serve`'s flag)"
+    )
+    activation_sparsity: str | None = Field(
+        default=None, description="MLP activation sparsity (`simcli serve`'s flag)"
+    )
 
     @field_validator("gpus", "tp", "schedulers", "chunk_sizes", "pd_ratios")
     @classmethod

@@ -271,8 +271,9 @@ class Planner:
         self.result = PlanResult(
             self.model.id, slo, workload, [], prices=dict(self.prices), settings=settings
         )
-        if space.attn_pattern is not None:
-            settings["attn_pattern"] = space.attn_pattern
+        for key in ("attn_pattern", "weight_sparsity", "activation_sparsity"):
+            if getattr(space, key) is not None:  # dense output unchanged
+                settings[key] = getattr(space, key)
         if rejected or capped:
             self.result.notes.append(
                 f"{rejected} of the workload's {rejected + len(arrivals)} requests have a "

@@ -1,6 +1,8 @@
-"""``serve plan --attn-pattern``: capacity planning sees a pattern's KV (issue 19). A
-sliding window frees old blocks, so a memory-bound workload needs fewer replicas; a
-request longer than the dense cache still fits when its window layers are capped."""
+"""``serve plan --attn-pattern`` and ``--weight-sparsity``: capacity planning sees a
+pattern's KV and sparse linear layers (issue 19). A sliding window frees old blocks, so a
+memory-bound workload needs fewer replicas; a request longer than the dense cache still
+fits when its window layers are capped; 2:4 weights slow small-batch decode (as measured)
+and unstructured 70% ones speed it up."""
 
 from __future__ import annotations
 
@@ -73,3 +75,26 @@ def test_a_long_request_fits_a_window_cache_but_not_a_dense_one():
     req2.seqs[0].output_tokens = 10_000
     out = Simulator(WindowStep(layout), cfg, check=True).run([req2]).summary
     assert out["requests_completed"] == 1
+
+
+SMALL = ("serve", "plan", "--model", "llama3-8b", "--gpus-types", "h100-sxm", "--tp", "1",
+         "--schedulers", "vllm", "--pd-ratios", "none", "--qps", "20", "--num-requests", "300",
+         "--slo-ttft-s", "2", "--slo-tpot-s", "0.05", "--quiet", "--format", "json")  # fmt: skip
+
+
+def test_weight_sparsity_reaches_every_candidate():
+    from typer.testing import CliRunner
+
+    from simcli.cli import app
+
+    runner = CliRunner()
+    tpot = {}
+    for ws in (None, "2:4", "unstructured:0.7"):
+        res = runner.invoke(app, [*SMALL, *(("--weight-sparsity", ws) if ws else ())])
+        assert res.exit_code == 0, res.output
+        obj = json.loads(res.stdout)
+        assert obj.get("weight_sparsity") == ws  # absent when dense
+        tpot[ws] = obj["deployments"][0]["tpot_s_at_slo_percentile"]
+    assert tpot["2:4"] > tpot[None] > tpot["unstructured:0.7"]
+    bad = runner.invoke(app, [*SMALL, "--weight-sparsity", "3:4"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1

@@ -147,7 +147,7 @@ SPLIT_BLOCK_M = 64  # query rows per CTA of FA2's split-KV kernel (flash_fwd_spl
 
 
 def _split_kv_fwd_s(
-    batch, sq, skv, hq, d, causal, fwd_eff, fwd_bytes, bp, sm, sm_rate, sfu_per_sm, hbm, plain_s
+    batch, sq, skv, hq, d, causal, fwd_eff, fwd_bytes, sm_rate, bp, sm, sfu_per_sm, hbm, plain_s
 ) -> np.ndarray:
     """Forward seconds where FlashAttention-2 runs its split-KV kernel (more than one split
     by :func:`fa2_num_splits`; elsewhere ``plain_s``): 64-row query blocks, key blocks of
@@ -165,7 +165,8 @@ def _split_kv_fwd_s(
     per_cta = np.ceil(nk / splits)
     exp_s = (1.0 - bp["exp_overlap"]) * bm * bn / sfu_per_sm
     tile_s = 4.0 * bm * bn * d / (sm_rate * fwd_eff) + exp_s
-    span = _makespan_tiles(ctas, bh * per_head, per_cta, causal < 2, sm)
+    uniform = np.ones(len(ctas), dtype=bool)  # every split walks the same key blocks
+    span = _makespan_tiles(ctas, bh * per_head, per_cta, uniform, sm)
     compute_s = span * tile_s + cdiv(ctas, sm) * bp["cta_latency_s"]
     partial_bytes = 2.0 * splits * bh * sq * (d + 1) * 4.0  # fp32 O and LSE, out and back
     split_s = 2.0 * bp["launch_s"] + np.maximum(compute_s, (fwd_bytes + partial_bytes) / hbm)
@@ -224,29 +225,17 @@ def attention_work(
     fwd_waves = cdiv(bh * nq, sm)
     fwd_compute_s = fwd_span * fwd_tile_s + fwd_waves * bp["cta_latency_s"]
     fwd_s = bp["launch_s"] + np.maximum(fwd_compute_s, fwd_bytes / hbm)
+    # a few query rows over many keys leave the GPU idle: FA2 splits the keys (only those
+    # rows are priced again; fa2_num_splits may still keep one split)
     names = np.where(sparse & (backend == ""), "flex", backend)
-    split = (names == "flash") & ~sparse
-    if split.any():  # a few query rows over many keys: FA2 splits the keys
-        fwd_s = np.where(
-            split,
-            _split_kv_fwd_s(
-                batch,
-                sq,
-                skv,
-                hq,
-                d,
-                causal,
-                fwd_eff,
-                fwd_bytes,
-                bp,
-                sm,
-                sm_rate,
-                sfu_per_sm,
-                hbm,
-                fwd_s,
-            ),
-            fwd_s,
-        )
+    idle = (names == "flash") & ~sparse & (bh * cdiv(sq, SPLIT_BLOCK_M) < 0.8 * 2.0 * sm)
+    if idle.any():
+        r = np.flatnonzero(idle)
+        fwd_s = np.array(fwd_s, dtype=float)
+        fwd_s[r] = _split_kv_fwd_s(
+            batch[r], sq[r], skv[r], hq[r], d[r], causal[r], fwd_eff[r], fwd_bytes[r],
+            sm_rate[r], {k: v[r] for k, v in bp.items()}, sm, sfu_per_sm, hbm, fwd_s[r],
+        )  # fmt: skip
 
     # Backward: one CTA per (key block, head); recomputes P (exp) and does 5 matmuls.
     bwd_eff = bp["bwd_efficiency"] * head_dim_factor(d, bp["bwd64"], bp["bwd256"])

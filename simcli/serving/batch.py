@@ -17,7 +17,7 @@ metrics and the timeline, which all read them; they import nothing else of the s
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -172,19 +172,19 @@ class CappedDecodeBatch(DecodeBatch):
     touched once when it closes and never per iteration.
     """
 
-    def __init__(self, block_size: int, full: int, capped: int, cap_blocks: int) -> None:
+    def __init__(self, block_size: int, layout: Any) -> None:
         super().__init__(block_size)
-        self.full = full
-        self.capped = capped
-        self.cap_blocks = cap_blocks
-        self.cap_tokens = cap_blocks * block_size
+        self.layout = layout  # a KvLayout (capped): what a sequence holds at a context
+        self.full = layout.full_units
+        self.capped = layout.capped_units
+        self.cap_blocks = layout.cap_blocks(block_size)
+        self.cap_tokens = self.cap_blocks * block_size
         self.res_open = [0] * block_size
         self.close: dict[int, list[Sequence]] = {}
         self.close_dit: dict[int, int] = {}  # id(seq) -> decode iteration it closes at
 
     def blocks_for(self, tokens: int) -> int:
-        b = -(-tokens // self.block_size)
-        return self.full * b + self.capped * min(b, self.cap_blocks)
+        return self.layout.held_units(tokens, self.block_size)
 
     def add(self, seq: Sequence, reserved: bool = False) -> None:
         super().add(seq, reserved)

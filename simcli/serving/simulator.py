@@ -241,12 +241,10 @@ class Simulator:
                         "simulated together with speculative decoding or branches; allowed: "
                         "one of them"
                     )
-                full, capped = layout.full_units, layout.capped_units
-                cap_blocks = layout.cap_blocks(bs)
-                units = full + capped
+                units = layout.units
 
                 def decode_batch(i: int) -> CappedDecodeBatch:
-                    return CappedDecodeBatch(bs, full, capped, cap_blocks)
+                    return CappedDecodeBatch(bs, layout)
 
             if spec is not None:
                 spec_cost = SpecCost(spec, model, draft_step_model, tiny_step_model)
@@ -531,7 +529,7 @@ class Simulator:
         if layout is None:
             return {}
         bs = self.config.block_size
-        units = layout.full_units + layout.capped_units
+        units = layout.units
         length = self.config.max_model_len
         out: dict[str, float | int | str | None] = {
             "kv_layout": layout.note,

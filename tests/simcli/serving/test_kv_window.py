@@ -91,7 +91,9 @@ def test_nsa_capacity_is_smaller_in_the_step_model():
 def test_capped_batch_counts_blocks_without_per_sequence_loops():
     """needing_blocks() equals a brute-force count at every iteration."""
     bs, cap = 4, 3
-    dec = CappedDecodeBatch(bs, full=1, capped=2, cap_blocks=cap)
+    layout = KvLayout(full_units=1, capped_units=2, window_tokens=8)  # 2 + 1 blocks
+    assert layout.cap_blocks(bs) == cap
+    dec = CappedDecodeBatch(bs, layout)
     seqs = []
     for i, ctx in enumerate([1, 4, 7, 8, 12, 13, 30]):
         s = Sequence.__new__(Sequence)

@@ -12,6 +12,7 @@ import pytest
 
 from costmodels.steps.sparse import kv_layout
 from simcli.serving.plan_inputs import PlanError, PlanSpace
+from simcli.serving.requests import Request
 from simcli.serving.simulator import ServeConfig, SimulationError, Simulator
 from tests.simcli.serving.test_kv_window import WindowStep, _requests
 from workloads.sparsity import parse_pattern
@@ -62,19 +63,17 @@ def test_a_bad_pattern_is_one_line():
 def test_a_long_request_fits_a_window_cache_but_not_a_dense_one():
     """40k-token cache: a 60k-token request is refused dense, served with window:512."""
     layout = kv_layout(parse_pattern("window:512"), 32)
-    req = _requests(n=1)[0]
-    req.prompt_tokens, req.output_tokens = 50_000, 10_000
-    req.seqs[0].prompt_tokens = req.seqs[0].prefill_target = 50_000
-    req.seqs[0].output_tokens = 10_000
     cfg = ServeConfig(max_model_len=131072, prefix_caching=False)
     with pytest.raises(SimulationError, match="needs"):
-        Simulator(WindowStep(None), cfg).run([req])
-    req2 = _requests(n=1)[0]
-    req2.prompt_tokens, req2.output_tokens = 50_000, 10_000
-    req2.seqs[0].prompt_tokens = req2.seqs[0].prefill_target = 50_000
-    req2.seqs[0].output_tokens = 10_000
-    out = Simulator(WindowStep(layout), cfg, check=True).run([req2]).summary
+        Simulator(WindowStep(None), cfg).run([_long_request()])
+    out = Simulator(WindowStep(layout), cfg, check=True).run([_long_request()]).summary
     assert out["requests_completed"] == 1
+
+
+def _long_request() -> Request:
+    """One request of 50k prompt + 10k output tokens (a fresh one per run)."""
+    t = _requests(n=1)[0].arrival_s
+    return Request(0, t, 50_000, 10_000)
 
 
 SMALL = ("serve", "plan", "--model", "llama3-8b", "--gpus-types", "h100-sxm", "--tp", "1",

@@ -28,23 +28,11 @@ import json
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-LLAMA_1B = {  # Llama-3.2-1B's config.json (the keys simcli reads): the draft of `spec`
-    "_name_or_path": "llama3.2-1b",
-    "model_type": "llama",
-    "num_hidden_layers": 16,
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "intermediate_size": 8192,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": True,
-}
+# Llama-3.2-1B's config.json (the keys simcli reads): the draft of `spec`
+LLAMA_1B = Path(__file__).parents[1] / "examples/models/llama-3.2-1b.config.json"
 
 
 def _options(args: argparse.Namespace, draft: str | None = None):
@@ -83,10 +71,7 @@ def _child(args: argparse.Namespace) -> None:
     from simcli.scenario.serving import resolve_serve
 
     feature = args.feature
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.json"
-        path.write_text(json.dumps(LLAMA_1B))
-        scenario = resolve_serve(_options(args, str(path)))
+    scenario = resolve_serve(_options(args, str(LLAMA_1B)))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     sim = scenario.simulator(energy=True)  # as the CLI
     t0 = time.perf_counter()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -791,28 +792,15 @@ def test_cli_draft_that_does_not_fit_beside_the_target(cli, monkeypatch):
 
 needs_step = pytest.mark.skipif(not HAVE_STEP, reason="costmodels.steps.serving not available")
 
-LLAMA_1B = {  # Llama-3.2-1B's config.json (the keys simcli reads)
-    "_name_or_path": "llama3.2-1b",
-    "model_type": "llama",
-    "num_hidden_layers": 16,
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "intermediate_size": 8192,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": True,
-}
+# the draft of the real models: Llama-3.2-1B's config.json
+LLAMA_1B = str(Path(__file__).parents[2] / "examples/models/llama-3.2-1b.config.json")
 
 
 @pytest.fixture(scope="module")
 def real_models(tmp_path_factory):
     from costmodels.steps.serving import StepModel
 
-    path = tmp_path_factory.mktemp("draft") / "config.json"
-    path.write_text(json.dumps(LLAMA_1B))
-    return StepModel("llama3-8b", "h100-sxm"), StepModel(str(path), "h100-sxm")
+    return StepModel("llama3-8b", "h100-sxm"), StepModel(LLAMA_1B, "h100-sxm")
 
 
 @needs_step

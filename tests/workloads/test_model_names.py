@@ -2,22 +2,18 @@
 folder ``s``, ``--draft-model draft.json`` used to report ``"draft_model": "s"``."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from workloads.models import load_model
 
+# Llama-3.2-1B's config without its name: each case adds the naming keys it tests
+_EXAMPLE = Path(__file__).parents[2] / "examples/models/llama-3.2-1b.config.json"
 LLAMA_1B = {
-    "model_type": "llama",
-    "num_hidden_layers": 16,
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "intermediate_size": 8192,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": True,
+    k: v
+    for k, v in json.loads(_EXAMPLE.read_text()).items()
+    if k not in ("_name_or_path", "_source")
 }
 
 

@@ -7,8 +7,9 @@ Names load on first use (PEP 562 ``__getattr__``): a command that only asks
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from simcli.lazy import lazy_attributes
 
 _WHERE = {
     "output_is_dir": "simcli.reports.bundle",
@@ -21,13 +22,7 @@ if TYPE_CHECKING:
     from simcli.reports.page import Report
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _WHERE, globals())
 
 
 __all__ = ["Report", "output_is_dir", "write_output_dir"]

@@ -8,8 +8,9 @@ import the serving or training scenarios, nor they each other.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from simcli.lazy import lazy_attributes
 
 # public name -> the submodule that defines it
 _WHERE = {
@@ -99,13 +100,7 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _WHERE, globals())
 
 
 def __dir__() -> list[str]:

@@ -117,60 +117,39 @@ def _backend_arrays(
     return out
 
 
-def fa2_num_splits(
-    ctas: np.ndarray, slots: int, n_blocks: np.ndarray, max_splits: int = 128
-) -> np.ndarray:
-    """FlashAttention-2's split-KV count for a forward of ``ctas`` (batch x heads x query
-    blocks of 64) CTAs over ``n_blocks`` key blocks on ``slots`` CTA slots
-    (``num_splits_heuristic`` in FA2's csrc/flash_attn/flash_api.cpp, called from mha_fwd
-    through set_params_splitkv): 1 when the CTAs fill 80% of the slots; else the fewest
-    splits whose wave efficiency (CTAs x splits / slots over its ceiling) reaches 85% of
-    the best, among splits that change the key blocks per split."""
-    ctas = np.asarray(ctas, dtype=float)
-    nb = np.asarray(n_blocks, dtype=float)
-    top = np.minimum(np.minimum(max_splits, slots), nb)
-    effs = []
-    for s in range(1, max_splits + 1):
-        eligible = (s == 1) | (np.ceil(nb / s) != np.ceil(nb / max(s - 1, 1)))
-        waves = ctas * s / slots
-        eff = np.where(eligible & (s <= top), waves / np.ceil(waves), 0.0)
-        effs.append(eff)
-    effs = np.array(effs)  # (splits, rows)
-    best = effs.max(axis=0)
-    ok = effs >= 0.85 * best
-    ok &= effs > 0
-    first = np.argmax(ok, axis=0) + 1
-    return np.where(ctas >= 0.8 * slots, 1, np.where(ok.any(axis=0), first, 1)).astype(int)
-
-
 SPLIT_BLOCK_M = 64  # query rows per CTA of FA2's split-KV kernel (flash_fwd_splitkv)
+SPLIT_BLOCK_N = 128.0  # keys per block of that kernel at head_dim 128
 
 
 def _split_kv_fwd_s(
     batch, sq, skv, hq, d, causal, fwd_eff, fwd_bytes, sm_rate, bp, sm, sfu_per_sm, hbm, plain_s
 ) -> np.ndarray:
-    """Forward seconds where FlashAttention-2 runs its split-KV kernel (more than one split
-    by :func:`fa2_num_splits`; elsewhere ``plain_s``): 64-row query blocks, key blocks of
-    256/128/64 keys by head dim, ``s`` CTAs per (query block, head) each walking ``1/s`` of
-    the keys, then a combine kernel reading the fp32 partial outputs back. Seen in PyTorch's
-    FA2 on the H100 (calibrate/data/verify-attn-h100-sxm): 2 query tokens over 64k keys at
-    batch 1 take 2.4x a decode, not the 16x of 32 CTAs walking every key."""
-    bn = np.where(d <= 64, 256.0, np.where(d <= 128, 128.0, 64.0))
+    """Forward seconds of a launch whose CTAs leave SMs idle (a few query rows over many
+    keys), where FlashAttention-2 splits the keys (flash_api.cpp set_params_splitkv):
+    64-row query blocks, 128-key blocks, the fp32 partial outputs read back by a combine
+    kernel. As in :func:`decode_work`, a continuous split count spreading the CTAs over
+    the GPU's slots (2 per SM at 128 threads) stands in for FA2's discrete
+    num_splits_heuristic, so time stays monotone in every size; never above ``plain_s``,
+    the kernel without the split. Measured with PyTorch's FA2 on the H100
+    (calibrate/data/verify-attn-h100-sxm): 2 query tokens over 64k keys at batch 1 take
+    2.4x a decode, not the 16x of 32 CTAs walking every key."""
+    bn = SPLIT_BLOCK_N
     bm = float(SPLIT_BLOCK_M)
     bh = batch * hq
     nq, nk = cdiv(sq, bm), cdiv(skv, bn)
-    splits = fa2_num_splits(bh * nq, int(2 * sm), nk)
+    units = bh * nq  # CTAs without a split
+    split_units = np.clip(2.0 * sm, units, units * nk)
     per_head = np.where(causal, causal_tiles_per_head(sq, skv, bm, bn), nq * nk)
-    ctas = bh * nq * splits
-    per_cta = np.ceil(nk / splits)
     exp_s = (1.0 - bp["exp_overlap"]) * bm * bn / sfu_per_sm
     tile_s = 4.0 * bm * bn * d / (sm_rate * fwd_eff) + exp_s
-    uniform = np.ones(len(ctas), dtype=bool)  # every split walks the same key blocks
-    span = _makespan_tiles(ctas, bh * per_head, per_cta, uniform, sm)
-    compute_s = span * tile_s + cdiv(ctas, sm) * bp["cta_latency_s"]
-    partial_bytes = 2.0 * splits * bh * sq * (d + 1) * 4.0  # fp32 O and LSE, out and back
+    # balanced over the SMs, but no faster than one CTA's share of a row of key blocks
+    span = np.maximum(bh * per_head / sm, nk * units / split_units)
+    compute_s = span * tile_s + np.maximum(split_units / sm, 1.0) * bp["cta_latency_s"]
+    # fp32 partial O and LSE of every split's 64-row tile, written and read back (as
+    # decode_work's combine)
+    partial_bytes = split_units * np.minimum(sq, bm) * (d + 1) * 4.0 * 2.0
     split_s = 2.0 * bp["launch_s"] + np.maximum(compute_s, (fwd_bytes + partial_bytes) / hbm)
-    return np.where(splits > 1, split_s, plain_s)
+    return np.minimum(split_s, plain_s)
 
 
 def attention_work(
@@ -225,8 +204,8 @@ def attention_work(
     fwd_waves = cdiv(bh * nq, sm)
     fwd_compute_s = fwd_span * fwd_tile_s + fwd_waves * bp["cta_latency_s"]
     fwd_s = bp["launch_s"] + np.maximum(fwd_compute_s, fwd_bytes / hbm)
-    # a few query rows over many keys leave the GPU idle: FA2 splits the keys (only those
-    # rows are priced again; fa2_num_splits may still keep one split)
+    # a few query rows over many keys leave the GPU idle: FA2 splits the keys (FA2's
+    # threshold: fewer CTAs than 80% of 2 per SM; only those rows are priced again)
     names = np.where(sparse & (backend == ""), "flex", backend)
     idle = (names == "flash") & ~sparse & (bh * cdiv(sq, SPLIT_BLOCK_M) < 0.8 * 2.0 * sm)
     if idle.any():

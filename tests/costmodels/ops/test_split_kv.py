@@ -1,30 +1,37 @@
-"""FlashAttention-2's split-KV forward (``fa2_num_splits`` and the split kernel's price):
-a few query rows over a long cache no longer walk every key in batch x heads CTAs. The
-model is checked against verification-attention timings never fitted on
+"""FlashAttention-2's split-KV forward (a continuous split count, as decode's): a few query
+rows over a long cache no longer walk every key in batch x heads CTAs. The model is
+checked against verification-attention timings never fitted on
 (calibrate/data/verify-attn-h100-sxm: PyTorch's FA2 on the H100)."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from costmodels.ops.attention import fa2_num_splits
-
 DATA = Path(__file__).parents[3] / "calibrate/data/verify-attn-h100-sxm/verify_attn.csv"
 
 
-def test_heuristic_matches_flash_api():
-    # enough CTAs to fill 80% of the slots: one split
-    assert fa2_num_splits(np.array([212]), 264, np.array([512]))[0] == 1
-    # 32 CTAs over 8 key blocks: every block its own split (100% of 264 slots needs 8.25)
-    assert fa2_num_splits(np.array([32]), 264, np.array([8]))[0] == 8
-    # never more splits than key blocks, and 1 for a single block
-    assert fa2_num_splits(np.array([1]), 264, np.array([1]))[0] == 1
-    out = fa2_num_splits(np.array([32, 64, 128]), 264, np.array([512, 512, 512]))
-    assert list(out) == sorted(out, reverse=True) and out[-1] >= 2
+def test_split_forward_is_monotone_in_every_size():
+    """The split count is continuous (as decode_work's), so FA2's discrete switches do not
+    make a bigger launch cheaper: around the 64-row tile and the idle-launch threshold."""
+    from costmodels.ops.select import get_cost_model
+    from workloads.ops import Op
+
+    model = get_cost_model("h100-sxm", use_shipped=False)
+    base = dict(op="attn_fwd", dtype="bf16", batch=1, seq_q=64, seq_kv=40000, heads_q=1,
+                heads_kv=1, head_dim=64, causal=False, backend="flash")  # fmt: skip
+    for field, values in (
+        ("seq_q", [1, 2, 63, 64, 65, 128, 129]),
+        ("head_dim", [32, 64, 65, 128, 129, 256]),
+        ("batch", [1, 2, 3, 4, 64, 200, 211, 212, 400]),
+        ("seq_kv", [64, 128, 129, 257, 40000, 40001]),
+    ):
+        times = [model.predict(Op(**{**base, field: v})) for v in values]
+        assert all(b >= a * (1 - 1e-12) for a, b in pairwise(times)), (field, times)
 
 
 @pytest.fixture(scope="module")

@@ -78,19 +78,8 @@ class SummaryPricing:
         share (GEMMs and the decode-attention row of its size), so the call is one
         bracket on the mean context."""
         if not prefill_new:
-            memo = self._decode_memo.get(n_decode)
-            if memo is None:
-                memo = self._decode_memo[n_decode] = self._decode_share(n_decode)
-            if memo:
-                base, wi, r0, r1, f, idle_floor, kv_axis = memo
-                kv = decode_ctx_sum / n_decode + 1.0
-                if kv <= kv_axis[-1]:  # _decode_attn, its row fixed
-                    j, wj = bracket(kv_axis, kv)
-                    dec = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
-                        (1 - wj) * r1[j] + wj * r1[j + 1]
-                    )
-                    return base + self.model.num_layers * (f * dec + idle_floor)
-        elif self._summary_fast and len(prefill_new) <= 8 and self.engine != "pytorch-eager":
+            return self.step_s_decode(n_decode, decode_ctx_sum)
+        if self._summary_fast and len(prefill_new) <= 8 and self.engine != "pytorch-eager":
             pre = self._prefill_attn_lists(prefill_new, prefill_past)
             dec = self._decode_attn(n_decode, decode_ctx_sum) if n_decode else None
             T = sum(prefill_new) + n_decode
@@ -103,6 +92,24 @@ class SummaryPricing:
         pn = np.array(prefill_new, dtype=np.int64)
         pp = np.array(prefill_past, dtype=np.int64)
         return self._evaluate(pn, pp, n_decode, decode_ctx_sum).total
+
+    def step_s_decode(self, n_decode: int, decode_ctx_sum: int) -> float:
+        """:meth:`step_s_summary` of a decode-only step (``n_decode`` >= 1 sequences over
+        ``decode_ctx_sum`` cached tokens in all)."""
+        memo = self._decode_memo.get(n_decode)
+        if memo is None:
+            memo = self._decode_memo[n_decode] = self._decode_share(n_decode)
+        if memo:
+            base, wi, r0, r1, f, idle_floor, kv_axis = memo
+            kv = decode_ctx_sum / n_decode + 1.0
+            if kv <= kv_axis[-1]:  # _decode_attn, its row fixed
+                j, wj = bracket(kv_axis, kv)
+                dec = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
+                    (1 - wj) * r1[j] + wj * r1[j + 1]
+                )
+                return base + self.model.num_layers * (f * dec + idle_floor)
+        empty = np.zeros(0, dtype=np.int64)
+        return self._evaluate(empty, empty, n_decode, decode_ctx_sum).total
 
     def _decode_share(self, n: int) -> tuple | bool:
         """What a decode-only step of ``n`` sequences costs whatever their contexts, for

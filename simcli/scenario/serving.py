@@ -328,7 +328,7 @@ def resolve_arrivals(options: ServeOptions) -> Arrivals:
     fails here, before anything is simulated."""
     o = options
     if o.trace is not None and o.qps is None:
-        next(trace_requests(o.trace, 1), None)
+        next(iter(trace_requests(o.trace, 1)), None)
         return Arrivals(o.trace, o.num_requests, None)
     empirical = trace_lengths(o.trace) if o.trace is not None else None
     spec = SyntheticSpec(

@@ -28,7 +28,8 @@ cache), ``batch`` (the lockstep decode batch, one iteration's batch, the step-mo
 protocol), ``engine`` (an engine's queues and iteration loop), ``replica`` (``pp`` engines
 sharing a KV cache), ``schedulers``, ``router``,
 ``metrics``, ``timeline`` (bounded per-iteration samples and Chrome traces for reports),
-``simulator`` (the event loop, ``ServeConfig``, ``simulate``), ``plan_inputs``,
+``simulator`` (the event loop, ``ServeConfig``, ``simulate``), ``fastpath`` (the same
+loop for plain deployments, from arrays), ``plan_inputs``,
 ``plan_result`` and ``planner`` (the capacity-planning search), and the optional
 features, each a ``ServeConfig`` field: ``disagg`` (prefill/decode pools joined by KV
 transfers), ``spec`` (speculative decoding: draft model, SpecTr drafts, TriForce hierarchy),

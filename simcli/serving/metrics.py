@@ -62,6 +62,24 @@ class LogHistogram:
         if value > self.max:
             self.max = value
 
+    def add_many(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """:meth:`add` of every sample, vectorised (the same buckets; the total summed
+        pairwise, so it may differ from one-by-one adds in the last bits)."""
+        if not values.size:
+            return
+        pos = values > self.LO
+        idx = np.zeros(values.size, dtype=np.int64)
+        raw = (np.log(values[pos]) - self._log_lo) * self._inv_log_g
+        idx[pos] = np.minimum(raw.astype(np.int64), self.NBINS - 1)
+        w = np.ones(values.size, dtype=np.int64) if weights is None else weights
+        counts = np.bincount(idx, weights=w, minlength=self.NBINS)
+        for i in np.flatnonzero(counts).tolist():
+            self.counts[i] += int(counts[i])
+        self.n += int(w.sum())
+        self.total += float(np.dot(values, w))
+        self.min = min(self.min, float(values.min()))
+        self.max = max(self.max, float(values.max()))
+
     def merge(self, other: LogHistogram) -> None:
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
         self.n += other.n
@@ -186,6 +204,30 @@ class EnergyMeter:
         self._n = i + 1
         if self._n == self.CHUNK:
             self._flush()
+
+    def add_arrays(
+        self,
+        tokens: np.ndarray,
+        seqs: np.ndarray,
+        pairs: np.ndarray,
+        keys: np.ndarray,
+        dt_s: np.ndarray,
+    ) -> None:
+        """Many iterations given by the sums :meth:`add` forms (tokens, sequences, attended
+        (query, key) pairs, keys read) and their times, in order."""
+        flops = self.f_tok * tokens + self.f_seq * seqs + self.f_pair * pairs
+        nbytes = self.weight_bytes + self.kv_bytes * (keys + tokens)
+        done = 0
+        while done < dt_s.size:
+            i = self._n
+            k = min(self.CHUNK - i, dt_s.size - done)
+            self._t[i : i + k] = dt_s[done : done + k]
+            self._f[i : i + k] = flops[done : done + k]
+            self._b[i : i + k] = nbytes[done : done + k]
+            self._n = i + k
+            done += k
+            if self._n == self.CHUNK:
+                self._flush()
 
     def _flush(self) -> None:
         n = self._n

@@ -215,9 +215,7 @@ class PlanResult:
         }
 
     def records(self) -> list[dict[str, Any]]:
-        return [
-            {"rank": i + 1, **d.record(self.settings)} for i, d in enumerate(self.deployments)
-        ]
+        return [{"rank": i + 1, **d.record(self.settings)} for i, d in enumerate(self.deployments)]
 
     def evaluated(self) -> list[dict[str, Any]]:
         """Every deployment the search looked at: one row per (config, replica count)

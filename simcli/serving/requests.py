@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -220,18 +221,61 @@ class SyntheticSpec(BaseModel):
 CHUNK = 4096  # requests drawn per chunk: bounded memory, same draws for any run length
 
 
+class RequestChunk(NamedTuple):
+    """Consecutive requests as arrays: ids ``first_id ..``, arrival times, lengths and the
+    shared prefix (``prefix_key`` -1: none)."""
+
+    first_id: int
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_key: np.ndarray
+    prefix_tokens: np.ndarray
+
+
+class RequestStream:
+    """A request stream that can be read as :class:`Request` objects (iteration) or as
+    :class:`RequestChunk` arrays (:meth:`chunks`, what the simulator's fast path reads:
+    :mod:`simcli.serving.fastpath`); both start afresh on every call and see the same
+    requests. ``shared_prefixes``: whether any request may carry a shared prefix."""
+
+    def __init__(self, chunks: Callable[[], Iterator[RequestChunk]], shared_prefixes: bool):
+        self._chunks = chunks
+        self.shared_prefixes = shared_prefixes
+
+    def chunks(self) -> Iterator[RequestChunk]:
+        return self._chunks()
+
+    def __iter__(self) -> Iterator[Request]:
+        for c in self.chunks():
+            rid = c.first_id
+            for a, p, o, g, t in zip(
+                c.arrival_s.tolist(), c.prompt_tokens.tolist(), c.output_tokens.tolist(),
+                c.prefix_key.tolist(), c.prefix_tokens.tolist(), strict=True,
+            ):  # fmt: skip
+                yield Request(rid, a, p, o, g, t) if g >= 0 else Request(rid, a, p, o)
+                rid += 1
+
+
 def synthetic_requests(
     spec: SyntheticSpec, empirical: tuple[np.ndarray, np.ndarray] | None = None
-) -> Iterator[Request]:
+) -> RequestStream:
     """Requests with Poisson/gamma arrivals; lengths from the spec's distributions, or, with
     ``empirical = (prompts, outputs)``, rows of a trace drawn with replacement."""
     if empirical is None and (spec.prompt_len is None or spec.output_len is None):
         raise ValueError("synthetic requests need prompt and output length distributions")
+    return RequestStream(lambda: _synthetic_chunks(spec, empirical), spec.shared_prefix_len > 0)
+
+
+def _synthetic_chunks(
+    spec: SyntheticSpec, empirical: tuple[np.ndarray, np.ndarray] | None
+) -> Iterator[RequestChunk]:
     rng = np.random.default_rng(spec.seed)
     cv = spec.burstiness
     shape = 1.0 / (cv * cv)
     t = 0.0
     rid = 0
+    plen = spec.shared_prefix_len
     while rid < spec.num_requests:
         n = min(CHUNK, spec.num_requests - rid)
         if cv == 1.0:
@@ -244,22 +288,22 @@ def synthetic_requests(
         else:
             pick = rng.integers(0, len(empirical[0]), n)
             prompts, outputs = empirical[0][pick], empirical[1][pick]
-        groups = (
-            rng.integers(0, spec.prefix_groups, n)
-            if spec.shared_prefix_len > 0
-            else np.zeros(n, dtype=np.int64)
-        )
+        if plen > 0:
+            groups = rng.integers(0, spec.prefix_groups, n)
+            prompts = np.asarray(prompts, dtype=np.int64) + plen
+        else:
+            groups = np.full(n, -1, dtype=np.int64)
         arrivals = t + np.cumsum(gaps)
         t = float(arrivals[-1])
-        plen = spec.shared_prefix_len
-        for a, p, o, g in zip(
-            arrivals.tolist(), prompts.tolist(), outputs.tolist(), groups.tolist(), strict=True
-        ):
-            if plen:
-                yield Request(rid, a, p + plen, o, g, plen)
-            else:
-                yield Request(rid, a, p, o)
-            rid += 1
+        yield RequestChunk(
+            rid,
+            arrivals,
+            np.asarray(prompts, dtype=np.int64),
+            np.asarray(outputs, dtype=np.int64),
+            groups,
+            np.full(n, plen, dtype=np.int64),
+        )
+        rid += n
 
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -376,12 +420,37 @@ def _rows(path: Path) -> Iterator[tuple[int, float, int, int, int | None, int]]:
         raise TraceError(f"{where} has a header but no rows")
 
 
-def trace_requests(path: str | Path, num_requests: int | None = None) -> Iterator[Request]:
-    """Replay a trace, streaming: one row at a time, the first ``num_requests`` rows."""
-    for rid, (_, arrival, prompt, output, key, ptoks) in enumerate(_rows(Path(path))):
-        if num_requests is not None and rid >= num_requests:
-            return
-        yield Request(rid, arrival, prompt, output, key, ptoks)
+def trace_requests(path: str | Path, num_requests: int | None = None) -> RequestStream:
+    """Replay a trace, streaming: the first ``num_requests`` rows, read :data:`CHUNK` rows
+    at a time."""
+    path = Path(path)
+    _, col, fh = _open_trace(path)  # a missing or malformed header fails now
+    fh.close()  # type: ignore[attr-defined]
+    return RequestStream(lambda: _trace_chunks(path, num_requests), "prefix_id" in col)
+
+
+def _trace_chunks(path: Path, num_requests: int | None) -> Iterator[RequestChunk]:
+    rows: list[tuple[float, int, int, int, int]] = []
+    rid = 0
+    for _, arrival, prompt, output, key, ptoks in _rows(path):
+        if num_requests is not None and rid + len(rows) >= num_requests:
+            break
+        rows.append((arrival, prompt, output, -1 if key is None else key, ptoks))
+        if len(rows) == CHUNK:
+            yield _trace_chunk(rid, rows)
+            rid += len(rows)
+            rows = []
+    if rows:
+        yield _trace_chunk(rid, rows)
+
+
+def _trace_chunk(first_id: int, rows: list[tuple[float, int, int, int, int]]) -> RequestChunk:
+    a, p, o, g, t = zip(*rows, strict=True)
+    i64 = np.int64
+    return RequestChunk(
+        first_id, np.array(a, dtype=float), np.array(p, dtype=i64), np.array(o, dtype=i64),
+        np.array(g, dtype=i64), np.array(t, dtype=i64),
+    )  # fmt: skip
 
 
 def trace_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -404,6 +473,8 @@ __all__ = [
     "SWAPPED",
     "WAITING",
     "Request",
+    "RequestChunk",
+    "RequestStream",
     "Sequence",
     "SyntheticSpec",
     "TraceError",

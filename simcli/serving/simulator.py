@@ -32,12 +32,13 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simcli.serving import fastpath
 from simcli.serving.batch import CappedDecodeBatch, StepModelLike
 from simcli.serving.branches import BranchConfig, BranchState, BranchStats
 from simcli.serving.disagg import DisaggConfig, Disaggregation, KVTransferModel
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.replica import Replica
-from simcli.serving.requests import Request, output_within_model_len
+from simcli.serving.requests import Request, RequestChunk, output_within_model_len
 from simcli.serving.router import make_router
 from simcli.serving.schedulers import SchedulerConfig, make_scheduler
 from simcli.serving.spec import (
@@ -369,20 +370,7 @@ class Simulator:
                 )
         need = req.prompt_tokens + out - 2 + self.lookahead
         if not self._fits(need, req.prompt_tokens):
-            lay = self._capped_layout
-            held = (
-                f" (its window layers hold at most {lay.cap_tokens(self.config.block_size)})"
-                if lay is not None
-                else ""
-            )
-            raise SimulationError(
-                f"request {req.id} needs {need} tokens of KV cache (prompt "
-                f"{req.prompt_tokens} + output {out}"
-                f"{f' + lookahead {self.lookahead - 1}' if self.lookahead > 1 else ''}){held} "
-                f"but a replica{' engine' if self.config.pp > 1 else ''} holds "
-                f"{min(self.engine_capacity_tokens, self.prefill_engine_capacity_tokens)}; "
-                "allowed: shorter requests or more KV room (more --tp, a bigger GPU)"
-            )
+            raise self._too_big(req.id, need, req.prompt_tokens, out)
         self.output_capped += capped
         self.arrived += 1
         replica = self.router.choose(self.entry, req)
@@ -391,6 +379,59 @@ class Simulator:
         if nxt is not None:
             events.append(nxt)
         return events
+
+    def _too_big(self, rid: int, need: int, prompt: int, out: int) -> SimulationError:
+        lay = self._capped_layout
+        held = (
+            f" (its window layers hold at most {lay.cap_tokens(self.config.block_size)})"
+            if lay is not None
+            else ""
+        )
+        return SimulationError(
+            f"request {rid} needs {need} tokens of KV cache (prompt {prompt} + output {out}"
+            f"{f' + lookahead {self.lookahead - 1}' if self.lookahead > 1 else ''}){held} "
+            f"but a replica{' engine' if self.config.pp > 1 else ''} holds "
+            f"{min(self.engine_capacity_tokens, self.prefill_engine_capacity_tokens)}; "
+            "allowed: shorter requests or more KV room (more --tp, a bigger GPU)"
+        )
+
+    def admissible(self, chunk: RequestChunk) -> tuple[list[float], list[int], list[int]]:
+        """The fast path's :meth:`arrive` and stream checks of a chunk, vectorised: arrival
+        times, prompts and outputs (0: refused, the prompt beyond ``max_model_len``; cut
+        to fit it otherwise). Counts the arrivals, refusals and cuts; raises what
+        :meth:`arrive` would for the chunk's first bad request (no capped layout here)."""
+        a, p, o = chunk.arrival_s, chunk.prompt_tokens, chunk.output_tokens
+        limit = self.config.max_model_len
+        out = o
+        if limit is not None:
+            out = np.where(p + o <= limit, o, np.where(p > limit, 0, np.maximum(1, limit - p)))
+        prev = np.concatenate(([self._last_arrival_s], a[:-1]))
+        bad_stream = ~(a >= prev) | ~np.isfinite(a) | (p < 1) | (o < 1)
+        served = out > 0
+        need = p + out - 2 + self.lookahead
+        bad_fit = served & (
+            (need > self.engine_capacity_tokens) | (p > self.prefill_engine_capacity_tokens)
+        )
+        bad = np.flatnonzero(bad_stream | bad_fit)
+        if bad.size:
+            i = int(bad[0])
+            rid = chunk.first_id + i
+            if bad_stream[i]:
+                if not a[i] >= prev[i] or not math.isfinite(a[i]):
+                    raise SimulationError(
+                        f"request {rid} arrives at {float(a[i])} s, before the previous one "
+                        f"({float(prev[i])} s); allowed: requests sorted by arrival time"
+                    )
+                raise SimulationError(
+                    f"request {rid} has prompt {int(p[i])} and output {int(o[i])} tokens; "
+                    "allowed: both >= 1"
+                )
+            raise self._too_big(rid, int(need[i]), int(p[i]), int(out[i]))
+        self._last_arrival_s = float(a[-1])
+        self.rejected_too_long += int((~served).sum())
+        self.output_capped += int((served & (out != o)).sum())
+        self.arrived += int(served.sum())
+        return a.tolist(), p.tolist(), out.tolist()
 
     def _fits(self, need: int, prompt: int) -> bool:
         """Whether a request's ``need`` tokens of KV (its prompt's on the prefill side) fit
@@ -428,6 +469,14 @@ class Simulator:
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self, requests: Iterable[Request]) -> ServeResult:
+        """Simulate ``requests`` (sorted by arrival); a plain deployment given a
+        :class:`~simcli.serving.requests.RequestStream` runs on the fast path
+        (:mod:`simcli.serving.fastpath`, the same result sooner)."""
+        if fastpath.eligible(self, requests):
+            self.now_s = fastpath.run(self, requests)
+            if not self.arrived and not self.rejected_too_long:
+                raise SimulationError("no requests to simulate; allowed: at least one request")
+            return self._finish_run()
         self._stream = iter(requests)
         first = self._next_arrival()
         if first is None:
@@ -449,6 +498,9 @@ class Simulator:
                 for r in self.replicas:
                     r.check()
         self.now_s = now
+        return self._finish_run()
+
+    def _finish_run(self) -> ServeResult:
         m = self.metrics
         if m.progress is not None:
             m.progress(m.completed, m.progress_total or m.completed)

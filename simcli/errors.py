@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
-from pydantic import ValidationError
 
 try:  # typer >= 0.29 vendors click; earlier releases run on click itself
     from typer._click.exceptions import UsageError
@@ -29,6 +28,8 @@ def debug_enabled() -> bool:
 
 
 def _one_line(exc: BaseException) -> str:
+    from pydantic import ValidationError  # here, not for `simcli --help` (start-up)
+
     if isinstance(exc, ValidationError):
         err = exc.errors()[0]
         msg = err["msg"].removeprefix("Value error, ")

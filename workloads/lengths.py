@@ -36,7 +36,6 @@ from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from scipy.special import ndtr, ndtri
 
 
 class LengthError(ValueError):
@@ -142,6 +141,8 @@ class LogNormalDist(_Dist):
         if self.sigma == 0:
             x = np.full(n, self.median)
         else:
+            from scipy.special import ndtr, ndtri  # scipy loads where used (CLI start-up)
+
             # Inverse-CDF sampling restricted to the rounding cell of [1, max_len]:
             # lengths in [0.5, max_len + 0.5) round into range, so nothing piles up at a bound.
             lo = float(ndtr((math.log(0.5) - mu) / self.sigma))

@@ -57,10 +57,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -70,6 +69,9 @@ from costmodels.ops.gemm import SPLIT_FACTORS, gemm_work, row_alignment
 from costmodels.ops.params import GemmParams, arch_params, deep_merge
 from hardware_specs.schema import GpuSpec
 from workloads.ops import Op, normalise_frame, parse_gemm_sparsity
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SPARSITY_KINDS = ("dense", "2:4", "unstructured", "cats")
 

@@ -4,7 +4,6 @@ import io
 import sys
 from pathlib import Path
 
-import pandas as pd
 import typer
 
 from simcli.errors import user_errors
@@ -78,6 +77,8 @@ def _write(result: SearchResult, path: Path, inputs: dict, obj: dict) -> None:
         write_output_dir(path, csvs=csvs, config=config, report_html=page)
         return
     if path.suffix.lower() == ".csv":
+        import pandas as pd
+
         buf = io.StringIO()
         pd.DataFrame(records).to_csv(buf, index=False, float_format="%.6g")
         atomic_write_text(path, buf.getvalue())

@@ -12,6 +12,8 @@ it (:func:`~simcli.scenario.serving.run_serve`) and emits: the result object, an
 ``--output`` per-request rows or a report bundle, with ``--trace-output`` a Chrome trace.
 """
 
+from __future__ import annotations
+
 import csv
 import json
 import os
@@ -20,9 +22,8 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import pandas as pd
 import typer
 
 from simcli.commands.serve_plan import serve_plan
@@ -32,26 +33,20 @@ from simcli.output import Format, cannot_write, emit_object, jsonable
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir
 from simcli.reports.bundle import StagedBundle, check_output_path, cli_inputs, config_document
-from simcli.reports.serve import (
-    REPLICAS_SCHEMA,
-    REQUESTS_SCHEMA,
-    SWEEP_METRICS,
-    SWEEP_SCHEMA,
-    TIMELINE_SCHEMA,
-    frame,
-    qps_multipliers,
-    serve_csvs,
-    serve_report,
-)
-from simcli.scenario.serving import ServeOptions, ServeRun, ServeScenario, resolve_serve, run_serve
-from simcli.serving.requests import Request
-from simcli.serving.timeline import StepRecorder
+from simcli.scenario.serving_options import ServeOptions
+
+# The simulator, pandas and the report renderer load when a run needs them, not for
+# `simcli serve --help` (issue 18: start-up; benchmarks/cli_startup.py)
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from simcli.scenario.serving import ServeRun, ServeScenario
+    from simcli.serving.requests import Request
+    from simcli.serving.timeline import StepRecorder
 
 app = typer.Typer(
     cls=SimcliGroup, help="Simulate serving a model: latency, throughput, goodput, cost."
 )
-
-REQUEST_COLUMNS = tuple(REQUESTS_SCHEMA)
 
 # --output DIR: at most this many rows of timeline.csv (iteration samples, all replicas)
 TIMELINE_ROWS = 4000
@@ -73,6 +68,9 @@ class _RequestRows:
     JSON: the object ``--format json`` prints, with the rows under ``requests``."""
 
     def __init__(self, path: Path) -> None:
+        from simcli.reports.serve import REQUESTS_SCHEMA
+
+        self.columns = tuple(REQUESTS_SCHEMA)
         self.path = path
         self.json = path.suffix.lower() == ".json"
         folder = path.parent if str(path.parent) else Path(".")
@@ -81,12 +79,12 @@ class _RequestRows:
         self.rows = 0
         if not self.json:
             self.csv = csv.writer(self.fh)
-            self.csv.writerow(REQUEST_COLUMNS)
+            self.csv.writerow(self.columns)
 
     def __call__(self, req: Request) -> None:
         row = _request_row(req)
         if self.json:
-            obj = dict(zip(REQUEST_COLUMNS, row, strict=True))
+            obj = dict(zip(self.columns, row, strict=True))
             self.fh.write(("," if self.rows else "") + "\n    " + json.dumps(obj))
         else:
             self.csv.writerow(["" if v is None else f"{v:.9g}" if isinstance(v, float) else v
@@ -150,7 +148,8 @@ def _request_rows(path: Path | None) -> Iterator[_RequestRows | None]:
 
 
 def _request_row(req: Request) -> tuple:
-    """The request's REQUEST_COLUMNS values (tpot None for one output token)."""
+    """The request's requests.csv row, in REQUESTS_SCHEMA's column order (tpot None for
+    one output token)."""
     # a multi-branch request: the branch that completed it
     out = req.output_tokens if req.branch is None else req.branch.last_len
     first, fin = req.first_token_s, req.finish_s
@@ -222,6 +221,9 @@ def serve(
     `simcli serve plan ...` searches for the cheapest deployment meeting SLOs."""
     if ctx.invoked_subcommand is not None:
         return
+    from simcli.scenario.serving import resolve_serve, run_serve
+    from simcli.serving.timeline import StepRecorder
+
     set_quiet(quiet)
     with user_errors():
         bundle_dir = _check_outputs(output, trace_output)
@@ -279,6 +281,15 @@ def _commit_bundle(
 ) -> None:
     """``--output DIR``: the summary, timeline, replicas and QPS-sweep CSVs, config.json
     and report.html (requests.csv was streamed during the run)."""
+    from simcli.reports.serve import (
+        REPLICAS_SCHEMA,
+        TIMELINE_SCHEMA,
+        frame,
+        qps_multipliers,
+        serve_csvs,
+        serve_report,
+    )
+
     out = run.output
     expected = scenario.arrivals.expected
     n_sweep = min(requests_per_point, expected or requests_per_point)
@@ -351,6 +362,8 @@ def _qps_sweep(
     """Throughput and latency at ``points`` arrival rates (0.25x to 2x the run's): the
     same deployment re-simulated with ``n`` requests per point. (frame or None, how it
     was made, for the report)."""
+    from simcli.reports.serve import SWEEP_METRICS, SWEEP_SCHEMA, frame, qps_multipliers
+
     if points <= 0:
         return None, "QPS sweep off (--report-qps-points 0)."
     if base_qps is None:

@@ -8,10 +8,12 @@ with ``configs_evaluated``, ``simulations_run``, ``search_seconds``, ``notes`` a
 ``deployments``, ``csv`` one row per deployment.
 """
 
+from __future__ import annotations
+
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import typer
 
 from simcli.errors import user_errors
@@ -20,14 +22,13 @@ from simcli.output import Format, atomic_write_json, atomic_write_text, emit_rec
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir, write_output_dir
 from simcli.reports.bundle import check_output_path, cli_inputs, config_document
-from simcli.reports.serve import DEPLOYMENTS_SCHEMA, EVALUATED_SCHEMA, frame, plan_report
-from simcli.scenario.serving import (
-    ServePlanOptions,
-    ServePlanScenario,
-    resolve_serve_plan,
-    run_serve_plan,
-)
-from simcli.serving.plan_result import PlanResult
+from simcli.scenario.serving_options import ServePlanOptions
+
+# The search, pandas and the report renderer load when a run needs them, not for
+# `simcli serve plan --help` (issue 18: start-up)
+if TYPE_CHECKING:
+    from simcli.scenario.serving import ServePlanScenario
+    from simcli.serving.plan_result import PlanResult
 
 # Columns of the human table (JSON and CSV carry every field), then per given limit the
 # latency at the SLO's percentile (headed e.g. ttft_s_p90) and, when that is not p99, at p99.
@@ -63,6 +64,8 @@ def _table_rows(records: list[dict], slo: dict, percentile: str) -> list[dict]:
 
 def _write(result: PlanResult, path: Path) -> None:
     """``--output``: CSV of the deployments for a .csv name, else the JSON object."""
+    import pandas as pd
+
     records = result.records()
     if path.suffix.lower() == ".csv":
         buf = io.StringIO()
@@ -77,6 +80,8 @@ def _write_bundle(
     result: PlanResult, folder: Path, inputs: dict, scenario: ServePlanScenario
 ) -> None:
     """``--output DIR``: plans.csv, deployments.csv, config.json, report.html."""
+    from simcli.reports.serve import DEPLOYMENTS_SCHEMA, EVALUATED_SCHEMA, frame, plan_report
+
     summary = result.summary()
     evaluated = frame(result.evaluated(), EVALUATED_SCHEMA)
     deployments = frame(result.records(), DEPLOYMENTS_SCHEMA)
@@ -136,6 +141,8 @@ def serve_plan(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Cheapest deployments (GPU, TP, replicas, scheduler, chunk, P:D) meeting SLOs at --qps."""
+    from simcli.scenario.serving import resolve_serve_plan, run_serve_plan
+
     set_quiet(quiet)
     with user_errors():
         if output is not None:

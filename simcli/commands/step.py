@@ -10,7 +10,7 @@ import typer
 from simcli.errors import user_errors
 from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, emit_object
-from simcli.scenario.serving import StepOptions, resolve_step, run_step
+from simcli.scenario.serving_options import StepOptions
 
 app = typer.Typer(
     cls=SimcliGroup,
@@ -25,6 +25,9 @@ def step(
     fmt: Format = typer.Option(Format.table, "--format", help="table | json | csv"),
 ) -> None:
     """Step time, tokens/s and a per-op breakdown of one engine iteration on one replica."""
+    # the step model (and pandas) load to run, not for `simcli step --help`
+    from simcli.scenario.serving import resolve_step, run_step
+
     with user_errors():
         scenario = resolve_step(config)
         out = run_step(scenario)

@@ -6,7 +6,6 @@ results go); the command parses, resolves the scenario, runs it and emits the re
 import sys
 from pathlib import Path
 
-import pandas as pd
 import typer
 
 from simcli import progress
@@ -71,6 +70,8 @@ def _write_output(path: Path, run: TrainRun, inputs: dict) -> None:
         if path.suffix.lower() == ".json":
             atomic_write_json(path, out)
         else:
+            import pandas as pd
+
             scalars = {k: v for k, v in run.flat().items() if not isinstance(v, dict | list)}
             atomic_write_csv(pd.DataFrame([scalars]), path)
         return

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from costmodels.steps.training import StepCosts, step_costs
-from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
 
 
 def scenario_step_costs(s: Any) -> StepCosts | None:
@@ -23,6 +22,9 @@ def scenario_step_costs(s: Any) -> StepCosts | None:
     )  # fmt: skip
     if s.attn_pattern is None:
         return costs
+    # the sparsity pricer (and the serving step model it builds on) loads for patterns only
+    from simcli.sparsity.whatif import SparsityPricer, sparse_step_costs
+
     pricer = SparsityPricer(hw.gpu_id, cost_models=s.cost_model, seed=0)
     return sparse_step_costs(s.model, s.plan, s.attn_pattern, hw.gpu_id, base=costs, pricer=pricer)
 

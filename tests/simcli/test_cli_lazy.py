@@ -62,6 +62,19 @@ def test_a_lazy_command_is_the_added_one():
         assert sorted(getattr(a, "commands", {})) == sorted(getattr(b, "commands", {}))
 
 
+def _loaded(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """Which of ``names`` are in sys.modules after ``simcli *argv`` in a fresh process."""
+    code = (
+        "import json, sys\n"
+        "from simcli.cli import main\n"
+        f"sys.argv = ['simcli', *{argv!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        f"print(json.dumps([m for m in {names!r} if m in sys.modules]), file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stderr.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -71,12 +84,29 @@ def test_a_lazy_command_is_the_added_one():
     ],  # fmt: skip
 )
 def test_quick_commands_start_without_heavy_libraries(argv):
-    code = (
-        "import json, sys\n"
-        "from simcli.cli import main\n"
-        f"sys.argv = ['simcli', *{argv!r}]\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.stderr)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stderr.strip().splitlines()[-1]) == []
+    assert _loaded(argv, HEAVY) == []
+
+
+def test_root_help_loads_no_command_nor_pydantic():
+    assert _loaded(["--help"], ("pydantic", "numpy", "yaml", *cli.COMMANDS.values())) == []
+
+
+# A simulation command's --help needs its options (pydantic configs), not the simulator,
+# the step models, pandas or the report renderer, which load when it runs. (scipy: the
+# serving options still import it, through simcli.serving.branches.)
+SIMULATORS = ("costmodels.steps.serving", "simcli.scenario.serving", "simcli.reports.serve")
+
+
+@pytest.mark.parametrize(
+    "argv, allowed",
+    [
+        (["train", "--help"], ()),
+        (["plan", "--help"], ()),
+        (["step", "--help"], ("scipy",)),
+        (["serve", "--help"], ("scipy",)),
+        (["serve", "plan", "--help"], ("scipy",)),
+    ],
+)
+def test_simulation_help_starts_without_the_simulators(argv, allowed):
+    heavy = tuple(m for m in (*HEAVY, *SIMULATORS) if m not in allowed)
+    assert _loaded(argv, heavy) == []

@@ -9,7 +9,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
-from scipy.special import ndtri
 
 from workloads.sparsity.basic import Pattern, spec_number
 from workloads.sparsity.errors import SparsityError
@@ -213,6 +212,8 @@ class AdaSpaPattern(_BlockTopK):
         """Per-head densities, ``[heads]`` in (0, 1], mean ``density`` (water-filling)."""
         if self.spread == 0 or heads == 1:
             return np.full(heads, float(self.density))
+        from scipy.special import ndtri  # scipy loads where used (CLI start-up)
+
         z = ndtri((np.arange(heads) + 0.5) / heads)
         raw = np.random.default_rng(seed).permutation(np.exp(self.spread * z))
         desc = np.sort(raw)[::-1]

@@ -2,6 +2,7 @@
 any, as the eagerly registered app did, and the quick commands start without the heavy
 libraries (issue 18: start-up; the times are benchmarks/cli_startup.py's, not a test's)."""
 
+import gc
 import importlib
 import json
 import subprocess
@@ -110,3 +111,10 @@ SIMULATORS = ("costmodels.steps.serving", "simcli.scenario.serving", "simcli.rep
 def test_simulation_help_starts_without_the_simulators(argv, allowed):
     heavy = tuple(m for m in (*HEAVY, *SIMULATORS) if m not in allowed)
     assert _loaded(argv, heavy) == []
+
+
+def test_loading_a_command_leaves_the_collector_on():
+    # commands import with the cyclic GC paused (simcli.cli._loading), then run with it on
+    assert gc.isenabled()
+    result = CliRunner().invoke(cli.app, ["specs", "list", "--format", "json"])
+    assert result.exit_code == 0 and gc.isenabled()

@@ -11,6 +11,8 @@ it avoids numpy and memoises a decode-only step's share by batch size.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 
 from costmodels.steps.serving_grid import bracket
@@ -100,14 +102,18 @@ class SummaryPricing:
         if memo is None:
             memo = self._decode_memo[n_decode] = self._decode_share(n_decode)
         if memo:
-            base, wi, r0, r1, f, idle_floor, kv_axis = memo
+            base, wi, r0, r1, f, idle_floor, kv_axis, layers = memo
             kv = decode_ctx_sum / n_decode + 1.0
-            if kv <= kv_axis[-1]:  # _decode_attn, its row fixed
-                j, wj = bracket(kv_axis, kv)
+            if kv <= kv_axis[-1]:  # _decode_attn, its row fixed; bracket() inlined
+                j = bisect_right(kv_axis, kv) - 1
+                if j >= len(kv_axis) - 1:
+                    j = len(kv_axis) - 2
+                g0 = kv_axis[j]
+                wj = (kv - g0) / (kv_axis[j + 1] - g0)
                 dec = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
                     (1 - wj) * r1[j] + wj * r1[j + 1]
                 )
-                return base + self.model.num_layers * (f * dec + idle_floor)
+                return base + layers * (f * dec + idle_floor)
         empty = np.zeros(0, dtype=np.int64)
         return self._evaluate(empty, empty, n_decode, decode_ctx_sum).total
 
@@ -122,7 +128,8 @@ class SummaryPricing:
         f, _ = self._attn_factors(False)
         idle_floor = self._attn_layer_s(None, 0.0, False)  # a decode launch's floor alone
         base = self._grid_total_s(n, n, True)
-        return base, wi, L["wdec"][i], L["wdec"][i + 1], f, idle_floor, L["dec_kv"]
+        layers = self.model.num_layers
+        return base, wi, L["wdec"][i], L["wdec"][i + 1], f, idle_floor, L["dec_kv"], layers
 
 
 __all__ = ["SummaryPricing"]

@@ -23,7 +23,11 @@ finished first (the general loop orders such ties by when the events were create
 from __future__ import annotations
 
 import heapq
+import math
+from array import array
 from collections import deque
+from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -134,22 +138,22 @@ class _Buffers:
 
     def __init__(self, metrics: Any) -> None:
         self.m = metrics
-        self.ttft: list[float] = []
-        self.e2e: list[float] = []
-        self.tpot: list[float] = []
-        self.tbt: list[float] = []
-        self.tbt_w: list[int] = []
+        self.ttft = array("d")
+        self.e2e = array("d")
+        self.tpot = array("d")
+        self.tbt = array("d")
+        self.tbt_w = array("q")
 
     def flush(self) -> None:
         m = self.m
         for hist, vals in ((m.ttft, self.ttft), (m.e2e, self.e2e), (m.tpot, self.tpot)):
             if vals:
-                hist.add_many(np.array(vals))
-                vals.clear()
+                hist.add_many(np.frombuffer(vals, dtype=np.float64))
+                del vals[:]
         if self.tbt:
-            m.tbt_hist.add_many(np.array(self.tbt), np.array(self.tbt_w, dtype=np.int64))
-            self.tbt.clear()
-            self.tbt_w.clear()
+            m.tbt_hist.add_many(np.frombuffer(self.tbt), np.frombuffer(self.tbt_w, np.int64))
+            del self.tbt[:]
+            del self.tbt_w[:]
 
 
 class _Iterations:
@@ -161,15 +165,13 @@ class _Iterations:
         self.m = metrics
         self.num_blocks = num_blocks  # every replica's (one step model here)
         self.meter = meter
-        self.dt: list[float] = []
-        self.used: list[int] = []
-        self.n_dec: list[int] = []
-        self.ctx: list[int] = []
-        self.pre_at: list[int] = []  # rows with prefill chunks, and their sums
-        self.pre_tokens: list[float] = []
-        self.pre_seqs: list[float] = []
-        self.pre_pairs: list[float] = []
-        self.pre_keys: list[float] = []
+        self.dt = array("d")
+        self.used = array("q")
+        self.n_dec = array("q")
+        self.ctx = array("q")
+        self.pre_at: list[int] = []  # rows with prefill chunks, and the chunks
+        self.pre_new: list[list[int]] = []
+        self.pre_past: list[list[int]] = []
 
     def decode(self, dt: float, used: int, n_dec: int, ctx_sum: int) -> None:
         self.dt.append(dt)
@@ -183,22 +185,18 @@ class _Iterations:
         self, dt: float, used: int, n_dec: int, ctx_sum: int, new: list[int], past: list[int]
     ) -> None:
         self.pre_at.append(len(self.dt))
-        s_new = float(sum(new))
-        n_past = float(sum(a * b for a, b in zip(new, past, strict=True)))
-        self.pre_tokens.append(s_new)
-        self.pre_seqs.append(float(len(new)))
-        self.pre_pairs.append(n_past + 0.5 * float(sum(a * (a + 1) for a in new)))
-        self.pre_keys.append(n_past + s_new)
+        self.pre_new.append(new)
+        self.pre_past.append(past)
         self.decode(dt, used, n_dec, ctx_sum)
 
     def flush(self) -> None:
         if not self.dt:
             return
         m = self.m
-        dt = np.array(self.dt)
-        n_dec = np.array(self.n_dec, dtype=np.int64)
+        dt = np.frombuffer(self.dt, dtype=np.float64).copy()
+        n_dec = np.frombuffer(self.n_dec, dtype=np.int64).copy()
         k = dt.size
-        util = np.array(self.used, dtype=np.int64) / self.num_blocks
+        util = np.frombuffer(self.used, dtype=np.int64) / self.num_blocks
         m.iterations += k
         m.decode_seq_iters += int(n_dec.sum())
         m.kv_block_s += float(np.dot(util, dt))
@@ -209,19 +207,26 @@ class _Iterations:
         pairs = np.zeros(k)
         keys = np.zeros(k)
         at = np.array(self.pre_at, dtype=np.int64)
-        if at.size:
-            tokens[at] = self.pre_tokens
-            seqs[at] = self.pre_seqs
-            keys[at] = self.pre_keys
-            pairs[at] = self.pre_pairs
+        if at.size:  # EnergyMeter.add's prefill sums, per row (integers: exact in floats)
+            lens = np.array([len(x) for x in self.pre_new], dtype=np.int64)
+            new = np.fromiter(chain.from_iterable(self.pre_new), np.int64, int(lens.sum()))
+            past = np.fromiter(chain.from_iterable(self.pre_past), np.int64, new.size)
+            row = np.repeat(np.arange(at.size), lens)
+            s_new = np.bincount(row, new, at.size)
+            n_past = np.bincount(row, new * past, at.size)
+            tokens[at] = s_new
+            seqs[at] = lens
+            pairs[at] = n_past + 0.5 * np.bincount(row, new * (new + 1), at.size)
+            keys[at] = n_past + s_new
         m.batched_tokens += int(tokens.sum()) + int(n_dec.sum())
         if self.meter is not None:
             dec = n_dec > 0
-            s_ctx = np.where(dec, np.array(self.ctx, dtype=np.int64) + n_dec, 0).astype(float)
+            s_ctx = np.where(dec, np.frombuffer(self.ctx, np.int64) + n_dec, 0).astype(float)
             nd = n_dec.astype(float)
             self.meter.add_arrays(tokens + nd, seqs + nd, pairs + s_ctx, keys + s_ctx, dt)
-        for buf in (self.dt, self.used, self.n_dec, self.ctx, self.pre_at, self.pre_tokens,
-                    self.pre_seqs, self.pre_pairs, self.pre_keys):  # fmt: skip
+        for arr in (self.dt, self.used, self.n_dec, self.ctx):
+            del arr[:]
+        for buf in (self.pre_at, self.pre_new, self.pre_past):
             buf.clear()
 
 
@@ -257,6 +262,8 @@ class _Loop:
         assert len(meters) <= 1  # one step model, so one meter (or none)
         meter = next(iter(meters.values()), None)
         self.its = _Iterations(sim.metrics, sim.replicas[0].blocks_per_engine, meter)
+        self.heap: list[tuple[float, int, int]] = []  # (iteration end, order, replica)
+        self.seq_no = 0
         self.sink = sim.metrics.sink
         self.slo_ttft = self.m.slo_ttft_s
         self.slo_tpot = self.m.slo_tpot_s
@@ -458,49 +465,28 @@ class _Loop:
         return True
 
     # --- an iteration's end --------------------------------------------------------------
-    def _finish(self, r: _Rep, now: float) -> None:
-        pre, new, _, n_dec, joined = r.batch  # type: ignore[misc]
-        r.batch = None
+    def _prefilled(self, r: _Rep, pre: list[_Seq], new: list[int], now: float) -> None:
+        """Engine.finish_batch's prefill part: the chunks ran; finished prompts produce
+        their first token and join the decode batch (or finish)."""
         buf = self.buf
-        if n_dec:
-            r.dit += 1
-            dit = r.dit
-            old = n_dec - len(joined)
-            if old:
-                buf.tbt.append(now - r.last_dec_end)
-                buf.tbt_w.append(old)
-            for s in joined:
+        for s, k in zip(pre, new, strict=True):
+            s.prefilled += k
+            if s.prefilled < s.target:
+                continue
+            r.prefilling.remove(s)
+            s.ctx = s.target
+            s.generated += 1
+            if s.first_s < 0:
+                s.first_s = now
+            else:  # its first token after a recompute preemption
                 buf.tbt.append(now - s.last_token_s)
                 buf.tbt_w.append(1)
-            r.last_dec_end = now
-            done = r.finish.pop(dit, None)
-            if done:
-                for s in done:  # skip stale entries (preempted, or preempted and rejoined)
-                    if s.slot >= 0 and s.finish_dit == dit:
-                        s.finish_dit = -1
-                        self._dec_remove(r, s)
-                        self._done(r, s, now)
-        if pre:
-            for s, k in zip(pre, new, strict=True):
-                s.prefilled += k
-                if s.prefilled < s.target:
-                    continue
-                r.prefilling.remove(s)
-                s.ctx = s.target
-                s.generated += 1
-                if s.first_s < 0:
-                    s.first_s = now
-                else:
-                    buf.tbt.append(now - s.last_token_s)
-                    buf.tbt_w.append(1)
-                s.last_token_s = now
-                if s.generated >= s.output:
-                    self._done(r, s, now)
-                else:
-                    self._dec_add(r, s)
-                    r.joins.append(s)
-        if len(buf.tbt) >= FLUSH or len(buf.e2e) >= FLUSH:
-            buf.flush()
+            s.last_token_s = now
+            if s.generated >= s.output:
+                self._done(r, s, now)
+            else:
+                self._dec_add(r, s)
+                r.joins.append(s)
 
     def _done(self, r: _Rep, s: _Seq, now: float) -> None:
         """``s`` produced its last token: free its blocks, record the request
@@ -543,15 +529,91 @@ class _Loop:
             m.progress(m.completed, m.progress_total)
 
     # --- the loop ------------------------------------------------------------------------
+    def _advance(self, until: float) -> float:
+        """Finish every iteration ending by ``until`` and start each engine's next, in time
+        order; the time of the last one (-1: none). The decode iteration that follows a
+        decode iteration -- most of them -- is handled inline here; the rest by
+        :meth:`_finish` and :meth:`_start`."""
+        heap = self.heap
+        if not heap or heap[0][0] > until:
+            return -1.0
+        pop, push = heapq.heappop, heapq.heappush
+        reps = self.reps
+        bs = self.bs
+        tbt, tbt_w = self.buf.tbt, self.buf.tbt_w
+        its = self.its
+        i_dt, i_used, i_ndec, i_ctx = its.dt, its.used, its.n_dec, its.ctx
+        seq_no = self.seq_no
+        now = -1.0
+        while heap and heap[0][0] <= until:
+            now, _, i = pop(heap)
+            r = reps[i]
+            pre, new, _, n_dec, joined = r.batch  # type: ignore[misc]
+            r.batch = None
+            if n_dec:  # Engine.finish_batch's decode part
+                dit = r.dit = r.dit + 1
+                old = n_dec - len(joined)
+                if old:
+                    tbt.append(now - r.last_dec_end)
+                    tbt_w.append(old)
+                for s in joined:
+                    tbt.append(now - s.last_token_s)
+                    tbt_w.append(1)
+                r.last_dec_end = now
+                done = r.finish.pop(dit, None)
+                if done:
+                    for s in done:  # skip stale entries (preempted, maybe rejoined)
+                        if s.slot >= 0 and s.finish_dit == dit:
+                            s.finish_dit = -1
+                            self._dec_remove(r, s)
+                            self._done(r, s, now)
+            if pre:
+                self._prefilled(r, pre, new, now)
+            n = r.n
+            if n and not r.waiting and not r.prefilling:
+                need = r.res[-r.dit % bs]
+                if need <= r.num_blocks - r.used:  # decode-only, nothing preempted
+                    if need:
+                        used = r.used = r.used + need
+                        if used > r.peak:
+                            r.peak = used
+                    joined = _NONE
+                    if r.joins:  # Scheduler._decodes: who joined since, once each
+                        joined = [x for x in r.joins if x.slot >= 0]
+                        if len(joined) > 1:
+                            joined = list({id(x): x for x in joined}.values())
+                        r.joins = []
+                    ctx_sum = r.sum_ctx0 + n * r.dit
+                    dt = r.decode_price(n, ctx_sum) + 0.0
+                    r.batch = (_NONE, _NONE, _NONE, n, joined)
+                    i_dt.append(dt)
+                    i_used.append(r.used)
+                    i_ndec.append(n)
+                    i_ctx.append(ctx_sum)
+                    r.busy_s += dt
+                    end = r.end_s = now + dt
+                    seq_no += 1
+                    push(heap, (end, seq_no, i))
+                    continue
+            if self._start(r, now):
+                seq_no += 1
+                push(heap, (r.end_s, seq_no, i))
+        self.seq_no = seq_no
+        if len(i_dt) >= FLUSH:
+            its.flush()
+        if len(tbt) >= FLUSH or len(self.buf.e2e) >= FLUSH:
+            self.buf.flush()
+        return now
+
     def run(self, chunks: Iterable[RequestChunk]) -> float:
         """Simulate every request of ``chunks``; the time of the last event."""
         sim = self.sim
         reps = self.reps
-        heap: list[tuple[float, int, int]] = []
-        seq_no = 0
-        push, pop = heapq.heappush, heapq.heappop
-        start, finish = self._start, self._finish
+        heap = self.heap
+        push = heapq.heappush
+        start, advance = self._start, self._advance
         router = self.cfg.router
+        least, outstanding = min, attrgetter("outstanding")
         rr = 0
         nrep = len(reps)
         bs = self.bs
@@ -563,20 +625,11 @@ class _Loop:
                 if o == 0:  # refused: longer than the max model length
                     rid += 1
                     continue
-                while heap and heap[0][0] <= ta:
-                    now, _, i = pop(heap)
-                    r = reps[i]
-                    finish(r, now)
-                    if start(r, now):
-                        seq_no += 1
-                        push(heap, (r.end_s, seq_no, i))
+                if heap and heap[0][0] <= ta:
+                    advance(ta)
                 now = ta
-                if router == "least_outstanding":
-                    r = reps[0]
-                    best = r.outstanding
-                    for x in reps:
-                        if x.outstanding < best:
-                            r, best = x, x.outstanding
+                if router == "least_outstanding":  # the first of the fewest
+                    r = least(reps, key=outstanding)
                 elif router == "round_robin":
                     r = reps[rr]
                     rr = (rr + 1) % nrep
@@ -593,15 +646,10 @@ class _Loop:
                 r.waiting.append(s)
                 r.queued += -(-p // bs)
                 if r.batch is None and start(r, ta):
-                    seq_no += 1
-                    push(heap, (r.end_s, seq_no, r.index))
-        while heap:
-            now, _, i = pop(heap)
-            r = reps[i]
-            finish(r, now)
-            if start(r, now):
-                seq_no += 1
-                push(heap, (r.end_s, seq_no, i))
+                    self.seq_no += 1
+                    push(heap, (r.end_s, self.seq_no, r.index))
+        last = advance(math.inf)
+        now = max(now, last)
         self.buf.flush()
         self.its.flush()
         for r, rep in zip(reps, sim.replicas, strict=True):

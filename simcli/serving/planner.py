@@ -103,7 +103,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -125,7 +125,12 @@ from simcli.serving.plan_result import (
     PlanResult,
     Probe,
 )
-from simcli.serving.requests import Request, output_within_model_len, synthetic_requests
+from simcli.serving.requests import (
+    Request,
+    RequestStream,
+    output_within_model_len,
+    synthetic_requests,
+)
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, Simulator
 from workloads.models import ModelConfig
@@ -285,11 +290,9 @@ class Planner:
         self._probes: dict[tuple, Probe] = {}  # by deployment shape, across configs
 
     # --- workload ----------------------------------------------------------------------
-    def requests(self) -> Iterator[Request]:
-        for i, (a, p, o) in enumerate(
-            zip(self.arrivals, self.prompts.tolist(), self.outputs.tolist(), strict=True)
-        ):
-            yield Request(i, a, p, o)
+    def requests(self) -> RequestStream:
+        """The workload's served requests (ids renumbered past the refused ones)."""
+        return RequestStream.from_arrays(np.asarray(self.arrivals), self.prompts, self.outputs)
 
     # --- configs -----------------------------------------------------------------------
     def configs(self) -> list[Candidate]:

@@ -243,6 +243,23 @@ class RequestStream:
         self._chunks = chunks
         self.shared_prefixes = shared_prefixes
 
+    @classmethod
+    def from_arrays(
+        cls, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray
+    ) -> RequestStream:
+        """Requests ``0 ..`` of these arrays (no shared prefixes), :data:`CHUNK` at a time."""
+        a = np.asarray(arrival_s, dtype=float)
+        p = np.asarray(prompt_tokens, dtype=np.int64)
+        o = np.asarray(output_tokens, dtype=np.int64)
+
+        def chunks() -> Iterator[RequestChunk]:
+            for i in range(0, a.size, CHUNK):
+                n = min(CHUNK, a.size - i)
+                none = np.full(n, -1, dtype=np.int64)
+                yield RequestChunk(i, a[i : i + n], p[i : i + n], o[i : i + n], none, none + 1)
+
+        return cls(chunks, False)
+
     def chunks(self) -> Iterator[RequestChunk]:
         return self._chunks()
 

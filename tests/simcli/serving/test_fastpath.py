@@ -1,0 +1,182 @@
+"""The serving simulator's fast path (simcli.serving.fastpath) reports what the general
+event loop reports, on the runs it takes, and declines the rest."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import numpy as np
+import pytest
+
+from simcli.scenario.serving import ServeOptions, resolve_serve
+from simcli.serving import fastpath
+from simcli.serving.metrics import EnergyMeter, LogHistogram
+from simcli.serving.requests import RequestChunk, RequestStream, trace_requests
+from simcli.serving.simulator import SimulationError
+
+# KV room for ~12k tokens per replica: the decode batches preempt often
+TIGHT = {
+    "model": "llama3-8b",
+    "gpu": "h100-sxm",
+    "replicas": 3,
+    "gpu_memory_utilization": 0.25,
+    "qps": 20.0,
+    "num_requests": 250,
+    "prompt_len": "lognormal:700:0.8:3000",
+    "output_len": "lognormal:400:0.8:2000",
+    "seed": 3,
+}
+
+
+@cache
+def _scenario(**kw):
+    return resolve_serve(ServeOptions(**{**TIGHT, **kw}))
+
+
+def _both(scenario, requests, **kw):
+    """(fast path result, general loop result, their sinks' rows) of one scenario."""
+    rows = ([], [])
+    out = []
+    for i, reqs in enumerate((requests, list(requests))):
+        sim = scenario.simulator(energy=True, sink=lambda r, _i=i: rows[_i].append(_row(r)), **kw)
+        assert fastpath.eligible(sim, reqs) == (i == 0)
+        out.append(sim.run(reqs))
+    return out[0], out[1], rows
+
+
+def _row(req):
+    return (req.id, req.replica, req.arrival_s, req.prompt_tokens, req.output_tokens,
+            req.first_token_s, req.finish_s, req.preemptions)  # fmt: skip
+
+
+def _same(a, b):
+    """Every summary key equal; float sums taken in another order to 1e-9."""
+    assert a.summary.keys() == b.summary.keys()
+    for k, x in a.summary.items():
+        y = b.summary[k]
+        if isinstance(x, float) and isinstance(y, float) and not (math.isnan(x) and math.isnan(y)):
+            assert x == pytest.approx(y, rel=1e-9, abs=1e-12), k
+        else:
+            assert x == y or (x != x and y != y), k
+    assert a.per_replica == b.per_replica
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "orca", "sarathi"])
+@pytest.mark.parametrize("router", ["least_outstanding", "round_robin", "kv_aware"])
+def test_fast_path_matches_the_event_loop_under_preemption(scheduler, router):
+    sc = _scenario(scheduler=scheduler, router=router)
+    fast, slow, rows = _both(sc, sc.arrivals.requests())
+    _same(fast, slow)
+    assert fast.summary["preemptions"] > 20  # the scenario does exercise preemption
+    assert rows[0] == rows[1]  # every request, same order, same times
+
+
+def test_fast_path_caps_and_refuses_as_the_event_loop_does():
+    sc = _scenario(max_model_len=1500)
+    fast, slow, rows = _both(sc, sc.arrivals.requests())
+    _same(fast, slow)
+    assert fast.summary["requests_rejected_too_long"] > 0
+    assert fast.summary["requests_output_capped"] > 0
+    assert rows[0] == rows[1]
+
+
+def test_fast_path_replays_a_trace(tmp_path):
+    sc = _scenario()
+    path = tmp_path / "t.csv"
+    lines = ["arrival_s,prompt_tokens,output_tokens"]
+    rng = np.random.default_rng(0)
+    t = 0.0
+    for _ in range(300):
+        t += float(rng.exponential(0.08))
+        lines.append(f"{t},{int(rng.integers(1, 2500))},{int(rng.integers(1, 900))}")
+    path.write_text("\n".join(lines) + "\n")
+    stream = trace_requests(path)
+    assert not stream.shared_prefixes
+    fast, slow, rows = _both(sc, stream)
+    _same(fast, slow)
+    assert rows[0] == rows[1] and len(rows[0]) == 300
+
+
+def _stream(arrival, prompt, output):
+    n = len(arrival)
+
+    def chunks():
+        yield RequestChunk(
+            0, np.array(arrival, float), np.array(prompt), np.array(output),
+            np.full(n, -1), np.zeros(n, np.int64),
+        )  # fmt: skip
+
+    return RequestStream(chunks, False)
+
+
+@pytest.mark.parametrize(
+    ("arrival", "prompt", "output", "message"),
+    [
+        ([0.0, 1.0, 0.5], [10, 10, 10], [5, 5, 5], "request 2 arrives at 0.5 s, before"),
+        ([0.0, math.nan], [10, 10], [5, 5], "request 1 arrives at nan s"),
+        ([0.0, 1.0], [10, 0], [5, 5], "request 1 has prompt 0 and output 5 tokens"),
+        ([0.0, 1.0], [10, 6000], [5, 5], "request 1 needs 6004 tokens of KV cache"),
+    ],
+)
+def test_fast_path_refuses_bad_requests_as_the_event_loop_does(arrival, prompt, output, message):
+    sc = _scenario(gpu_memory_utilization=0.24)  # 5776 tokens of KV per replica
+    for reqs in (_stream(arrival, prompt, output), list(_stream(arrival, prompt, output))):
+        with pytest.raises(SimulationError, match=message.replace(".", r"\.")):
+            sc.simulator().run(reqs)
+
+
+def test_features_only_the_event_loop_models_take_it():
+    stream = _scenario().arrivals.requests()
+    assert fastpath.eligible(_scenario().simulator(), stream)
+    for kw in (
+        {"pp": 2},
+        {"preemption": "swap"},
+        {"disaggregate": True, "prefill_replicas": 1, "decode_replicas": 2},
+        {"branches": 2},
+        {"attn_pattern": "window:512"},
+        {"shared_prefix_len": 64},
+    ):
+        sc = _scenario(**kw)
+        assert not fastpath.eligible(sc.simulator(), sc.arrivals.requests()), kw
+    assert not fastpath.eligible(_scenario().simulator(check=True), stream)
+    assert not fastpath.eligible(_scenario().simulator(), list(stream))
+
+
+def test_histogram_add_many_buckets_like_add():
+    rng = np.random.default_rng(1)
+    vals = np.concatenate([rng.lognormal(-3, 2, 5000), [0.0, 1e-9, 1e9]])
+    w = rng.integers(1, 5, vals.size)
+    one, many = LogHistogram(), LogHistogram()
+    for v, k in zip(vals.tolist(), w.tolist(), strict=True):
+        one.add(v, k)
+    many.add_many(vals[:2000], w[:2000])
+    many.add_many(vals[2000:], w[2000:])
+    assert one.counts == many.counts and one.n == many.n
+    assert (one.min, one.max) == (many.min, many.max)
+    assert many.total == pytest.approx(one.total, rel=1e-12)
+    for q in (0.5, 0.9, 0.99):
+        assert one.quantile(q) == many.quantile(q)
+
+
+def test_energy_add_arrays_prices_like_add():
+    sim = _scenario().simulator(energy=True)
+    meter = sim.replicas[0].energy
+    assert meter is not None
+    other = EnergyMeter.for_step_model(sim.replicas[0].step_model)
+    rng = np.random.default_rng(2)
+    rows = []
+    for _ in range(9000):  # more than two of the meter's chunks
+        n_dec, ctx = int(rng.integers(0, 60)), int(rng.integers(0, 90000))
+        new = rng.integers(1, 900, int(rng.integers(0 if n_dec else 1, 3))).tolist()
+        past = [0] * len(new)
+        rows.append((new, past, n_dec, ctx if n_dec else 0, float(rng.uniform(1e-3, 0.2))))
+    for new, past, n_dec, ctx, dt in rows:
+        meter.add(new, past, n_dec, ctx, dt)
+    tok = np.array([sum(r[0]) + r[2] for r in rows], float)
+    seqs = np.array([len(r[0]) + r[2] for r in rows], float)
+    s_ctx = np.array([r[3] + r[2] if r[2] else 0 for r in rows], float)
+    pairs = np.array([0.5 * sum(a * (a + 1) for a in r[0]) for r in rows]) + s_ctx
+    keys = np.array([sum(r[0]) for r in rows], float) + s_ctx
+    other.add_arrays(tok, seqs, pairs, keys, np.array([r[4] for r in rows]))
+    assert other.busy_joules() == pytest.approx(meter.busy_joules(), rel=1e-12)

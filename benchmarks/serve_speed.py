@@ -13,7 +13,10 @@ simulated figures (TTFT/TPOT p50/p99, throughput) so the load can be checked. Fo
 reference, Vidur (Agrawal et al., MLSys 2024) simulates on the order of hundreds of
 requests per second; the target here is >= 10,000.
 
-``--features`` adds runs of the optional features (vLLM scheduler, each size): ``spec``
+Plain runs take the simulator's fast path (:mod:`simcli.serving.fastpath`: arrivals as
+arrays, one loop over flat replica state); ``--features`` adds runs of the vLLM scheduler at
+each size: ``event-loop`` (the same plain run through the general event loop, which the
+optional features need: the fast path's speed-up), ``spec``
 (speculative decoding with a Llama-3.2-1B-shaped draft, k = 4, acceptance 0.7: two step
 prices per iteration and a per-sequence context array instead of the lockstep batch),
 ``sart`` (4 branches per request, stop at 2, SART pruning, at a quarter of the qps: four
@@ -74,8 +77,11 @@ def _child(args: argparse.Namespace) -> None:
     scenario = resolve_serve(_options(args, str(LLAMA_1B)))
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     sim = scenario.simulator(energy=True)  # as the CLI
+    requests = scenario.arrivals.requests()
+    if feature == "event-loop":  # a plain iterator of Requests: the general loop
+        requests = iter(requests)
     t0 = time.perf_counter()
-    res = sim.run(scenario.arrivals.requests())
+    res = sim.run(requests)
     wall = time.perf_counter() - t0
     s = res.summary
     print(
@@ -122,7 +128,9 @@ def main() -> None:
     ap.add_argument("--schedulers", default="vllm,sarathi,orca")
     ap.add_argument("--sizes", default="10000,100000", help="request counts, one run each")
     ap.add_argument(
-        "--features", default="plain,spec,sart,disagg", help="plain, spec, sart, disagg"
+        "--features",
+        default="plain,event-loop,spec,sart,disagg",
+        help="plain, event-loop, spec, sart, disagg",
     )
     ap.add_argument("--feature", default="plain", help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, default=0, help=argparse.SUPPRESS)

@@ -349,6 +349,7 @@ class StepModel(VllmMemory, SummaryPricing):
         # that reprices attention takes the general path) and memoises by batch size
         self._summary_fast = type(self)._attention is StepModel._attention
         self._decode_memo: dict[int, tuple | bool] = {}
+        self._first_chunk_memo: dict[int, tuple[float, float]] = {}
         self._attn_f: dict[bool, tuple[float, float]] = {}
 
     # --- construction ----------------------------------------------------------------

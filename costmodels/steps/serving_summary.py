@@ -40,9 +40,16 @@ class SummaryPricing:
         n_hi, p_hi = L["n"][-1], L["p"][-1]
         tot = 0.0
         top = 0.0
+        first = self._first_chunk_memo  # (v1, vf) of a chunk with nothing cached, by size
         for n, p in zip(new, past, strict=True):
             if n > n_hi or p > p_hi:
                 return None
+            if not p:
+                hit = first.get(n)
+                if hit is not None:
+                    tot += hit[1]
+                    top = max(top, hit[0])
+                    continue
             i, wi = bracket(L["n"], n)
             j, wj = bracket(L["p"], p)
             a1, af = L["w1"], L["wfill"]
@@ -54,6 +61,8 @@ class SummaryPricing:
             vf = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
                 (1 - wj) * r1[j] + wj * r1[j + 1]
             )
+            if not p:
+                first[n] = (v1, vf)
             tot += vf
             top = max(top, v1)
         return max(tot, top)

@@ -73,11 +73,12 @@ def test_fast_path_matches_the_event_loop_under_preemption(scheduler, router):
 
 
 def test_fast_path_caps_and_refuses_as_the_event_loop_does():
-    sc = _scenario(max_model_len=1500)
+    sc = _scenario(max_model_len=1500, slo_ttft_s=0.03, slo_tpot_s=0.008)
     fast, slow, rows = _both(sc, sc.arrivals.requests())
     _same(fast, slow)
     assert fast.summary["requests_rejected_too_long"] > 0
     assert fast.summary["requests_output_capped"] > 0
+    assert 0 < fast.summary["slo_attainment"] < 1
     assert rows[0] == rows[1]
 
 

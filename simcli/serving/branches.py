@@ -66,7 +66,6 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from scipy.special import ndtr, ndtri
 
 from simcli.serving.requests import (
     CANCELLED,
@@ -168,6 +167,8 @@ def branch_quality(
     """(answers, PRM scores) of one request's branches (the module docstring's model):
     answer 0 is the right one, 1..wrong_answers wrong ones. ``u`` are the uniforms of the
     scores' noise, ``rng`` draws the rest."""
+    from scipy.special import ndtr, ndtri  # here: `serve --help` loads this module
+
     n = len(lengths)
     rq, rl = config.question_correlation, config.length_correlation
     # normal scores of the length ranks (ties share their mean rank), unit variance

@@ -128,7 +128,7 @@ from simcli.serving.plan_result import (
 from simcli.serving.requests import (
     Request,
     RequestStream,
-    output_within_model_len,
+    outputs_within_model_len,
     synthetic_requests,
 )
 from simcli.serving.schedulers import SchedulerConfig
@@ -245,25 +245,23 @@ class Planner:
         # serve` defaults --max-model-len to): longer prompts are refused, outputs cut, once
         # here for all probes and bounds, as the simulator would for each
         limit = self.limit = model.max_seq_len
-        arrivals, prompts, outputs = [], [], []
-        rejected = capped = 0
-        for r in synthetic_requests(workload.spec()):
-            out = output_within_model_len(r.prompt_tokens, r.output_tokens, limit)
-            if out == 0:
-                rejected += 1
-                continue
-            capped += out != r.output_tokens
-            arrivals.append(r.arrival_s)
-            prompts.append(r.prompt_tokens)
-            outputs.append(out)
-        if not arrivals:
+        chunks = list(synthetic_requests(workload.spec()).chunks())
+        arrival = np.concatenate([c.arrival_s for c in chunks])
+        prompt = np.concatenate([c.prompt_tokens for c in chunks])
+        wanted = np.concatenate([c.output_tokens for c in chunks])
+        out = outputs_within_model_len(prompt, wanted, limit)
+        served = out > 0
+        rejected = int((~served).sum())
+        capped = int((served & (out != wanted)).sum())
+        arrivals = arrival[served]
+        if not arrivals.size:
             raise PlanError(
                 f"every one of the {rejected} requests has a prompt longer than {model.id}'s "
                 f"max model length {limit}; allowed: shorter prompts (--prompt-len)"
             )
         self.arrivals = arrivals
-        self.prompts = np.asarray(prompts, dtype=np.int64)
-        self.outputs = np.asarray(outputs, dtype=np.int64)
+        self.prompts = prompt[served]
+        self.outputs = out[served]
         settings = {
             "engine": space.engine,
             "weight_dtype": space.weight_dtype,
@@ -292,7 +290,7 @@ class Planner:
     # --- workload ----------------------------------------------------------------------
     def requests(self) -> RequestStream:
         """The workload's served requests (ids renumbered past the refused ones)."""
-        return RequestStream.from_arrays(np.asarray(self.arrivals), self.prompts, self.outputs)
+        return RequestStream.from_arrays(self.arrivals, self.prompts, self.outputs)
 
     # --- configs -----------------------------------------------------------------------
     def configs(self) -> list[Candidate]:

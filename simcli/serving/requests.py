@@ -50,6 +50,16 @@ def output_within_model_len(prompt_tokens: int, output_tokens: int, limit: int |
     return max(1, limit - prompt_tokens)
 
 
+def outputs_within_model_len(
+    prompt_tokens: np.ndarray, output_tokens: np.ndarray, limit: int | None
+) -> np.ndarray:
+    """:func:`output_within_model_len` of many requests at once (the same rule)."""
+    if limit is None:
+        return output_tokens
+    cut = np.where(prompt_tokens > limit, 0, np.maximum(1, limit - prompt_tokens))
+    return np.where(prompt_tokens + output_tokens <= limit, output_tokens, cut)
+
+
 # Sequence states
 WAITING = 0  # queued for (re)prefill, holds no KV blocks
 PREFILLING = 1  # admitted, KV blocks held, prompt partly in the cache (chunked prefill)

@@ -41,7 +41,12 @@ from simcli.serving.branches import BranchConfig, BranchState, BranchStats
 from simcli.serving.disagg import DisaggConfig, Disaggregation, KVTransferModel
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.replica import Replica
-from simcli.serving.requests import Request, RequestChunk, output_within_model_len
+from simcli.serving.requests import (
+    Request,
+    RequestChunk,
+    output_within_model_len,
+    outputs_within_model_len,
+)
 from simcli.serving.router import make_router
 from simcli.serving.schedulers import SchedulerConfig, make_scheduler
 from simcli.serving.spec import (
@@ -404,10 +409,7 @@ class Simulator:
         to fit it otherwise). Counts the arrivals, refusals and cuts; raises what
         :meth:`arrive` would for the chunk's first bad request (no capped layout here)."""
         a, p, o = chunk.arrival_s, chunk.prompt_tokens, chunk.output_tokens
-        limit = self.config.max_model_len
-        out = o
-        if limit is not None:
-            out = np.where(p + o <= limit, o, np.where(p > limit, 0, np.maximum(1, limit - p)))
+        out = outputs_within_model_len(p, o, self.config.max_model_len)
         prev = np.concatenate(([self._last_arrival_s], a[:-1]))
         bad_stream = ~(a >= prev) | ~np.isfinite(a) | (p < 1) | (o < 1)
         served = out > 0
@@ -419,17 +421,8 @@ class Simulator:
         if bad.size:
             i = int(bad[0])
             rid = chunk.first_id + i
-            if bad_stream[i]:
-                if not a[i] >= prev[i] or not math.isfinite(a[i]):
-                    raise SimulationError(
-                        f"request {rid} arrives at {float(a[i])} s, before the previous one "
-                        f"({float(prev[i])} s); allowed: requests sorted by arrival time"
-                    )
-                raise SimulationError(
-                    f"request {rid} has prompt {int(p[i])} and output {int(o[i])} tokens; "
-                    "allowed: both >= 1"
-                )
-            raise self._too_big(rid, int(need[i]), int(p[i]), int(out[i]))
+            err = _bad_request(rid, float(a[i]), float(prev[i]), int(p[i]), int(o[i]))
+            raise err or self._too_big(rid, int(need[i]), int(p[i]), int(out[i]))
         self._last_arrival_s = float(a[-1])
         self.rejected_too_long += int((~served).sum())
         self.output_capped += int((served & (out != o)).sum())
@@ -457,16 +450,11 @@ class Simulator:
         req = next(self._stream, None)
         if req is None:
             return None
-        if not req.arrival_s >= self._last_arrival_s or not math.isfinite(req.arrival_s):
-            raise SimulationError(
-                f"request {req.id} arrives at {req.arrival_s} s, before the previous one "
-                f"({self._last_arrival_s} s); allowed: requests sorted by arrival time"
-            )
-        if req.prompt_tokens < 1 or req.output_tokens < 1:
-            raise SimulationError(
-                f"request {req.id} has prompt {req.prompt_tokens} and output "
-                f"{req.output_tokens} tokens; allowed: both >= 1"
-            )
+        err = _bad_request(
+            req.id, req.arrival_s, self._last_arrival_s, req.prompt_tokens, req.output_tokens
+        )
+        if err is not None:
+            raise err
         self._last_arrival_s = req.arrival_s
         return Arrival(req)
 
@@ -664,6 +652,23 @@ class Simulator:
             bst.finished_correct / bst.finished if bst and bst.finished else None
         )
         return out
+
+
+def _bad_request(
+    rid: int, arrival_s: float, previous_s: float, prompt: int, output: int
+) -> SimulationError | None:
+    """What is wrong with a request of a stream (out of order, not a time, empty), if
+    anything: the stream checks of both loops."""
+    if not arrival_s >= previous_s or not math.isfinite(arrival_s):
+        return SimulationError(
+            f"request {rid} arrives at {arrival_s} s, before the previous one "
+            f"({previous_s} s); allowed: requests sorted by arrival time"
+        )
+    if prompt < 1 or output < 1:
+        return SimulationError(
+            f"request {rid} has prompt {prompt} and output {output} tokens; allowed: both >= 1"
+        )
+    return None
 
 
 def _check_vocab(target: object, draft: object, what: str) -> None:

@@ -11,8 +11,6 @@ it avoids numpy and memoises a decode-only step's share by batch size.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-
 import numpy as np
 
 from costmodels.steps.serving_grid import bracket
@@ -113,12 +111,8 @@ class SummaryPricing:
         if memo:
             base, wi, r0, r1, f, idle_floor, kv_axis, layers = memo
             kv = decode_ctx_sum / n_decode + 1.0
-            if kv <= kv_axis[-1]:  # _decode_attn, its row fixed; bracket() inlined
-                j = bisect_right(kv_axis, kv) - 1
-                if j >= len(kv_axis) - 1:
-                    j = len(kv_axis) - 2
-                g0 = kv_axis[j]
-                wj = (kv - g0) / (kv_axis[j + 1] - g0)
+            if kv <= kv_axis[-1]:  # _decode_attn, its row fixed
+                j, wj = bracket(kv_axis, kv)
                 dec = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
                     (1 - wj) * r1[j] + wj * r1[j + 1]
                 )

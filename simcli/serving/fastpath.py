@@ -224,28 +224,15 @@ class _Iterations:
         m.kv_block_s += float(np.dot(util, dt))
         m.kv_util_max = max(m.kv_util_max, float(util.max()))
         m.engine_busy_s += float(dt.sum())
-        tokens = np.zeros(k)
-        seqs = np.zeros(k)
-        pairs = np.zeros(k)
-        keys = np.zeros(k)
-        at = np.array(self.pre_at, dtype=np.int64)
-        if at.size:  # EnergyMeter.add's prefill sums, per row (integers: exact in floats)
-            lens = np.array(self.pre_len, dtype=np.int64)
-            new = np.array(self.pre_new, dtype=np.int64)
-            past = np.array(self.pre_past, dtype=np.int64)
-            row = np.repeat(np.arange(at.size), lens)
-            s_new = np.bincount(row, new, at.size)
-            n_past = np.bincount(row, new * past, at.size)
-            tokens[at] = s_new
-            seqs[at] = lens
-            pairs[at] = n_past + 0.5 * np.bincount(row, new * (new + 1), at.size)
-            keys[at] = n_past + s_new
-        m.batched_tokens += int(tokens.sum()) + int(n_dec.sum())
+        lens = np.array(self.pre_len, dtype=np.int64)
+        new = np.array(self.pre_new, dtype=np.int64)
+        m.batched_tokens += int(new.sum()) + int(n_dec.sum())
         if self.meter is not None:
-            dec = n_dec > 0
-            s_ctx = np.where(dec, np.frombuffer(self.ctx, np.int64) + n_dec, 0).astype(float)
-            nd = n_dec.astype(float)
-            self.meter.add_arrays(tokens + nd, seqs + nd, pairs + s_ctx, keys + s_ctx, dt)
+            self.meter.add_iterations(
+                dt, n_dec, np.frombuffer(self.ctx, dtype=np.int64),
+                np.repeat(np.array(self.pre_at, dtype=np.int64), lens), new,
+                np.array(self.pre_past, dtype=np.int64),
+            )  # fmt: skip
         for arr in (self.dt, self.used, self.n_dec, self.ctx, self.pre_at, self.pre_len,
                     self.pre_new, self.pre_past):  # fmt: skip
             del arr[:]

@@ -205,27 +205,39 @@ class EnergyMeter:
         if self._n == self.CHUNK:
             self._flush()
 
-    def add_arrays(
+    def add_iterations(
         self,
-        tokens: np.ndarray,
-        seqs: np.ndarray,
-        pairs: np.ndarray,
-        keys: np.ndarray,
         dt_s: np.ndarray,
+        n_decode: np.ndarray,
+        ctx_sum: np.ndarray,
+        chunk_at: np.ndarray,
+        chunk_new: np.ndarray,
+        chunk_past: np.ndarray,
     ) -> None:
-        """Many iterations given by the sums :meth:`add` forms (tokens, sequences, attended
-        (query, key) pairs, keys read) and their times, in order."""
-        flops = self.f_tok * tokens + self.f_seq * seqs + self.f_pair * pairs
-        nbytes = self.weight_bytes + self.kv_bytes * (keys + tokens)
+        """:meth:`add` of many iterations in order, vectorised: iteration ``i`` took
+        ``dt_s[i]`` and decoded ``n_decode[i]`` sequences over ``ctx_sum[i]`` cached
+        tokens; prefill chunk ``j`` of ``chunk_new[j]`` tokens over ``chunk_past[j]`` ran
+        in iteration ``chunk_at[j]``. The sums are :meth:`add`'s, in its order (integers,
+        exact in floats)."""
+        k = dt_s.size
+        s_new = np.bincount(chunk_at, chunk_new, k)
+        n_past = np.bincount(chunk_at, chunk_new * chunk_past, k)
+        pairs_new = n_past + 0.5 * np.bincount(chunk_at, chunk_new * (chunk_new + 1), k)
+        nd = n_decode.astype(float)
+        s_ctx = np.where(n_decode > 0, ctx_sum + n_decode, 0).astype(float)
+        tokens = s_new + nd
+        seqs = np.bincount(chunk_at, minlength=k).astype(float) + nd
+        flops = self.f_tok * tokens + self.f_seq * seqs + self.f_pair * (pairs_new + s_ctx)
+        nbytes = self.weight_bytes + self.kv_bytes * ((n_past + s_new + s_ctx) + tokens)
         done = 0
-        while done < dt_s.size:
+        while done < k:
             i = self._n
-            k = min(self.CHUNK - i, dt_s.size - done)
-            self._t[i : i + k] = dt_s[done : done + k]
-            self._f[i : i + k] = flops[done : done + k]
-            self._b[i : i + k] = nbytes[done : done + k]
-            self._n = i + k
-            done += k
+            m = min(self.CHUNK - i, k - done)
+            self._t[i : i + m] = dt_s[done : done + m]
+            self._f[i : i + m] = flops[done : done + m]
+            self._b[i : i + m] = nbytes[done : done + m]
+            self._n = i + m
+            done += m
             if self._n == self.CHUNK:
                 self._flush()
 

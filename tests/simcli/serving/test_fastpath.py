@@ -160,7 +160,7 @@ def test_histogram_add_many_buckets_like_add():
         assert one.quantile(q) == many.quantile(q)
 
 
-def test_energy_add_arrays_prices_like_add():
+def test_energy_add_iterations_prices_like_add():
     sim = _scenario().simulator(energy=True)
     meter = sim.replicas[0].energy
     assert meter is not None
@@ -170,14 +170,17 @@ def test_energy_add_arrays_prices_like_add():
     for _ in range(9000):  # more than two of the meter's chunks
         n_dec, ctx = int(rng.integers(0, 60)), int(rng.integers(0, 90000))
         new = rng.integers(1, 900, int(rng.integers(0 if n_dec else 1, 3))).tolist()
-        past = [0] * len(new)
+        past = rng.integers(0, 2000, len(new)).tolist()
         rows.append((new, past, n_dec, ctx if n_dec else 0, float(rng.uniform(1e-3, 0.2))))
     for new, past, n_dec, ctx, dt in rows:
         meter.add(new, past, n_dec, ctx, dt)
-    tok = np.array([sum(r[0]) + r[2] for r in rows], float)
-    seqs = np.array([len(r[0]) + r[2] for r in rows], float)
-    s_ctx = np.array([r[3] + r[2] if r[2] else 0 for r in rows], float)
-    pairs = np.array([0.5 * sum(a * (a + 1) for a in r[0]) for r in rows]) + s_ctx
-    keys = np.array([sum(r[0]) for r in rows], float) + s_ctx
-    other.add_arrays(tok, seqs, pairs, keys, np.array([r[4] for r in rows]))
+    at = [i for i, r in enumerate(rows) for _ in r[0]]
+    other.add_iterations(
+        np.array([r[4] for r in rows]),
+        np.array([r[2] for r in rows]),
+        np.array([r[3] for r in rows]),
+        np.array(at, dtype=np.int64),
+        np.array([a for r in rows for a in r[0]], dtype=np.int64),
+        np.array([b for r in rows for b in r[1]], dtype=np.int64),
+    )
     assert other.busy_joules() == pytest.approx(meter.busy_joules(), rel=1e-12)

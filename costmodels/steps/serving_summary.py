@@ -16,6 +16,19 @@ import numpy as np
 from costmodels.steps.serving_grid import bracket
 
 
+def _overridden(model: object) -> bool:
+    """Whether ``model``'s class reprices a step its own way: a compiled copy of this
+    module's scalar path would then price it wrong."""
+    names = ("step_s_summary", "step_s_decode", "_prefill_attn_lists", "_grid_total_s",
+             "_decode_share", "_attn_layer_s", "_attn_factors")  # fmt: skip
+    from costmodels.steps.serving import StepModel
+
+    cls = type(model)
+    return any(getattr(cls, n) is not getattr(StepModel, n) for n in names) or (
+        cls._decode_attn is not StepModel._decode_attn
+    )
+
+
 class SummaryPricing:
     """``step_s_summary`` and the scalar pieces it is built from (see the module)."""
 
@@ -119,6 +132,48 @@ class SummaryPricing:
                 return base + layers * (f * dec + idle_floor)
         empty = np.zeros(0, dtype=np.int64)
         return self._evaluate(empty, empty, n_decode, decode_ctx_sum).total
+
+    def summary_tables(self, max_decode: int) -> tuple[np.ndarray, ...]:
+        """What :meth:`step_s_summary` reads, as arrays, for a compiled copy of its scalar
+        path (:mod:`simcli.serving.fastkernel`): (ints: mixed steps priced here, layers,
+        largest tabulated decode batch; floats: attention factor, idle factor, kernel
+        floor, a decode launch's floor; the grids; each decode batch size's share up to
+        ``max_decode``: base seconds, batch weight, row, -1 where it is priced outside the
+        grids). The values are this object's own (``_decode_share``, ``_attn_factors``),
+        so the copy prices bit for bit alike; memoised by ``max_decode``."""
+        memo = self.__dict__.setdefault("_tables_memo", {})
+        if max_decode not in memo:
+            memo[max_decode] = self._summary_tables(int(max_decode))
+        return memo[max_decode]
+
+    def _summary_tables(self, max_decode: int) -> tuple[np.ndarray, ...]:
+        from costmodels.steps.serving import GRAPH_KERNEL_FLOOR_S
+
+        g = self._grids
+        L = g.lists
+        f, idle = self._attn_factors(False)
+        fast = bool(self._summary_fast) and not _overridden(self)
+        top = min(int(max_decode), int(L["dec_b"][-1])) if fast else 0
+        base = np.zeros(top + 1)
+        wi = np.zeros(top + 1)
+        row = np.full(top + 1, -1, dtype=np.int64)
+        for n in range(1, top + 1):
+            share = self._decode_share(n)
+            if share:
+                base[n], wi[n] = share[0], share[1]
+                row[n], _ = bracket(L["dec_b"], n)
+        ints = np.array([fast and self.engine != "pytorch-eager", self.model.num_layers, top])
+        floats = np.array([f, idle, GRAPH_KERNEL_FLOOR_S, self._attn_layer_s(None, 0.0, False)])
+
+        def arr(x: object) -> np.ndarray:
+            return np.ascontiguousarray(np.asarray(x, dtype=np.float64))
+
+        return (
+            ints.astype(np.int64), floats, arr(L["n"]), arr(L["p"]), arr(L["tok_x"]),
+            arr(g.tok_total["graph"]), arr(L["seq_x"]), arr(g.seq_total["graph"]),
+            arr(g.seq_total_dec["graph"]), arr(L["w1"]), arr(L["wfill"]), arr(L["dec_b"]),
+            arr(L["dec_kv"]), arr(L["wdec"]), base, wi, row,
+        )  # fmt: skip
 
     def _decode_share(self, n: int) -> tuple | bool:
         """What a decode-only step of ``n`` sequences costs whatever their contexts, for

@@ -403,7 +403,7 @@ class Simulator:
             "allowed: shorter requests or more KV room (more --tp, a bigger GPU)"
         )
 
-    def admissible(self, chunk: RequestChunk) -> tuple[list[float], list[int], list[int]]:
+    def admissible(self, chunk: RequestChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The fast path's :meth:`arrive` and stream checks of a chunk, vectorised: arrival
         times, prompts and outputs (0: refused, the prompt beyond ``max_model_len``; cut
         to fit it otherwise). Counts the arrivals, refusals and cuts; raises what
@@ -427,7 +427,8 @@ class Simulator:
         self.rejected_too_long += int((~served).sum())
         self.output_capped += int((served & (out != o)).sum())
         self.arrived += int(served.sum())
-        return a.tolist(), p.tolist(), out.tolist()
+        return (np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(p, dtype=np.int64),
+                np.ascontiguousarray(out, dtype=np.int64))  # fmt: skip
 
     def _fits(self, need: int, prompt: int) -> bool:
         """Whether a request's ``need`` tokens of KV (its prompt's on the prefill side) fit

@@ -184,3 +184,91 @@ def test_energy_add_iterations_prices_like_add():
         np.array([b for r in rows for b in r[1]], dtype=np.int64),
     )
     assert other.busy_joules() == pytest.approx(meter.busy_joules(), rel=1e-12)
+
+
+def test_compiled_prices_equal_the_step_model_bit_for_bit():
+    """The kernel's copy of StepModel.step_s_summary's scalar path (fastkernel.price_mixed
+    and price_decode) returns the same float on random batches, NaN only where the step
+    model leaves its scalar grids."""
+    from simcli.serving import fastkernel as K
+
+    sm = _scenario().simulator().replicas[0].step_model
+    PI, PF, PG, W2, WDEC, DT = K.pack_tables(sm.summary_tables(256))
+    rng = np.random.default_rng(5)
+    RA = np.zeros((1, K.NRA, 9), np.int64)
+    priced = 0
+    for _ in range(3000):
+        k = int(rng.integers(0, 9))
+        n_dec = int(rng.integers(0 if k else 1, 300))
+        new = rng.integers(1, 3000, k)
+        past = np.where(rng.random(k) < 0.5, 0, rng.integers(0, 60000, k))
+        ctx = int(rng.integers(n_dec, 140000 * max(n_dec, 1))) if n_dec else 0
+        RA[0, K.A_BNEW, :k], RA[0, K.A_BPAST, :k] = new, past
+        got = K.price_mixed(PI, PF, PG, W2, WDEC, DT, RA, 0, k, n_dec, ctx)
+        want = sm.step_s_summary(new.tolist(), past.tolist(), n_dec, ctx)
+        if math.isnan(got):  # the driver prices these with the step model itself
+            assert k > 8 or n_dec > 256 or ctx / max(n_dec, 1) > 131072 or past.max() > 131072
+            continue
+        assert got == want
+        priced += 1
+    assert priced > 2500
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"engine": "pytorch-eager"},  # its prefills are priced by the driver (PRICE)
+        {"attn_pattern": "nsa"},  # every step priced by the pattern's step model
+        {"max_batch_size": 512, "scheduler": "sarathi", "chunk_size": 256},
+    ],
+)
+def test_fast_path_matches_the_event_loop_where_the_step_model_prices(kw):
+    sc = _scenario(num_requests=120, **kw)
+    fast, slow, rows = _both(sc, sc.arrivals.requests())
+    _same(fast, slow)
+    assert rows[0] == rows[1]
+
+
+def test_fast_path_grows_its_arrays_as_the_event_loop_would_run(monkeypatch):
+    """Tiny first arrays: the sequence pool and the finish heaps double many times over
+    the run, and nothing changes."""
+    from simcli.serving import fastkernel as K
+
+    monkeypatch.setattr(fastpath, "POOL", 2)
+    monkeypatch.setattr(K, "FINISH_HEAP_PER_SEAT", 1)
+    monkeypatch.setattr(fastpath, "FLUSH", 64)  # and many flushes
+    sc = _scenario()
+    fast, slow, rows = _both(sc, sc.arrivals.requests())
+    _same(fast, slow)
+    assert rows[0] == rows[1]
+
+
+def test_fast_path_reports_progress_as_the_event_loop_does():
+    sc = _scenario()
+    seen = ([], [])
+    for i, reqs in enumerate((sc.arrivals.requests(), list(sc.arrivals.requests()))):
+        sim = sc.simulator(progress=lambda done, total, _i=i: seen[_i].append(done),
+                           progress_total=250)  # fmt: skip
+        sim.run(reqs)
+    assert seen[0] == seen[1]
+    assert len(seen[0]) >= 250 and seen[0][-1] == 250
+
+
+def test_first_kernel_call_explains_its_compile_pause(monkeypatch, capsys):
+    class Now:  # a timer that fires at once
+        def __init__(self, _s, fn):
+            self.fn = fn
+
+        def start(self):
+            self.fn()
+
+        def cancel(self):
+            pass
+
+    monkeypatch.setattr(fastpath.threading, "Timer", Now)
+    for quiet, expect in ((True, False), (False, True)):
+        monkeypatch.setattr(fastpath, "_warm", {"done": False})
+        monkeypatch.setattr("simcli.progress._state", {"quiet": quiet})
+        sc = _scenario(num_requests=20)
+        sc.simulator().run(sc.arrivals.requests())
+        assert ("compiling the serving simulator's kernel" in capsys.readouterr().err) == expect

@@ -197,6 +197,11 @@ class _Grids:
     lists: dict[str, Any] = field(default_factory=dict)
 
 
+# the methods of step_s_summary's scalar path (costmodels.steps.serving_summary)
+_SUMMARY_PATH = ("step_s_summary", "step_s_decode", "_prefill_attn_lists", "_grid_total_s",
+                 "_decode_share", "_attn_layer_s", "_attn_factors", "_decode_attn")  # fmt: skip
+
+
 class StepModel(VllmMemory, SummaryPricing):
     """Seconds of one engine iteration on one replica (see the module docstring).
 
@@ -208,6 +213,8 @@ class StepModel(VllmMemory, SummaryPricing):
     (default ``dtype``; fp8, int8, int4 quantised) and ``kv_cache_dtype`` (default
     ``dtype``) as in the module docstring.
     """
+
+    _graph_floor_s = GRAPH_KERNEL_FLOOR_S  # a graph-replayed kernel's floor (summary_tables)
 
     def __init__(
         self,
@@ -348,6 +355,12 @@ class StepModel(VllmMemory, SummaryPricing):
         # step_s_summary's scalar path prices attention as _attention does (a subclass
         # that reprices attention takes the general path) and memoises by batch size
         self._summary_fast = type(self)._attention is StepModel._attention
+        # ... and summary_tables hands the grids to a compiled copy of that path only
+        # where no method of it is repriced
+        cls = type(self)
+        self._summary_tabled = self._summary_fast and all(
+            getattr(cls, n) is getattr(StepModel, n) for n in _SUMMARY_PATH
+        )
         self._decode_memo: dict[int, tuple | bool] = {}
         self._first_chunk_memo: dict[int, tuple[float, float]] = {}
         self._attn_f: dict[bool, tuple[float, float]] = {}

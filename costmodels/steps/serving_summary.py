@@ -4,6 +4,7 @@ context sum) on the step model's interpolation grids, in scalars.
 
 :class:`SummaryPricing` is mixed into ``StepModel``, which holds what it reads (``_grids``,
 ``model``, ``engine``, ``composition``, ``_decode_memo``, ``_attn_f``, ``_summary_fast``,
+``_summary_tabled``, ``_graph_floor_s``,
 ``_decode_attn``, ``_attn_layer_s``, ``_evaluate``). The values equal ``step_s``'s bit for
 bit (the same operations in the same order); a serving run calls it millions of times, so
 it avoids numpy and memoises a decode-only step's share by batch size.
@@ -14,19 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from costmodels.steps.serving_grid import bracket
-
-
-def _overridden(model: object) -> bool:
-    """Whether ``model``'s class reprices a step its own way: a compiled copy of this
-    module's scalar path would then price it wrong."""
-    names = ("step_s_summary", "step_s_decode", "_prefill_attn_lists", "_grid_total_s",
-             "_decode_share", "_attn_layer_s", "_attn_factors")  # fmt: skip
-    from costmodels.steps.serving import StepModel
-
-    cls = type(model)
-    return any(getattr(cls, n) is not getattr(StepModel, n) for n in names) or (
-        cls._decode_attn is not StepModel._decode_attn
-    )
 
 
 class SummaryPricing:
@@ -147,12 +135,10 @@ class SummaryPricing:
         return memo[max_decode]
 
     def _summary_tables(self, max_decode: int) -> tuple[np.ndarray, ...]:
-        from costmodels.steps.serving import GRAPH_KERNEL_FLOOR_S
-
         g = self._grids
         L = g.lists
         f, idle = self._attn_factors(False)
-        fast = bool(self._summary_fast) and not _overridden(self)
+        fast = bool(self._summary_tabled)
         top = min(int(max_decode), int(L["dec_b"][-1])) if fast else 0
         base = np.zeros(top + 1)
         wi = np.zeros(top + 1)
@@ -163,7 +149,7 @@ class SummaryPricing:
                 base[n], wi[n] = share[0], share[1]
                 row[n], _ = bracket(L["dec_b"], n)
         ints = np.array([fast and self.engine != "pytorch-eager", self.model.num_layers, top])
-        floats = np.array([f, idle, GRAPH_KERNEL_FLOOR_S, self._attn_layer_s(None, 0.0, False)])
+        floats = np.array([f, idle, self._graph_floor_s, self._attn_layer_s(None, 0.0, False)])
 
         def arr(x: object) -> np.ndarray:
             return np.ascontiguousarray(np.asarray(x, dtype=np.float64))

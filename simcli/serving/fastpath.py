@@ -87,7 +87,7 @@ def _decode_pricer(replica: Any) -> Any:
 def _tables(step_model: Any, max_seqs: int) -> tuple[np.ndarray, ...]:
     """The kernel's price tables: the step model's own, or empty ones (every iteration then
     priced here) for a step model without them."""
-    from simcli.serving.fastkernel import pack_tables
+    from costmodels.steps.serving_compiled import pack_tables
 
     fn = getattr(step_model, "summary_tables", None)
     if fn is not None:

@@ -187,15 +187,14 @@ def test_energy_add_iterations_prices_like_add():
 
 
 def test_compiled_prices_equal_the_step_model_bit_for_bit():
-    """The kernel's copy of StepModel.step_s_summary's scalar path (fastkernel.price_mixed
-    and price_decode) returns the same float on random batches, NaN only where the step
+    """The compiled copy of StepModel.step_s_summary's scalar path (serving_compiled's
+    price_mixed and price_decode) returns the same float on random batches, NaN only where the step
     model leaves its scalar grids."""
-    from simcli.serving import fastkernel as K
+    from costmodels.steps.serving_compiled import pack_tables, price_mixed
 
     sm = _scenario().simulator().replicas[0].step_model
-    PI, PF, PG, W2, WDEC, DT = K.pack_tables(sm.summary_tables(256))
+    PI, PF, PG, W2, WDEC, DT = pack_tables(sm.summary_tables(256))
     rng = np.random.default_rng(5)
-    RA = np.zeros((1, K.NRA, 9), np.int64)
     priced = 0
     for _ in range(3000):
         k = int(rng.integers(0, 9))
@@ -203,8 +202,7 @@ def test_compiled_prices_equal_the_step_model_bit_for_bit():
         new = rng.integers(1, 3000, k)
         past = np.where(rng.random(k) < 0.5, 0, rng.integers(0, 60000, k))
         ctx = int(rng.integers(n_dec, 140000 * max(n_dec, 1))) if n_dec else 0
-        RA[0, K.A_BNEW, :k], RA[0, K.A_BPAST, :k] = new, past
-        got = K.price_mixed(PI, PF, PG, W2, WDEC, DT, RA, 0, k, n_dec, ctx)
+        got = price_mixed(PI, PF, PG, W2, WDEC, DT, new, past, k, n_dec, ctx)
         want = sm.step_s_summary(new.tolist(), past.tolist(), n_dec, ctx)
         if math.isnan(got):  # the driver prices these with the step model itself
             assert k > 8 or n_dec > 256 or ctx / max(n_dec, 1) > 131072 or past.max() > 131072

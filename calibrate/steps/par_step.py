@@ -1,0 +1,1067 @@
+"""Time tensor- and pipeline-parallel training steps of a Llama-style decoder on several GPUs.
+
+    torchrun --nproc_per_node N -m calibrate.steps.par_step --out DIR --tp T --pp P
+        [--models llama3.2-1b-like,...] [--shapes 1x4096,2x4096] [--microbatches M]
+        [--warmup 3] [--steps 8] [--trace-dir DIR] [--check] [--tiny] [--device cuda|cpu]
+
+``N = T * P`` ranks, no data parallelism; rank ``r`` is TP rank ``r % T`` of pipeline stage
+``r // T`` (TP groups are neighbouring GPUs). The step is ``calibrate.steps.train_step``'s
+bf16-mixed recipe (fp32 parameters, forward under ``torch.autocast(bf16)``, fused AdamW,
+``zero_grad(set_to_none=True)``, eager, no recompute, SDPA attention), so the rows can be
+read against the single-GPU steps of the same models:
+
+- **TP** (``T > 1``): Megatron-LM's tensor parallelism with sequence parallelism, written
+  out by hand (Shoeybi et al. 2019; Korthikanti et al. 2022). Activations between the
+  blocks are ``[s / T, b, h]`` (sequence-first, as Megatron), the residual stream fp32 as in
+  the single-GPU model. Each block: RMSNorm on the sequence shard, its output cast to bf16,
+  one column-parallel GEMM (fused Q|K|V, fused gate|up) whose input is all-gathered along
+  the sequence (Megatron's ``LinearWithGradAccumulationAndAsyncCommunication``: only the
+  shard is saved; the backward all-gathers it again, overlapped with the input-gradient
+  GEMM, and reduce-scatters the input gradient, overlapped with the weight-gradient GEMM),
+  then the local heads / FFN columns, a row-parallel GEMM and a reduce-scatter back to the
+  sequence shard. The embedding is vocab-parallel (each rank's rows, partial sums
+  reduce-scattered in fp32), the LM head column-parallel over the vocabulary, and the loss
+  Megatron's vocab-parallel cross-entropy (three all-reduces of one fp32 per token; the
+  fp32 logits become the saved softmax in place). The norm weights' gradients, computed
+  on sequence shards, are all-reduced over the TP group before the optimizer step. V is
+  copied out of the fused QKV output so that output is freed after RoPE, as with
+  separate projections.
+- **PP** (``P > 1``): 1F1B over ``P`` stages of an even layer split (the embedding on the
+  first stage, final norm and LM head on the last), ``--microbatches`` micro-batches of
+  ``--shapes`` each, written out as Megatron-LM's ``forward_backward_pipelining_without_
+  interleaving`` (``batch_isend_irecv`` pairs, outputs freed once sent;
+  ``torch.distributed.pipelining``'s own handshake differs between torch versions); with
+  ``T = 1`` the stages hold ``train_step``'s own blocks, with ``T > 1`` the TP blocks
+  above (TP x PP, the activation sent is each TP rank's sequence shard).
+
+Per (model, micro-batch shape) rank 0 writes one row to ``par_step.tpT.ppP.csv``: every
+rank's median step time over ``--steps`` steps after ``--warmup`` (CUDA events around the
+step, optimizer included), the maximum over ranks as ``step_ms``; every rank's
+``max_memory_allocated`` / ``max_memory_reserved`` over the timed steps and the bytes still
+allocated after ``zero_grad`` (weights and optimizer state) and, without a pipeline, at
+the loss of the last timed step (weights, optimizer state, saved activations, logits),
+with their maxima. With
+``--trace-dir``, rank 0's profiler trace of one step, trimmed (``calibrate/steps/
+tracing.py``). ``--check`` first runs tiny fp32 models through the same code and compares
+loss and every gradient with the single-process model of ``train_step`` (the result goes
+to the meta JSON and each row's ``check_max_rel_error``; above 1e-4 it is a failure, printed,
+and the rows are still measured). Imports only the standard library, torch and
+this package's step helpers (runs on a bare GPU machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+import warnings
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from calibrate.bench import common as C
+from calibrate.steps import Arch, Marks, RowWriter, base_meta, free_memory, median, tracing
+from calibrate.steps.train_step import (
+    MODELS,
+    TINY_MODELS,
+    arch_fields,
+    build_model,
+    make_optimizer,
+    parse_shapes,
+)
+
+COLUMNS = (
+    "mode",
+    "world_size",
+    "tp",
+    "pp",
+    "sp",
+    "microbatches",
+    "model",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn",
+    "vocab",
+    "batch",
+    "seq_len",
+    "global_batch",
+    "params",
+    "step_ms",
+    "step_ms_rank0",
+    "rank_step_ms",
+    "fwd_ms",
+    "bwd_ms",
+    "optim_ms",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "rank_peak_allocated_bytes",
+    "rank_peak_reserved_bytes",
+    "rank_end_allocated_bytes",
+    "rank_after_forward_allocated_bytes",
+    "tokens_per_s_per_gpu",
+    "sdpa_backend",
+    "gqa_mode",
+    "steps_timed",
+    "loss",
+    "check_max_rel_error",
+    "status",
+    "error",
+    "trace",
+)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+class Layout:
+    """Ranks of a TP x PP job: TP innermost (neighbouring GPUs), then pipeline stages."""
+
+    def __init__(self, tp: int, pp: int, rank: int):
+        import torch.distributed as dist
+
+        self.tp, self.pp, self.rank = tp, pp, rank
+        self.tp_rank, self.pp_rank = rank % tp, rank // tp
+        self.tp_group = self.pp_group = None
+        # every rank creates every group, in the same order (new_group's contract)
+        for s in range(pp):
+            ranks = [s * tp + i for i in range(tp)]
+            g = dist.new_group(ranks) if tp > 1 else None
+            if s == self.pp_rank:
+                self.tp_group = g
+        for i in range(tp):
+            ranks = [s * tp + i for s in range(pp)]
+            g = dist.new_group(ranks) if pp > 1 else None
+            if i == self.tp_rank:
+                self.pp_group = g
+
+    @property
+    def first(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+
+def stage_layers(layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """[lo, hi) of an even split; the remainder goes to the middle stages, as
+    ``TrainPlan.layers_per_chunk`` places it."""
+    base, extra = divmod(layers, pp)
+    lo_x = pp // 2 - (extra + 1) // 2 if pp % 2 == 0 else (pp - 1) // 2 - extra // 2
+    counts = [base + (1 if lo_x <= s < lo_x + extra else 0) for s in range(pp)]
+    lo = sum(counts[:stage])
+    return lo, lo + counts[stage]
+
+
+# --------------------------------------------------------------------------- TP pieces
+
+
+def tp_ops(group, tp: int):
+    """Megatron's sequence-parallel communication as autograd functions over ``group``
+    (sequence along dim 0)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    def gather(x, async_op=False):
+        x = x.contiguous()
+        out = x.new_empty((x.shape[0] * tp, *x.shape[1:]))
+        h = dist.all_gather_into_tensor(out, x, group=group, async_op=async_op)
+        return (out, h) if async_op else out
+
+    def scatter(x, async_op=False):
+        x = x.contiguous()
+        out = x.new_empty((x.shape[0] // tp, *x.shape[1:]))
+        h = dist.reduce_scatter_tensor(out, x, group=group, async_op=async_op)
+        return (out, h) if async_op else out
+
+    class GatherLinear(torch.autograd.Function):
+        """Column-parallel GEMM of the all-gathered sequence shard ``x`` (saved as the
+        shard): forward all-gather + GEMM; backward all-gather again (async) beside the
+        input-gradient GEMM, reduce-scatter of that gradient (async) beside the
+        weight-gradient GEMM (Megatron-LM ``LinearWithGradAccumulationAndAsyncCommunication``
+        with ``sequence_parallel``)."""
+
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return F.linear(gather(x), w)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            total, h = gather(x, async_op=True)
+            g = g.contiguous()
+            grad_total = g.matmul(w)
+            h.wait()
+            grad_x, h = scatter(grad_total, async_op=True)
+            grad_w = g.reshape(-1, g.shape[-1]).t().matmul(total.reshape(-1, total.shape[-1]))
+            h.wait()
+            return grad_x, grad_w
+
+    class ScatterSeq(torch.autograd.Function):
+        """Row-parallel exit: reduce-scatter forward, all-gather backward."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return scatter(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return gather(g)
+
+    class VocabParallelCE(torch.autograd.Function):
+        """Megatron-LM's ``_VocabParallelCrossEntropy``: per-token loss from logits split
+        over the vocabulary; the fp32 copy of the logits becomes the saved softmax (in
+        place), its gradient made from it in place in the backward."""
+
+        @staticmethod
+        def forward(ctx, logits, target, vocab_start):
+            lf = logits.float() if logits.dtype != torch.float32 else logits.clone()
+            vmax = lf.max(dim=-1).values
+            dist.all_reduce(vmax, op=dist.ReduceOp.MAX, group=group)
+            lf.sub_(vmax.unsqueeze(-1))
+            n = lf.shape[-1]
+            outside = (target < vocab_start) | (target >= vocab_start + n)
+            idx = (target - vocab_start).masked_fill(outside, 0)
+            flat = lf.view(-1, n)
+            rows = torch.arange(flat.shape[0], device=lf.device)
+            pred = flat[rows, idx.view(-1)].masked_fill(outside.view(-1), 0.0)
+            dist.all_reduce(pred, group=group)
+            lf.exp_()
+            total = lf.sum(dim=-1)
+            dist.all_reduce(total, group=group)
+            loss = torch.log(total) - pred.view_as(total)
+            lf.div_(total.unsqueeze(-1))
+            ctx.save_for_backward(lf, outside, idx)
+            return loss
+
+        @staticmethod
+        def backward(ctx, g):
+            soft, outside, idx = ctx.saved_tensors
+            n = soft.shape[-1]
+            flat = soft.view(-1, n)
+            rows = torch.arange(flat.shape[0], device=soft.device)
+            flat[rows, idx.view(-1)] -= 1.0 - outside.view(-1).float()
+            soft.mul_(g.unsqueeze(-1))
+            return soft, None, None
+
+    return GatherLinear, ScatterSeq, VocabParallelCE
+
+
+def build_tp_parts(arch: Arch, lay: Layout, device: str, max_seq: int, cdt, lo: int, hi: int):
+    """This rank's share of the TP model: (embedding or None, blocks lo..hi-1, head or
+    None), each an nn.Module of fp32 parameters; ``cdt`` is the GEMM dtype (bf16; fp32 in
+    ``--check``). Norm weights carry ``sequence_parallel = True`` (replicated, gradients
+    all-reduced over the TP group)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from calibrate.steps import rope_table
+
+    tp, r = lay.tp, lay.tp_rank
+    GatherLinear, ScatterSeq, VocabCE = tp_ops(lay.tp_group, tp)
+    d = arch.head_dim
+    nq, nkv, f = arch.heads // tp, arch.kv_heads // tp, arch.ffn // tp
+    vocab_local = arch.vocab // tp
+
+    def param(*shape):
+        return nn.Parameter(torch.empty(*shape, device=device))
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim: int):
+            super().__init__()
+            self.eps = arch.norm_eps
+            self.weight = nn.Parameter(torch.ones(dim, device=device))
+            self.weight.sequence_parallel = True
+
+        def forward(self, x):
+            xf = x.float()
+            return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    def rope(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            h = arch.hidden
+            self.attn_norm = RMSNorm(h)
+            self.qkv = param((nq + 2 * nkv) * d, h)
+            self.o = param(h, nq * d)
+            self.mlp_norm = RMSNorm(h)
+            self.fc1 = param(2 * f, h)  # gate | up
+            self.fc2 = param(h, f)
+            for w in (self.qkv, self.o, self.fc1, self.fc2):
+                nn.init.normal_(w, std=0.02)
+            self.gqa_mode = "native"  # or "repeat" (K and V heads repeated), as train_step
+
+        def forward(self, x, cos, sin):
+            s = x.shape[0] * tp
+            b = x.shape[1]
+            xn = self.attn_norm(x).to(cdt)
+            qkv = GatherLinear.apply(xn, self.qkv.to(cdt))
+            q, k, v = qkv.split((nq * d, nkv * d, nkv * d), dim=-1)
+            q = rope(q.view(s, b, nq, d), cos, sin).permute(1, 2, 0, 3)
+            k = rope(k.view(s, b, nkv, d), cos, sin).permute(1, 2, 0, 3)
+            v = v.contiguous().view(s, b, nkv, d).permute(1, 2, 0, 3)
+            if nq != nkv and self.gqa_mode == "repeat":
+                k, v = k.repeat_interleave(nq // nkv, 1), v.repeat_interleave(nq // nkv, 1)
+            gqa = nq != nkv and self.gqa_mode == "native"
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            o = o.permute(2, 0, 1, 3).reshape(s, b, nq * d)
+            x = x + ScatterSeq.apply(F.linear(o, self.o.to(cdt)))
+            gate, up = GatherLinear.apply(self.mlp_norm(x).to(cdt), self.fc1.to(cdt)).chunk(2, -1)
+            return x + ScatterSeq.apply(F.linear(F.silu(gate) * up, self.fc2.to(cdt)))
+
+    class Embedding(nn.Module):
+        """Vocab-parallel: this rank's rows; partial sums reduce-scattered (fp32)."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = param(vocab_local, arch.hidden)
+            nn.init.normal_(self.weight)
+            self.start = r * vocab_local
+
+        def forward(self, tokens):  # [b, s] -> [s / tp, b, h]
+            t = tokens.t()
+            outside = (t < self.start) | (t >= self.start + vocab_local)
+            e = F.embedding((t - self.start).masked_fill(outside, 0), self.weight)
+            e = e.masked_fill(outside.unsqueeze(-1), 0.0)
+            return ScatterSeq.apply(e)
+
+    class Head(nn.Module):
+        """Final norm on the shard, column-parallel LM head over the vocabulary."""
+
+        def __init__(self):
+            super().__init__()
+            self.norm = RMSNorm(arch.hidden)
+            self.weight = param(vocab_local, arch.hidden)
+            nn.init.normal_(self.weight, std=0.02)
+            self.start = r * vocab_local
+
+        def forward(self, x):  # -> logits [s, b, vocab / tp]
+            return GatherLinear.apply(self.norm(x).to(cdt), self.weight.to(cdt))
+
+        def loss(self, logits, targets):  # targets [b, s]
+            return VocabCE.apply(logits, targets.t().contiguous(), self.start).mean()
+
+    cos, sin = rope_table(arch, max_seq, device)
+    cos, sin = cos[:, None, None, :], sin[:, None, None, :]  # [s, 1, 1, d]
+    emb = Embedding() if lay.first else None
+    head = Head() if lay.last else None
+    blocks = nn.ModuleList(Block() for _ in range(lo, hi))
+    return emb, blocks, head, (cos, sin)
+
+
+def load_tp_from_full(parts, full, arch: Arch, lay: Layout, lo: int) -> None:
+    """Copy the slices of the single-process model ``full`` (train_step.build_model) that
+    this rank holds into ``parts`` (``--check``)."""
+    import torch
+
+    emb, blocks, head, _ = parts
+    tp, r = lay.tp, lay.tp_rank
+    d = arch.head_dim
+    nq, nkv, f, v = arch.heads // tp, arch.kv_heads // tp, arch.ffn // tp, arch.vocab // tp
+
+    def rows(w, n):
+        return w[r * n : (r + 1) * n]
+
+    with torch.no_grad():
+        if emb is not None:
+            emb.weight.copy_(rows(full.embed.weight, v))
+        for i, blk in enumerate(blocks):
+            ref = full.blocks[lo + i]
+            a, m = ref.attn, ref.mlp
+            blk.attn_norm.weight.copy_(ref.attn_norm.weight)
+            blk.mlp_norm.weight.copy_(ref.mlp_norm.weight)
+            qkv = (rows(a.q.weight, nq * d), rows(a.k.weight, nkv * d), rows(a.v.weight, nkv * d))
+            blk.qkv.copy_(torch.cat(qkv))
+            blk.o.copy_(a.o.weight[:, r * nq * d : (r + 1) * nq * d])
+            blk.fc1.copy_(torch.cat((rows(m.gate.weight, f), rows(m.up.weight, f))))
+            blk.fc2.copy_(m.down.weight[:, r * f : (r + 1) * f])
+        if head is not None:
+            head.norm.weight.copy_(full.norm.weight)
+            head.weight.copy_(rows(full.lm_head.weight, v))
+
+
+def tp_grads_as_full(parts, arch: Arch, lay: Layout, lo: int) -> dict[str, Any]:
+    """This rank's gradients under the names and slices of the single-process model."""
+    emb, blocks, head, _ = parts
+    tp = lay.tp
+    d = arch.head_dim
+    nq, nkv, f = arch.heads // tp, arch.kv_heads // tp, arch.ffn // tp
+    out: dict[str, Any] = {}
+    if emb is not None:
+        out["embed.weight"] = ("rows", emb.weight.grad)
+    for i, blk in enumerate(blocks):
+        p = f"blocks.{lo + i}."
+        q, k, v = blk.qkv.grad.split((nq * d, nkv * d, nkv * d))
+        gate, up = blk.fc1.grad.split((f, f))
+        out.update({
+            p + "attn_norm.weight": ("full", blk.attn_norm.weight.grad),
+            p + "mlp_norm.weight": ("full", blk.mlp_norm.weight.grad),
+            p + "attn.q.weight": ("rows", q), p + "attn.k.weight": ("rows", k),
+            p + "attn.v.weight": ("rows", v), p + "attn.o.weight": ("cols", blk.o.grad),
+            p + "mlp.gate.weight": ("rows", gate), p + "mlp.up.weight": ("rows", up),
+            p + "mlp.down.weight": ("cols", blk.fc2.grad),
+        })  # fmt: skip
+    if head is not None:
+        out["norm.weight"] = ("full", head.norm.weight.grad)
+        out["lm_head.weight"] = ("rows", head.weight.grad)
+    return out
+
+
+# --------------------------------------------------------------------------- models
+
+
+def plain_parts(arch: Arch, lay: Layout, device: str, max_seq: int):
+    """The pieces of train_step's model that pipeline stage ``lay.pp_rank`` holds:
+    (embedding or None, its blocks, final norm or None, LM head or None, cos, sin).
+    The model is built on the meta device and only these pieces are materialised (fresh
+    nn.Linear / nn.Embedding initialisation, norm weights 1), so no rank ever holds the
+    whole model."""
+    import torch
+
+    from calibrate.steps import rope_table
+
+    full = build_model(arch, "meta", "native", max_seq)
+    lo, hi = stage_layers(arch.layers, lay.pp, lay.pp_rank)
+    keep = [full.embed if lay.first else None, *full.blocks[lo:hi]]
+    keep += [full.norm, full.lm_head] if lay.last else [None, None]
+    for mod in (m for m in keep if m is not None):
+        mod.to_empty(device=device)
+        with torch.no_grad():
+            for sub in mod.modules():
+                if hasattr(sub, "reset_parameters"):
+                    sub.reset_parameters()
+                elif hasattr(sub, "eps"):  # RMSNorm
+                    sub.weight.fill_(1.0)
+    cos, sin = rope_table(arch, max_seq, device)
+    return keep[0], keep[1:-2], keep[-2], keep[-1], cos, sin
+
+
+class _Stage:
+    """Builds the module one rank runs (a pipeline stage, or the whole model when
+    ``pp == 1``) and knows its loss."""
+
+    def __init__(self, arch: Arch, lay: Layout, device: str, max_seq: int, cdt):
+        from torch import nn
+
+        self.arch, self.lay = arch, lay
+        self.lo, self.hi = stage_layers(arch.layers, lay.pp, lay.pp_rank)
+        lo, hi = self.lo, self.hi
+        if lay.tp > 1:
+            parts = build_tp_parts(arch, lay, device, max_seq, cdt, lo, hi)
+            self.parts = parts
+            emb, blocks, head, (cos, sin) = parts
+
+            class TPStage(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.embed, self.blocks, self.head = emb, blocks, head
+                    self.register_buffer("cos", cos, persistent=False)
+                    self.register_buffer("sin", sin, persistent=False)
+
+                def forward(self, x):
+                    if self.embed is not None:
+                        x = self.embed(x)
+                    s = x.shape[0] * lay.tp
+                    for blk in self.blocks:
+                        x = blk(x, self.cos[:s], self.sin[:s])
+                    return self.head(x) if self.head is not None else x
+
+            self.module = TPStage()
+            self.loss_fn = head.loss if head is not None else None
+        else:
+            import torch.nn.functional as F
+
+            embed, blocks, norm, lm_head, cos, sin = plain_parts(arch, lay, device, max_seq)
+
+            class PlainStage(nn.Module):
+                """train_step's Decoder cut to layers [lo, hi) (its own blocks)."""
+
+                def __init__(self):
+                    super().__init__()
+                    self.embed, self.blocks = embed, nn.ModuleList(blocks)
+                    self.norm, self.lm_head = norm, lm_head
+                    self.register_buffer("cos", cos, persistent=False)
+                    self.register_buffer("sin", sin, persistent=False)
+
+                def forward(self, x):
+                    if self.embed is not None:
+                        x = self.embed(x)
+                    s = x.shape[1]
+                    for blk in self.blocks:
+                        x = blk(x, self.cos[:s], self.sin[:s])
+                    return self.lm_head(self.norm(x)) if self.lm_head is not None else x
+
+            self.module = PlainStage()
+            self.loss_fn = (
+                (lambda logits, t: F.cross_entropy(logits.flatten(0, 1), t.flatten()))
+                if lay.last
+                else None
+            )
+        self.replicated = [
+            p for p in self.module.parameters() if getattr(p, "sequence_parallel", False)
+        ]
+
+    def sync_replicated_grads(self) -> None:
+        """All-reduce the sequence-parallel norm weights' gradients over the TP group
+        (Megatron's ``allreduce_sequence_parallel_grads``), one flat buffer."""
+        import torch
+        import torch.distributed as dist
+
+        grads = [p.grad for p in self.replicated if p.grad is not None]
+        if self.lay.tp == 1 or not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.lay.tp_group)
+        off = 0
+        for g in grads:
+            g.copy_(flat[off : off + g.numel()].view_as(g))
+            off += g.numel()
+
+
+# --------------------------------------------------------------------------- steps
+
+
+class Runner:
+    """One configuration's step on this rank: ``step(marks)`` runs forward, backward and
+    the optimizer; ``marks`` gets phase marks (fwd / bwd / optim without a pipeline,
+    fwd+bwd / optim with one)."""
+
+    def __init__(self, stage: _Stage, tokens, targets, m: int, device_type: str, amp: bool):
+        self.stage, self.tokens, self.targets, self.m = stage, tokens, targets, m
+        self.device_type, self.amp = device_type, amp
+        self.opt, _ = make_optimizer(stage.module)
+        self.last_loss = None
+        self.after_forward_bytes = math.nan  # allocated at the loss (no pipeline)
+
+    def _amp(self):
+        import contextlib
+
+        import torch
+
+        if not self.amp:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=torch.bfloat16)
+
+    def step(self, marks: Marks, optimizer: bool = True):
+        from torch.profiler import record_function
+
+        st = self.stage
+        marks.mark()
+        if st.lay.pp == 1:
+            with record_function("forward"), self._amp():
+                loss = st.loss_fn(st.module(self.tokens), self.targets)
+            self.after_forward_bytes = _allocated()
+            marks.mark()
+            with record_function("backward"):
+                loss.backward()
+            self.last_loss = loss.detach()
+        else:
+            with record_function("forward_backward"):
+                losses = self.one_f_one_b()
+            if losses:
+                self.last_loss = sum(losses)
+        marks.mark()
+        if optimizer:
+            with record_function("optimizer"):
+                st.sync_replicated_grads()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+            marks.mark()
+
+    # ----------------------------------------------------------------- 1F1B
+
+    def _act_shape(self, mb: int) -> tuple[int, ...]:
+        """Shape of the activation between stages: [s / tp, b, h] under TP (sequence
+        shard, sequence-first), else train_step's [b, s, h]."""
+        a, tp, s = self.stage.arch, self.stage.lay.tp, self.tokens.shape[1]
+        return (s // tp, mb, a.hidden) if tp > 1 else (mb, s, a.hidden)
+
+    def _p2p(self, sends, recvs):
+        """Send and receive together (``batch_isend_irecv``: one NCCL group, so a pair of
+        stages exchanging both ways cannot deadlock) and wait for both."""
+        import torch.distributed as dist
+
+        ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
+        ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+
+    def one_f_one_b(self) -> list:
+        """PipeDream-Flush 1F1B as Megatron-LM's ``forward_backward_pipelining_without_
+        interleaving`` runs it (Narayanan et al. 2021 sec. 2.2): ``p - rank - 1`` warm-up
+        forwards, then one forward and one backward in turn, then the remaining
+        backwards; activations in fp32 (the residual stream under autocast), the loss of
+        each micro-batch divided by ``m``. A stage's output, once sent, is freed down to
+        its autograd node (Megatron's ``deallocate_output_tensor``); its backward runs
+        from that node with the received gradient. Returns the last stage's losses."""
+        import collections
+
+        import torch
+
+        st, lay, m = self.stage, self.stage.lay, self.m
+        first, last = lay.first, lay.last
+        prev, nxt = lay.rank - lay.tp, lay.rank + lay.tp
+        mb = self.tokens.shape[0] // m
+        toks, tgts = self.tokens.split(mb), self.targets.split(mb)
+        shape = self._act_shape(mb)
+        dev = self.tokens.device
+
+        def buf():
+            return torch.empty(shape, dtype=torch.float32, device=dev)
+
+        ins: collections.deque = collections.deque()
+        outs: collections.deque = collections.deque()
+        losses: list = []
+
+        def forward(i, x):
+            with self._amp():
+                y = st.module(toks[i] if first else x)
+                if last:
+                    loss = st.loss_fn(y, tgts[i]) / m
+                    losses.append(loss.detach())
+                    y = loss
+            ins.append(x)
+            outs.append(y)
+            return y
+
+        def release(y):
+            # Megatron's deallocate_output_tensor: the next stage has it; the backward
+            # needs only its autograd node
+            y.data = torch.empty((1,), device=y.device, dtype=y.dtype)
+
+        def backward(g):
+            x, y = ins.popleft(), outs.popleft()
+            if g is None:
+                y.backward()
+            else:  # the output's storage is released: skip autograd's shape check
+                torch.autograd.Variable._execution_engine.run_backward(
+                    (y,), (g,), False, False, (), True, True
+                )
+            return None if x is None else x.grad
+
+        def recv_x():
+            x = buf()
+            self._p2p([], [(x, prev)])
+            return x.requires_grad_()
+
+        warm = min(lay.pp - lay.pp_rank - 1, m)
+        rest = m - warm
+        for i in range(warm):
+            y = forward(i, None if first else recv_x())
+            self._p2p([(y, nxt)], [])
+            release(y)
+        x = None if first or rest == 0 else recv_x()
+        for j in range(rest):
+            y = forward(warm + j, x)
+            g = None
+            if not last:
+                g = buf()
+                self._p2p([(y, nxt)], [(g, nxt)])
+                release(y)
+            gx = backward(g)
+            if first:
+                continue
+            if j == rest - 1:
+                self._p2p([(gx, prev)], [])
+            else:
+                x = buf()
+                self._p2p([(gx, prev)], [(x, prev)])
+                x.requires_grad_()
+        for _ in range(warm):
+            g = buf()
+            self._p2p([], [(g, nxt)])
+            gx = backward(g)
+            if not first:
+                self._p2p([(gx, prev)], [])
+        return losses
+
+
+def _allocated() -> float:
+    """Bytes the caching allocator hands out now (host-side counter: no synchronize)."""
+    import torch
+
+    return float(torch.cuda.memory_allocated()) if torch.cuda.is_initialized() else math.nan
+
+
+def make_data(arch: Arch, rows: int, seq: int, device: str, seed: int):
+    """Random token ids, the same on every rank: (tokens, targets), each [rows, seq]."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    data = torch.randint(0, arch.vocab, (rows, seq + 1), device=device, generator=gen)
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+
+def gather_floats(values: list[float], device: str) -> list[list[float]]:
+    """Every rank's ``values`` (same length everywhere), on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [x.tolist() for x in out]
+
+
+def measure(runner: Runner, args, cuda: bool, device: str, trace: Path | None, extra: dict):
+    """Warm-up, timed steps, peaks, then (``trace`` given) a profiler trace of one step
+    written by rank 0 while the others run the same steps; numbers of every rank.
+    ``trace`` must be given on every rank or on none."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(args.warmup):
+        runner.step(Marks(cuda))
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    runs = []
+    for _ in range(args.steps):
+        m = Marks(cuda)
+        runner.step(m)
+        runs.append(m)
+    parts = [m.intervals_ms() for m in runs]  # synchronizes
+    alloc = float(torch.cuda.max_memory_allocated()) if cuda else math.nan
+    reserved = float(torch.cuda.max_memory_reserved()) if cuda else math.nan
+    end = float(torch.cuda.memory_allocated()) if cuda else math.nan
+    step = median([sum(p) for p in parts])
+    fb = [median([p[i] for p in parts]) for i in range(len(parts[0]))]
+    loss = float(runner.last_loss) if runner.last_loss is not None else math.nan
+    after_fwd = runner.after_forward_bytes
+    everyone = gather_floats([step, alloc, reserved, end, loss, after_fwd], device)
+    if trace is not None:  # after the timed steps; every rank runs the same steps
+        if dist.get_rank() == 0:
+            tracing.capture(lambda: runner.step(Marks(cuda)), trace, steps=1, cuda=cuda,
+                            extra=extra)  # fmt: skip
+        else:
+            for _ in range(2):  # capture's profiler warm-up step and the traced step
+                runner.step(Marks(cuda))
+                if cuda:
+                    torch.cuda.synchronize()
+    dist.barrier()
+    col = list(zip(*everyone, strict=True))
+    losses = [x for x in col[4] if math.isfinite(x)]
+    out = {
+        "step_ms": max(col[0]),
+        "step_ms_rank0": col[0][0],
+        "rank_step_ms": ";".join(f"{x:.3f}" for x in col[0]),
+        "optim_ms": fb[-1],
+        "peak_allocated_bytes": max(col[1]),
+        "peak_reserved_bytes": max(col[2]),
+        "rank_peak_allocated_bytes": ";".join(f"{x:.0f}" for x in col[1]),
+        "rank_peak_reserved_bytes": ";".join(f"{x:.0f}" for x in col[2]),
+        "rank_end_allocated_bytes": ";".join(f"{x:.0f}" for x in col[3]),
+        "rank_after_forward_allocated_bytes": ";".join(f"{x:.0f}" for x in col[5]),
+        "steps_timed": args.steps,
+        "loss": losses[0] if losses else math.nan,
+    }
+    if len(fb) == 3:
+        out["fwd_ms"], out["bwd_ms"] = fb[0], fb[1]
+    return out
+
+
+# --------------------------------------------------------------------------- check
+
+
+def check(lay: Layout, device: str, seed: int) -> dict[str, Any]:
+    """Loss and gradients of the parallel code against train_step's single-process model,
+    in fp32 on tiny models: the largest relative difference per tensor must stay under
+    1e-4 (every rank checks its own tensors; the worst is returned on every rank)."""
+    import torch
+
+    cuda = device == "cuda"
+    worst, worst_name = 0.0, ""
+    for name, arch in TINY_MODELS.items():
+        if arch.heads % lay.tp or arch.kv_heads % lay.tp or arch.vocab % lay.tp:
+            continue
+        m = max(lay.pp, 2) if lay.pp > 1 else 1
+        seq = 8 * lay.tp
+        torch.manual_seed(seed)
+        ref = build_model(arch, device, "native", seq)
+        tokens, targets = make_data(arch, 2 * m, seq, device, seed)
+        loss_ref = torch.nn.functional.cross_entropy(ref(tokens).flatten(0, 1), targets.flatten())
+        loss_ref.backward()
+        ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+        stage = _Stage(arch, lay, device, seq, torch.float32)
+        if lay.tp > 1:
+            load_tp_from_full(stage.parts, ref, arch, lay, stage.lo)
+        else:
+            with torch.no_grad():
+                ours = dict(stage.module.named_parameters())
+                for n, p in ref.named_parameters():
+                    if n.startswith("blocks."):
+                        i = int(n.split(".")[1])
+                        if not stage.lo <= i < stage.hi:
+                            continue
+                        n = f"blocks.{i - stage.lo}." + n.split(".", 2)[2]
+                    if n in ours:
+                        ours[n].copy_(p)
+        runner = Runner(stage, tokens, targets, m, "cuda" if cuda else "cpu", amp=False)
+        runner.step(Marks(cuda), optimizer=False)
+        if lay.tp > 1:
+            stage.sync_replicated_grads()
+            got = tp_grads_as_full(stage.parts, arch, lay, stage.lo)
+        else:
+            got = {}
+            for n, p in stage.module.named_parameters():
+                if n.startswith("blocks."):
+                    i = int(n.split(".")[1]) + stage.lo
+                    n = f"blocks.{i}." + n.split(".", 2)[2]
+                got[n] = ("full", p.grad)
+        for n, (how, g) in got.items():
+            r = ref_grads[n]
+            if how == "rows":
+                k = g.shape[0]
+                r = r[lay.tp_rank * k : (lay.tp_rank + 1) * k]
+            elif how == "cols":
+                k = g.shape[1]
+                r = r[:, lay.tp_rank * k : (lay.tp_rank + 1) * k]
+            err = float((g - r).norm() / r.norm().clamp_min(1e-30))
+            if err > worst:
+                worst, worst_name = err, f"{name}:{n}"
+        if runner.last_loss is not None:
+            err = abs(float(runner.last_loss) - float(loss_ref)) / abs(float(loss_ref))
+            if err > worst:
+                worst, worst_name = err, f"{name}:loss"
+    all_worst = gather_floats([worst], device)
+    i = max(range(len(all_worst)), key=lambda j: all_worst[j][0])
+    where = worst_name if i == lay.rank else ""
+    return {
+        "max_rel_error": all_worst[i][0],
+        "rank": i,
+        "where": where,
+        "ok": all_worst[i][0] < 1e-4,
+    }
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="torchrun ... -m calibrate.steps.par_step",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--out", required=True, help="output folder (created)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (with SP)")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B)")
+    ap.add_argument("--models", default="", help="comma list of model names")
+    ap.add_argument("--shapes", default="", help="comma list of micro-batch BATCHxSEQ")
+    ap.add_argument("--microbatches", type=int, default=0,
+                    help="micro-batches per step (default: 8 with a pipeline, else 1)")  # fmt: skip
+    ap.add_argument("--tiny", action="store_true", help="tiny models and shapes (CPU tests)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check", action="store_true",
+                    help="first check loss and gradients against one process")  # fmt: skip
+    ap.add_argument("--trace-dir", default="", help="rank 0's trimmed trace of each config")
+    ap.add_argument("--trace-first-only", action="store_true",
+                    help="trace only each model's first shape (keeps the data small)")  # fmt: skip
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="start no new config after this many seconds")  # fmt: skip
+    ap.add_argument("--device-kind", default="", help="lent machine kind, for the metadata")
+    args = ap.parse_args(argv)
+    if args.tp < 1 or args.pp < 1:
+        ap.error("--tp and --pp must be >= 1")
+    if args.microbatches == 0:
+        args.microbatches = 8 if args.pp > 1 else 1
+    if args.pp == 1 and args.microbatches != 1:
+        ap.error("--microbatches needs --pp > 1 (no gradient accumulation without a pipeline)")
+    if args.pp > 1 and args.microbatches < args.pp:
+        ap.error(f"--microbatches {args.microbatches} < --pp {args.pp}: 1F1B needs m >= p")
+    return args
+
+
+def mode_name(tp: int, pp: int) -> str:
+    return "tp" if pp == 1 else "pp" if tp == 1 else "tp-pp"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    import torch
+    import torch.distributed as dist
+
+    cuda = args.device == "cuda"
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if world != args.tp * args.pp:
+        raise SystemExit(f"WORLD_SIZE={world} but --tp {args.tp} x --pp {args.pp} = "
+                         f"{args.tp * args.pp}; start tp*pp ranks")  # fmt: skip
+    if cuda:
+        torch.cuda.set_device(local)
+    # a rank that fails (e.g. out of memory) leaves the others in a collective: a short
+    # timeout ends the job instead of waiting NCCL's default 10 minutes
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=180))
+    device = "cuda" if cuda else "cpu"
+    # one collective of every rank first: NCCL's communicator then spans the whole job
+    # before any pair of stages starts sending (batch_isend_irecv's documented contract)
+    dist.all_reduce(torch.zeros(1, device=device))
+    lay = Layout(args.tp, args.pp, rank)
+    table = TINY_MODELS if args.tiny else MODELS
+    names = [n.strip() for n in args.models.split(",") if n.strip()] or [next(iter(table))]
+    bad = [n for n in names if n not in table]
+    if bad:
+        raise SystemExit(f"--models: unknown {', '.join(bad)}; allowed: {', '.join(table)}")
+    shapes = parse_shapes(args.shapes) if args.shapes else (
+        ((1, 16 * args.tp),) if args.tiny else ((1, 4096),))  # fmt: skip
+    ctx = C.make_context("tiny" if args.tiny else "full", device, "events", args.seed)
+    out = Path(args.out)
+    tag = f"tp{args.tp}.pp{args.pp}"
+    meta_path = out / f"par_step.{tag}.meta.json"
+    sink = None
+    meta: dict[str, Any] = {}
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        sink = RowWriter(out / f"par_step.{tag}.csv", COLUMNS)
+        meta = base_meta(ctx, args, "calibrate.steps.par_step")
+        meta["environment"]["world_size"] = world
+        meta["environment"]["nccl_env"] = {
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(("NCCL_", "TORCH_SYMM", "TORCH_NCCL"))
+        }
+        meta["method"] = {"tp": args.tp, "pp": args.pp, "microbatches": args.microbatches,
+                          "doc": __doc__}  # fmt: skip
+        meta["models"] = {n: {**asdict(table[n]), "params": table[n].params()} for n in names}
+        C.write_json_atomic(meta_path, meta)
+    t0 = time.monotonic()
+    checked = math.nan
+    if args.check:
+        res = check(lay, device, args.seed)
+        checked = res["max_rel_error"]
+        if rank == 0:
+            meta["check"] = res
+            C.write_json_atomic(meta_path, meta)
+            word = "ok" if res["ok"] else "FAILED (the rows are kept; see check_max_rel_error)"
+            print(f"[par_step] {tag} check {word} {json.dumps(res)}", flush=True)
+        free_memory(cuda)
+    deadline = t0 + (args.time_budget_s if args.time_budget_s is not None else math.inf)
+    trace_dir = Path(args.trace_dir) if args.trace_dir else None
+    not_run: list[str] = []
+    for name in names:
+        arch = table[name]
+        for j, (b, s) in enumerate(shapes):
+            label = f"{name} {b}x{s}"
+            row: dict[str, Any] = {
+                "mode": mode_name(args.tp, args.pp), "world_size": world, "tp": args.tp,
+                "pp": args.pp, "sp": args.tp > 1, "microbatches": args.microbatches,
+                **arch_fields(name, arch), "batch": b, "seq_len": s,
+                "check_max_rel_error": checked,
+                "global_batch": b * args.microbatches, "params": arch.params(),
+            }  # fmt: skip
+            go = time.monotonic() <= deadline
+            go = bool(gather_floats([1.0 if go else 0.0], device)[0][0])  # rank 0 decides
+            if not go:
+                not_run.append(label)
+                continue
+            if args.tp > 1 and (arch.heads % args.tp or arch.kv_heads % args.tp
+                                or arch.vocab % args.tp or s % args.tp):  # fmt: skip
+                row.update(status="skipped", error="tp does not divide heads/kv_heads/vocab/seq")
+            else:
+                trace = None
+                if trace_dir is not None and not (args.trace_first_only and j):
+                    fname = tracing.trace_name(name, tag, f"{b}x{s}")
+                    trace = trace_dir / fname
+                    row["trace"] = fname
+                try:
+                    torch.manual_seed(args.seed + lay.tp_rank)
+                    stage = _Stage(arch, lay, device, s, torch.bfloat16)
+                    row["gqa_mode"], row["sdpa_backend"] = resolve_gqa(arch, args.tp, b, s, device)
+                    set_gqa_mode(stage, row["gqa_mode"])
+                    tokens, targets = make_data(arch, b * args.microbatches, s, device, args.seed)
+                    runner = Runner(stage, tokens, targets, args.microbatches, device, amp=True)
+                    extra = {"batch": b, "seq_len": s, "tp": args.tp, "pp": args.pp,
+                             "microbatches": args.microbatches, "arch": asdict(arch)}  # fmt: skip
+                    row.update(measure(runner, args, cuda, device, trace, extra))
+                    row["tokens_per_s_per_gpu"] = (
+                        b * args.microbatches * s / world / (row["step_ms"] / 1e3)
+                    )
+                    row["status"] = "ok"
+                except Exception as exc:  # recorded; the job ends if a rank is left behind
+                    row["status"], row["error"] = C.classify(exc)
+                    print(f"[par_step] rank {rank} {label}: {row['error'][:300]}", flush=True)
+                runner = stage = None
+                free_memory(cuda)
+            if sink is not None:
+                sink.write(row)
+                print(_line(tag, row), flush=True)
+    if rank == 0:
+        meta.update(not_run=not_run, elapsed_s=round(time.monotonic() - t0, 1),
+                    clocks_after=C.clocks_snapshot(ctx))  # fmt: skip
+        C.write_json_atomic(meta_path, meta)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def sdpa_backend(arch: Arch, tp: int, b: int, s: int, device: str, native: bool) -> str:
+    """The backend SDPA's dispatch picks for one rank's attention call, with the strides
+    the step passes (sequence-first views under TP, train_step's otherwise); ``native``:
+    grouped K/V heads passed as they are (``enable_gqa``), else repeated first."""
+    import torch
+
+    from calibrate.steps import sdpa_choice
+
+    nq, d = arch.heads // tp, arch.head_dim
+    nkv = arch.kv_heads // tp if native else nq
+
+    def qkv(n):
+        kw = {"device": device, "dtype": torch.bfloat16}
+        if tp > 1:
+            return torch.empty(s, b, n, d, **kw).permute(1, 2, 0, 3).requires_grad_()
+        return torch.empty(b, s, n, d, **kw).transpose(1, 2).requires_grad_()
+
+    return sdpa_choice(qkv(nq), qkv(nkv), qkv(nkv), is_causal=True, enable_gqa=nq != nkv)
+
+
+def resolve_gqa(arch: Arch, tp: int, b: int, s: int, device: str) -> tuple[str, str]:
+    """(gqa_mode, SDPA backend) as train_step's ``--gqa auto``: grouped K/V heads go to
+    SDPA as they are unless that would send it to the unfused math kernel on a GPU."""
+    if arch.kv_heads == arch.heads:
+        return "mha", sdpa_backend(arch, tp, b, s, device, True)
+    native = sdpa_backend(arch, tp, b, s, device, True)
+    if device == "cuda" and native in ("MATH", "ERROR"):
+        return "repeat", sdpa_backend(arch, tp, b, s, device, False)
+    return "native", native
+
+
+def set_gqa_mode(stage: _Stage, mode: str) -> None:
+    """How every attention layer of the stage passes grouped K/V heads (read per call)."""
+    mode = "native" if mode == "mha" else mode
+    for blk in stage.module.blocks:
+        if hasattr(blk, "gqa_mode"):
+            blk.gqa_mode = mode
+        else:
+            blk.attn.gqa_mode = mode
+
+
+def _line(tag: str, row: dict[str, Any]) -> str:
+    base = f"[par_step] {tag} {row['model']} {row['batch']}x{row['seq_len']} {row['status']}"
+    if row["status"] != "ok":
+        return f"{base} {str(row.get('error', ''))[:160]}"
+    return (f"{base} step={row['step_ms']:.1f}ms (rank0 {row['step_ms_rank0']:.1f}) "
+            f"peak={row['peak_allocated_bytes'] / 2**30:.2f}GiB "
+            f"ranks={row['rank_peak_allocated_bytes']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

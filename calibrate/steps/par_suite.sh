@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Multi-GPU whole-step truth in one call: tensor-parallel (with sequence parallelism),
+# pipeline-parallel (1F1B) and TP x PP training steps on 2 and 4 GPUs of one host, and the
+# same models on one GPU of the same machine (calibrate/steps/par_step.py, train_step.py).
+#
+#   bash calibrate/steps/par_suite.sh OUT DEVICE_KIND
+#
+# Runs on a machine with 4 GPUs (each launch uses the first 2 or 4), in about 5 minutes. Every parallel
+# launch first checks loss and gradients against the single-process model on tiny fp32
+# models (--check; meta.json records it) and keeps rank 0's trimmed trace of each model's
+# first shape. Everything lands in OUT/par.tar.gz (CSV + meta.json + traces, topology,
+# log) and OUT/suite.log. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends).
+set -uo pipefail
+OUT=${1:?OUT}; KIND=${2:?DEVICE_KIND}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
+W=$(mktemp -d)
+LOG="$OUT/suite.log"
+MODELS=llama3.2-1b-like,llama2-small-mha,llama3.2-3b-like
+run() {
+  echo "+ $*" | tee -a "$LOG"
+  "$@" 2>&1 | grep -v --line-buffered '^USDT\|FutureWarning\|warnings.warn' | tee -a "$LOG"
+}
+# par TP PP LIMIT_S ARGS...: one torchrun of TP*PP ranks, killed after LIMIT_S seconds
+par() {
+  local tp=$1 pp=$2 limit=$3
+  shift 3
+  run timeout -k 10 "$limit" python3 -m torch.distributed.run --standalone \
+    --nproc_per_node $((tp * pp)) \
+    -m calibrate.steps.par_step --out "$W/par" --tp "$tp" --pp "$pp" --device cuda \
+    --device-kind "$KIND" --check --trace-dir "$W/par/traces" --trace-first-only "$@"
+}
+nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem,power.limit,temperature.gpu \
+  --format=csv >>"$LOG" 2>&1
+mkdir -p "$W/par"
+nvidia-smi topo -m >"$W/par/topo.txt" 2>&1
+t0=$SECONDS
+# each launch is cut at its limit (the limits add up to 550 s) and starts no new config
+# after its budget; the largest model comes last, so a budget cut drops it first
+run timeout -k 10 70 python3 -m calibrate.steps.train_step --out "$W/single" --device cuda \
+  --device-kind "$KIND" --models llama3.2-1b-like,llama2-small-mha --shapes 1x4096,2x4096 \
+  --time-budget-s 45
+par 2 1 95 --models "$MODELS" --shapes 1x4096,2x4096 --time-budget-s 60
+par 4 1 95 --models "$MODELS" --shapes 1x4096,2x4096 --time-budget-s 60
+par 1 2 110 --models "$MODELS" --shapes 1x4096,1x2048 --microbatches 8 --steps 6 \
+  --time-budget-s 70
+par 1 4 110 --models "$MODELS" --shapes 1x4096,1x2048 --microbatches 8 --steps 6 \
+  --time-budget-s 70
+par 2 2 70 --models llama3.2-1b-like,llama2-small-mha --shapes 1x4096 --microbatches 8 \
+  --steps 6 --time-budget-s 35
+echo "suite: $((SECONDS - t0)) s" | tee -a "$LOG"
+nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem,power.limit,temperature.gpu \
+  --format=csv >>"$LOG" 2>&1
+cp "$LOG" "$W/par/suite.log"
+tar -C "$W" -czf "$OUT/par.tar.gz" .
+ls -la "$OUT"

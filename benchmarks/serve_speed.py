@@ -88,7 +88,7 @@ def _child(args: argparse.Namespace) -> None:
     if feature == "event-loop":  # a plain iterator of Requests: the general loop
         requests = iter(requests)
     t0 = time.perf_counter()
-    res = sim.run(requests)
+    res = sim.run(requests, compiled=True if feature == "plain" else None)
     wall = time.perf_counter() - t0
     s = res.summary
     print(

@@ -3,13 +3,14 @@
 (:mod:`simcli.serving.fastkernel`).
 
 It reads what :meth:`StepModel.summary_tables` hands over -- the step model's own
-interpolation grids and decode shares -- packed by :func:`pack_tables` into a few arrays
-the compiled code indexes in place, and performs ``step_s_summary``'s operations in the
-same order, so a price is the same float bit for bit (tested over random batches in
-``tests/simcli/serving/test_fastpath.py``). Where the Python path would leave its scalar
-grids (more than 8 prefill chunks, sizes past the grids, an eager engine's prefill, a step
-model that reprices attention) it returns NaN and the caller prices the step with the step
-model. numba is imported only by whoever imports this module.
+interpolation grids and decode shares, packed into a few arrays the compiled code indexes
+in place (their layout is :mod:`costmodels.steps.serving_summary`'s) -- and performs
+``step_s_summary``'s operations in the same order, so a price is the same float bit for
+bit (tested over random batches in ``tests/simcli/serving/test_fastpath.py``). Where the
+Python path would leave its scalar grids (more than 8 prefill chunks, sizes past the
+grids, an eager engine's prefill, a step model that reprices attention) it returns NaN
+and the caller prices the step with the step model. numba is imported only by whoever
+imports this module.
 """
 
 from __future__ import annotations
@@ -17,32 +18,27 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from costmodels.steps.serving_summary import (  # the layout of summary_tables
+    O_DECB,
+    O_DECKV,
+    O_N,
+    O_P,
+    O_SEQT,
+    O_SEQTD,
+    O_SEQX,
+    O_TOKT,
+    O_TOKX,
+    P_DEC_MAX,
+    P_LAYERS,
+    P_MIXED_OK,
+    PF_F,
+    PF_FLOOR,
+    PF_IDLE,
+    PF_IDLE_FLOOR,
+)
+
 # without numba's reference counting: these functions allocate nothing (see fastkernel)
 _jit = njit(cache=True, _nrt=False)
-
-# --- price tables: PI int64 (flags, then where each grid starts in PG), PF float64
-# scalars, PG every 1-D grid end to end, W2 the prefill attention grids (w1, wfill), WDEC
-# the decode attention grid, DT each decode batch size's share (base, weight, row)
-P_MIXED_OK, P_LAYERS, P_DEC_MAX = range(3)
-(O_N, O_P, O_TOKX, O_TOKT, O_SEQX, O_SEQT, O_SEQTD, O_DECB, O_DECKV,
- O_END) = range(3, 13)  # fmt: skip
-PF_F, PF_IDLE, PF_FLOOR, PF_IDLE_FLOOR = range(4)
-
-
-def pack_tables(tables: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    """The kernel's price arrays from ``StepModel.summary_tables`` (its order: flags,
-    scalars, n, p, tok_x, tok_total, seq_x, seq_total, seq_total_dec, w1, wfill, dec_b,
-    dec_kv, wdec, base, weight, row). Few arrays and no views: the compiled code indexes
-    them in place."""
-    ints, floats = tables[0], tables[1]
-    n, p, tok_x, tok_t, seq_x, seq_t, seq_td, w1, wfill, dec_b, dec_kv, wdec = tables[2:14]
-    grids = [n, p, tok_x, tok_t, seq_x, seq_t, seq_td, dec_b, dec_kv]
-    starts = np.cumsum([0] + [g.size for g in grids])
-    PI = np.concatenate([ints[:3], starts]).astype(np.int64)
-    PG = np.concatenate(grids).astype(np.float64)
-    W2 = np.ascontiguousarray(np.stack([w1, wfill]), dtype=np.float64)
-    DT = np.ascontiguousarray(np.stack([tables[14], tables[15], tables[16].astype(np.float64)]))
-    return PI, np.asarray(floats, np.float64), PG, W2, np.ascontiguousarray(wdec), DT
 
 
 # === pricing: StepModel.step_s_summary's scalar path on its grids ======================

@@ -16,6 +16,14 @@ import numpy as np
 
 from costmodels.steps.serving_grid import bracket
 
+# --- summary_tables' layout: PI int64 (flags, then where each grid starts in PG), PF float64
+# scalars, PG every 1-D grid end to end, W2 the prefill attention grids (w1, wfill), WDEC
+# the decode attention grid, DT each decode batch size's share (base, weight, row)
+P_MIXED_OK, P_LAYERS, P_DEC_MAX = range(3)
+(O_N, O_P, O_TOKX, O_TOKT, O_SEQX, O_SEQT, O_SEQTD, O_DECB, O_DECKV,
+ O_END) = range(3, 13)  # fmt: skip
+PF_F, PF_IDLE, PF_FLOOR, PF_IDLE_FLOOR = range(4)
+
 
 class SummaryPricing:
     """``step_s_summary`` and the scalar pieces it is built from (see the module)."""
@@ -123,12 +131,14 @@ class SummaryPricing:
 
     def summary_tables(self, max_decode: int) -> tuple[np.ndarray, ...]:
         """What :meth:`step_s_summary` reads, as arrays, for a compiled copy of its scalar
-        path (:mod:`simcli.serving.fastkernel`): (ints: mixed steps priced here, layers,
-        largest tabulated decode batch; floats: attention factor, idle factor, kernel
-        floor, a decode launch's floor; the grids; each decode batch size's share up to
+        path (:mod:`costmodels.steps.serving_compiled`), in the layout above: PI (mixed
+        steps priced from the tables, layers, the largest tabulated decode batch, then where
+        each 1-D grid starts in PG), PF (attention factor, idle factor, kernel floor, a
+        decode launch's floor), PG, W2, WDEC and DT (each decode batch size's share up to
         ``max_decode``: base seconds, batch weight, row, -1 where it is priced outside the
-        grids). The values are this object's own (``_decode_share``, ``_attn_factors``),
-        so the copy prices bit for bit alike; memoised by ``max_decode``."""
+        grids). Few arrays and no views: the compiled code indexes them in place. The values
+        are this object's own (``_decode_share``, ``_attn_factors``), so the copy prices bit
+        for bit alike; memoised by ``max_decode``."""
         memo = self.__dict__.setdefault("_tables_memo", {})
         if max_decode not in memo:
             memo[max_decode] = self._summary_tables(int(max_decode))
@@ -138,28 +148,26 @@ class SummaryPricing:
         g = self._grids
         L = g.lists
         f, idle = self._attn_factors(False)
-        fast = bool(self._summary_tabled)
-        top = min(int(max_decode), int(L["dec_b"][-1])) if fast else 0
-        base = np.zeros(top + 1)
-        wi = np.zeros(top + 1)
-        row = np.full(top + 1, -1, dtype=np.int64)
+        tabled = bool(self._summary_tabled)
+        top = min(max_decode, int(L["dec_b"][-1])) if tabled else 0
+        DT = np.zeros((3, top + 1))
+        DT[2] = -1.0
         for n in range(1, top + 1):
             share = self._decode_share(n)
             if share:
-                base[n], wi[n] = share[0], share[1]
-                row[n], _ = bracket(L["dec_b"], n)
-        ints = np.array([fast and self.engine != "pytorch-eager", self.model.num_layers, top])
-        floats = np.array([f, idle, self._graph_floor_s, self._attn_layer_s(None, 0.0, False)])
-
-        def arr(x: object) -> np.ndarray:
-            return np.ascontiguousarray(np.asarray(x, dtype=np.float64))
-
-        return (
-            ints.astype(np.int64), floats, arr(L["n"]), arr(L["p"]), arr(L["tok_x"]),
-            arr(g.tok_total["graph"]), arr(L["seq_x"]), arr(g.seq_total["graph"]),
-            arr(g.seq_total_dec["graph"]), arr(L["w1"]), arr(L["wfill"]), arr(L["dec_b"]),
-            arr(L["dec_kv"]), arr(L["wdec"]), base, wi, row,
-        )  # fmt: skip
+                DT[0, n], DT[1, n] = share[0], share[1]
+                DT[2, n], _ = bracket(L["dec_b"], n)
+        totals = (g.tok_total["graph"], g.seq_total["graph"], g.seq_total_dec["graph"])
+        grids = [L["n"], L["p"], L["tok_x"], totals[0], L["seq_x"], *totals[1:], L["dec_b"],
+                 L["dec_kv"]]  # fmt: skip
+        starts = np.cumsum([0] + [len(x) for x in grids])
+        flags = [tabled and self.engine != "pytorch-eager", self.model.num_layers, top]
+        PI = np.array(flags + starts.tolist(), dtype=np.int64)
+        PF = np.array([f, idle, self._graph_floor_s, self._attn_layer_s(None, 0.0, False)])
+        PG = np.concatenate([np.asarray(x, dtype=np.float64) for x in grids])
+        W2 = np.ascontiguousarray(np.stack([L["w1"], L["wfill"]]), dtype=np.float64)
+        WDEC = np.ascontiguousarray(L["wdec"], dtype=np.float64)
+        return PI, PF, PG, W2, WDEC, DT
 
     def _decode_share(self, n: int) -> tuple | bool:
         """What a decode-only step of ``n`` sequences costs whatever their contexts, for

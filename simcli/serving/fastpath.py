@@ -19,7 +19,12 @@ about 1e-12. It exists for speed (issue 18: a million requests in seconds).
 This module is the kernel's driver: it builds the arrays, feeds the arrival chunks, prices
 the few iterations the compiled tables do not cover with the step model itself, reduces
 the buffers, calls the sink and progress hooks, and writes the engines' counters back.
-Without numba the general loop runs instead (:func:`eligible` is False).
+Without numba the general loop runs instead (:func:`eligible` is False). numba costs about
+0.7 s a process before the kernel's first iteration (its import, its compiler's start,
+the cached kernel's load) -- the general loop's time for about 20,000 requests -- so a
+stream known to be shorter than :data:`COMPILE_FROM_REQUESTS` runs on the general loop
+unless the caller asks for the kernel (:func:`worth_compiling`; the serving planner does:
+its many probes share one start).
 
 Events at the same instant: an iteration that ends exactly when a request arrives is
 finished first (the general loop orders such ties by when the events were created).
@@ -39,6 +44,8 @@ import numpy as np
 from simcli.serving.requests import Request
 
 FLUSH = 65536  # buffered samples per vectorised histogram update
+# the kernel's start costs the general loop's time for about this many requests (2 cores)
+COMPILE_FROM_REQUESTS = 20_000
 POOL = 4096  # live sequences the arrays hold at first (doubled as needed)
 _NONE: list = []  # an empty list never appended to
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
@@ -74,6 +81,15 @@ def eligible(sim: Any, requests: object) -> bool:
     )
 
 
+def worth_compiling(requests: object, compiled: bool | None) -> bool:
+    """Whether an :func:`eligible` run should take the kernel: ``compiled`` when the caller
+    says, else unless the stream is known to be short (see the module)."""
+    if compiled is not None:
+        return compiled
+    expected = getattr(requests, "expected", None)
+    return expected is None or expected >= COMPILE_FROM_REQUESTS
+
+
 def _decode_pricer(replica: Any) -> Any:
     """The step model's decode-only price ``(n, context sum) -> s``: its ``step_s_decode``
     when it has one, else ``step_s_summary`` with no prefills."""
@@ -87,14 +103,12 @@ def _decode_pricer(replica: Any) -> Any:
 def _tables(step_model: Any, max_seqs: int) -> tuple[np.ndarray, ...]:
     """The kernel's price tables: the step model's own, or empty ones (every iteration then
     priced here) for a step model without them."""
-    from costmodels.steps.serving_compiled import pack_tables
-
     fn = getattr(step_model, "summary_tables", None)
     if fn is not None:
-        return pack_tables(fn(max_seqs))
-    z, one = np.zeros(2), np.zeros((2, 2))
-    return pack_tables((np.zeros(3, np.int64), np.zeros(4), z, z, z, z, z, z, z, one, one, z,
-                        z, one, np.zeros(1), np.zeros(1), np.full(1, -1, np.int64)))  # fmt: skip
+        return fn(max_seqs)
+    z = np.zeros(2)
+    return (np.zeros(13, np.int64), np.zeros(4), z, np.zeros((2, 2, 2)), np.zeros((2, 2)),
+            np.full((3, 1), -1.0))  # fmt: skip
 
 
 class _Driver:

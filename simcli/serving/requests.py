@@ -247,11 +247,19 @@ class RequestStream:
     """A request stream that can be read as :class:`Request` objects (iteration) or as
     :class:`RequestChunk` arrays (:meth:`chunks`, what the simulator's fast path reads:
     :mod:`simcli.serving.fastpath`); both start afresh on every call and see the same
-    requests. ``shared_prefixes``: whether any request may carry a shared prefix."""
+    requests. ``shared_prefixes``: whether any request may carry a shared prefix;
+    ``expected``: how many requests it yields, when known before reading it (the simulator
+    sizes its choice of loop by it)."""
 
-    def __init__(self, chunks: Callable[[], Iterator[RequestChunk]], shared_prefixes: bool):
+    def __init__(
+        self,
+        chunks: Callable[[], Iterator[RequestChunk]],
+        shared_prefixes: bool,
+        expected: int | None = None,
+    ):
         self._chunks = chunks
         self.shared_prefixes = shared_prefixes
+        self.expected = expected
 
     @classmethod
     def from_arrays(
@@ -268,7 +276,7 @@ class RequestStream:
                 none = np.full(n, -1, dtype=np.int64)
                 yield RequestChunk(i, a[i : i + n], p[i : i + n], o[i : i + n], none, none + 1)
 
-        return cls(chunks, False)
+        return cls(chunks, False, int(a.size))
 
     def chunks(self) -> Iterator[RequestChunk]:
         return self._chunks()
@@ -291,7 +299,9 @@ def synthetic_requests(
     ``empirical = (prompts, outputs)``, rows of a trace drawn with replacement."""
     if empirical is None and (spec.prompt_len is None or spec.output_len is None):
         raise ValueError("synthetic requests need prompt and output length distributions")
-    return RequestStream(lambda: _synthetic_chunks(spec, empirical), spec.shared_prefix_len > 0)
+    return RequestStream(
+        lambda: _synthetic_chunks(spec, empirical), spec.shared_prefix_len > 0, spec.num_requests
+    )
 
 
 def _synthetic_chunks(

@@ -460,11 +460,13 @@ class Simulator:
         return Arrival(req)
 
     # --- the loop ---------------------------------------------------------------------------
-    def run(self, requests: Iterable[Request]) -> ServeResult:
+    def run(self, requests: Iterable[Request], compiled: bool | None = None) -> ServeResult:
         """Simulate ``requests`` (sorted by arrival); a plain deployment given a
-        :class:`~simcli.serving.requests.RequestStream` runs on the fast path
-        (:mod:`simcli.serving.fastpath`, the same result sooner)."""
-        if fastpath.eligible(self, requests):
+        :class:`~simcli.serving.requests.RequestStream` runs on the compiled fast path
+        (:mod:`simcli.serving.fastpath`, the same result sooner) when that pays:
+        ``compiled`` True / False forces the choice, None leaves it to the stream's size
+        (:func:`~simcli.serving.fastpath.worth_compiling`)."""
+        if fastpath.eligible(self, requests) and fastpath.worth_compiling(requests, compiled):
             self.now_s = fastpath.run(self, requests)
             if not self.arrived and not self.rejected_too_long:
                 raise SimulationError("no requests to simulate; allowed: at least one request")

@@ -29,6 +29,13 @@ TIGHT = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _compiled_for_any_size(monkeypatch):
+    """These scenarios are small: take the kernel whatever the size (the policy has its
+    own test)."""
+    monkeypatch.setattr(fastpath, "COMPILE_FROM_REQUESTS", 0)
+
+
 @cache
 def _scenario(**kw):
     return resolve_serve(ServeOptions(**{**TIGHT, **kw}))
@@ -190,10 +197,10 @@ def test_compiled_prices_equal_the_step_model_bit_for_bit():
     """The compiled copy of StepModel.step_s_summary's scalar path (serving_compiled's
     price_mixed and price_decode) returns the same float on random batches, NaN only where the step
     model leaves its scalar grids."""
-    from costmodels.steps.serving_compiled import pack_tables, price_mixed
+    from costmodels.steps.serving_compiled import price_mixed
 
     sm = _scenario().simulator().replicas[0].step_model
-    PI, PF, PG, W2, WDEC, DT = pack_tables(sm.summary_tables(256))
+    PI, PF, PG, W2, WDEC, DT = sm.summary_tables(256)
     rng = np.random.default_rng(5)
     priced = 0
     for _ in range(3000):
@@ -270,3 +277,24 @@ def test_first_kernel_call_explains_its_compile_pause(monkeypatch, capsys):
         sc = _scenario(num_requests=20)
         sc.simulator().run(sc.arrivals.requests())
         assert ("compiling the serving simulator's kernel" in capsys.readouterr().err) == expect
+
+
+def test_short_streams_take_the_event_loop_unless_asked(monkeypatch):
+    """The kernel's start (~0.7 s) pays from about COMPILE_FROM_REQUESTS requests: a stream
+    known to be shorter runs on the event loop, unless the caller asks (serve plan)."""
+    monkeypatch.setattr(fastpath, "COMPILE_FROM_REQUESTS", 1000)
+    sc = _scenario()
+    short = sc.arrivals.requests()
+    assert short.expected == 250 and fastpath.eligible(sc.simulator(), short)
+    assert not fastpath.worth_compiling(short, None)
+    assert fastpath.worth_compiling(short, True)
+    assert fastpath.worth_compiling(RequestStream(short.chunks, False), None)  # size unknown
+    big = _scenario(num_requests=1000).arrivals.requests()
+    assert fastpath.worth_compiling(big, None) and not fastpath.worth_compiling(big, False)
+    calls = []
+    monkeypatch.setattr(fastpath, "run", lambda *a: calls.append(a) or 0.0)
+    sc.simulator().run(short)
+    assert not calls  # the event loop ran
+    with pytest.raises(SimulationError):  # the stub ran no request
+        sc.simulator().run(short, compiled=True)
+    assert len(calls) == 1

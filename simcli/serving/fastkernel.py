@@ -52,8 +52,8 @@ NGF = 2
 
 # --- a sequence (SI int64, SF float64; rows of a pool with a free list) ----------------
 (S_RID, S_PROMPT, S_OUTPUT, S_TARGET, S_GEN, S_CTX, S_PREF, S_BLOCKS, S_PREEMPTED, S_SLOT,
- S_JOIN_DIT, S_RES, S_FINISH_DIT, S_NEXT, S_PREV, S_MARK) = range(16)  # fmt: skip
-NSI = 16
+ S_JOIN_DIT, S_RES, S_FINISH_DIT, S_NEXT, S_MARK) = range(15)  # fmt: skip
+NSI = 15
 F_ARRIVAL, F_LAST, F_FIRST = range(3)
 NSF = 3
 
@@ -62,8 +62,8 @@ NSF = 3
  R_WHEAD, R_WTAIL, R_WLEN, R_NPREF, R_NJOINS, R_BUSY, R_BNPRE, R_BNDEC, R_BNJOIN, R_FHN,
  R_FCOUNT, R_OUTS) = range(21)  # fmt: skip
 NRI = 21
-RF_LAST_DEC_END, RF_BUSY_S, RF_END_S = range(3)
-NRF = 3
+RF_LAST_DEC_END, RF_BUSY_S = range(2)
+NRF = 2
 # a replica's lists (RA int64 [replica, list, item]): prefilling (in order), the decode
 # batch's sequences and their ctx0, joins since the last decode iteration and their ids,
 # the batch in flight (prefill sequences, their new tokens and cached tokens, joined)
@@ -174,22 +174,19 @@ def _fh_pop(FH, RI, r):
     return s, rid
 
 
-# === the waiting queue: a doubly linked list through the sequence pool ==================
+# === the waiting queue: a linked list through the sequence pool (preempted at its head) ===
 @_jit
 def _w_append(RI, SI, r, s, left):
     SI[s, S_NEXT] = -1
-    SI[s, S_PREV] = -1
     if RI[r, R_WLEN] == 0:
         RI[r, R_WHEAD] = s
         RI[r, R_WTAIL] = s
     elif left:
         h = RI[r, R_WHEAD]
         SI[s, S_NEXT] = h
-        SI[h, S_PREV] = s
         RI[r, R_WHEAD] = s
     else:
         t = RI[r, R_WTAIL]
-        SI[s, S_PREV] = t
         SI[t, S_NEXT] = s
         RI[r, R_WTAIL] = s
     RI[r, R_WLEN] += 1
@@ -200,9 +197,7 @@ def _w_popleft(RI, SI, r):
     s = RI[r, R_WHEAD]
     nxt = SI[s, S_NEXT]
     RI[r, R_WHEAD] = nxt
-    if nxt >= 0:
-        SI[nxt, S_PREV] = -1
-    else:
+    if nxt < 0:
         RI[r, R_WTAIL] = -1
     RI[r, R_WLEN] -= 1
     return s
@@ -413,7 +408,6 @@ def _launch(G, RI, RF, RA, EH, BI, BF, r, dt, now):
     BI[it, B_IT_CTX] = RI[r, R_SUM_CTX0] + n_dec * RI[r, R_DIT] if n_dec else 0
     G[G_IT_N] = it + 1
     RF[r, RF_BUSY_S] += dt
-    RF[r, RF_END_S] = now + dt
     RI[r, R_BUSY] = 1
     _ev_push(G, EH, now + dt, r)
 

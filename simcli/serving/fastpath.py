@@ -124,7 +124,7 @@ class _Driver:
         self.m = sim.metrics
         reps = sim.replicas
         max_seqs = (
-            min(sc.max_batch_size, sc.chunk_size) if sc.kind == "sarathi" else (sc.max_batch_size)
+            min(sc.max_batch_size, sc.chunk_size) if sc.kind == "sarathi" else sc.max_batch_size
         )
         self.st, self.buf = K.state_arrays(len(reps), cfg.block_size, max_seqs, POOL, FLUSH)
         G, CFG, RI = self.st[0], self.st[2], self.st[3]

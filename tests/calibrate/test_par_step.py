@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("torch.distributed.run")
 
 from calibrate.steps import par_step as P  # noqa: E402
+from calibrate.steps.par_model import stage_layers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,7 +75,7 @@ def test_layer_split_is_the_plans():
         model = load_model("llama3-8b").model_copy(update={"num_layers": layers})
         plan = make_plan(model, num_gpus=pp, pp=pp, global_batch=pp, seq_len=128)
         want = plan.layers_per_chunk(layers)
-        got = [hi - lo for lo, hi in (P.stage_layers(layers, pp, s) for s in range(pp))]
+        got = [hi - lo for lo, hi in (stage_layers(layers, pp, s) for s in range(pp))]
         assert got == list(want), (layers, pp)
 
 

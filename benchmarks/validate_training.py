@@ -8,9 +8,14 @@ Run: python benchmarks/validate_training.py
    framework pytorch (eager kernels under autocast) and the cuDNN attention PyTorch picked.
 3. Real 1/2/4-GPU DDP and FSDP steps of the same model on H200s
    (calibrate/data/steps-h200-x4, calibrate/steps/dist_step.py).
+4. Real tensor-parallel (TP 2/4 with sequence parallelism), pipeline-parallel (1F1B, PP
+   2/4) and TP2 x PP2 steps of three models on 4 H200s, with the one-GPU steps of the same
+   machines (calibrate/data/steps-par-h200-x4, calibrate/steps/par_step.py): step time
+   and every rank's peak memory.
 
 The rows are built here and nowhere else: the tests (tests/simcli/test_simulator.py)
-import :func:`megatron_rows`, :func:`h100_step_rows` and :func:`h200_dist_rows` to assert
+import :func:`megatron_rows`, :func:`h100_step_rows`, :func:`h200_dist_rows` and
+:func:`h200_par_rows` to assert
 the error bounds, so the figures quoted in the README come from one place. The published
 runs are data/megatron_published.yaml next to this file.
 """
@@ -26,6 +31,7 @@ import yaml
 from calibrate.trace.fit import FIT_MODELS, single_gpu_plan, step_model
 from costmodels.steps.composition import shipped_composition
 from costmodels.steps.memory import estimate_memory
+from costmodels.steps.training import host_launches
 from simcli.scenario import resolve_hardware
 from simcli.training.simulator import TrainResult, simulate_iteration
 from workloads.models import ModelConfig, load_model
@@ -35,6 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = Path(__file__).resolve().parent / "data" / "megatron_published.yaml"
 STEPS_CSV = ROOT / "calibrate" / "data" / "steps-h100" / "train_step.csv"
 DIST_DIR = ROOT / "calibrate" / "data" / "steps-h200-x4"
+PAR_DIR = ROOT / "calibrate" / "data" / "steps-par-h200-x4"
+#: a row is GPU-bound by the simulator's own terms when its host dispatch time (the
+#: engine's host seconds per op times the ops it launches) is at most this share of the
+#: GPU-bound iteration: several processes per host dispatched up to 1.9x slower per op
+#: than one process on the same machine (calibrate/data/steps-par-h200-x4/README.md)
+GPU_BOUND_HOST_SHARE = 0.5
 #: whole steps with profiler traces (calibrate/steps/suite.sh), one folder per GPU
 TRACED_DIRS = {
     "h100-sxm": (ROOT / "calibrate/data/steps2-h100-sxm", ROOT / "calibrate/data/steps3-h100-sxm"),
@@ -154,6 +166,102 @@ def h200_dist_rows(folder: Path = DIST_DIR) -> list[dict]:
     return out
 
 
+def _par_frames(folder: Path) -> list[tuple[str, pd.DataFrame]]:
+    """(lease, rows) of every par_step and one-GPU train_step CSV under ``folder``: one
+    folder per device call (``main``, ``host``), one-GPU rows with mode ``single``."""
+    out = []
+    for lease in sorted(p for p in folder.iterdir() if p.is_dir()):
+        for csv in sorted(lease.glob("par/par_step.*.csv")):
+            out.append((lease.name, pd.read_csv(csv)))
+        for name in ("single", "single-alone"):
+            csv = lease / name / "train_step.csv"
+            if csv.exists():
+                df = pd.read_csv(csv).assign(mode="single", tp=1, pp=1, microbatches=1)
+                per_rank = df.peak_allocated_bytes.astype(str)
+                out.append((lease.name, df.assign(rank_peak_allocated_bytes=per_rank)))
+    return out
+
+
+def h200_par_rows(folder: Path = PAR_DIR) -> list[dict]:
+    """Measured TP (with SP), PP (1F1B) and TP x PP steps on 2-4 H200s and the one-GPU
+    steps of the same machines, simulated as :func:`h200_dist_rows` does (eager PyTorch,
+    cuDNN attention, the shipped H200 calibration): ``tp``, ``pp`` and sequence
+    parallelism (with TP) as run, the micro-batch and the global batch of its
+    micro-batches, the layers split as the plan does. Memory: the largest peak of any
+    rank against the estimate's, and each rank against its stage's
+    (``rank_memory_error_pct``: the largest error of any rank). ``gpu_bound``: the
+    simulator's host dispatch time is at most :data:`GPU_BOUND_HOST_SHARE` of its
+    GPU-bound iteration (see there); the other rows are paced by the host, whose speed
+    differs between machines of the same kind (the repeated shapes of the two device calls
+    differ by up to 30%). Nothing here was fitted on these rows."""
+    hw = resolve_hardware("h200-sxm", 1)
+    host_s = shipped_composition("h200-sxm").host_s_per_op("pytorch")
+    out = []
+    for lease, df in _par_frames(folder):
+        for _, row in df[df.status == "ok"].iterrows():
+            model = step_model(row)
+            tp, pp, m = int(row.tp), int(row.pp), int(row.microbatches)
+            b, s = int(row.batch), int(row.seq_len)
+            plan = make_plan(
+                model, num_gpus=tp * pp, tp=tp, pp=pp, micro_batch=b, global_batch=b * m,
+                seq_len=s, sequence_parallel=tp > 1, pp_schedule="1f1b",
+            )  # fmt: skip
+            res = _simulate(model, plan, "h200-sxm", attn_backend="cudnn", framework="pytorch")
+            mem = estimate_memory(model, plan, hw.system.gpu, framework="pytorch")
+            ms = res.iteration_s * 1e3
+            ranks = [float(x) for x in str(row.rank_peak_allocated_bytes).split(";")]
+            stage_mem = mem.per_stage_allocated_bytes
+            rank_err = [100.0 * (stage_mem[i // tp] / x - 1.0) for i, x in enumerate(ranks)]
+            chunks = plan.layers_per_chunk(model.num_layers)
+            host = max(
+                host_launches(res.costs, chunks[r], m, r == 0, r == pp - 1, 1) * host_s
+                for r in range(pp)
+            )
+            gpu_s = res.iteration_s - res.breakdown_s["host_bound_s"]
+            measured_mem = float(row.peak_allocated_bytes)
+            out.append(
+                {
+                    "lease": lease,
+                    "mode": str(row["mode"]),
+                    "tp": tp,
+                    "pp": pp,
+                    "model": str(row.model),
+                    "shape": f"{b}x{s}",
+                    "microbatches": m,
+                    "measured_ms": float(row.step_ms),
+                    "simulated_ms": ms,
+                    "error_pct": 100.0 * (ms / float(row.step_ms) - 1.0),
+                    "measured_peak_bytes": measured_mem,
+                    "simulated_peak_bytes": mem.allocated_bytes,
+                    "memory_error_pct": 100.0 * (mem.allocated_bytes / measured_mem - 1.0),
+                    "rank_memory_error_pct": max(rank_err, key=abs),
+                    "gpu_bound": host <= GPU_BOUND_HOST_SHARE * gpu_s,
+                }
+            )
+    return out
+
+
+def _par_summary(rows: list[dict]) -> None:
+    head = ("call", "mode", "tp", "pp", "model", "shape", "meas_ms", "sim_ms", "err",
+            "meas_GiB", "sim_GiB", "err", "rank err")  # fmt: skip
+    print("{:5s} {:6s} {:>2s} {:>2s} {:17s} {:>7s} {:>8s} {:>8s} {:>7s} {:>8s} {:>8s} {:>6s} "
+          "{:>8s}".format(*head))  # fmt: skip
+    for r in rows:
+        tag = "" if r["gpu_bound"] else "  host-paced"
+        print(f"{r['lease']:5s} {r['mode']:6s} {r['tp']:2d} {r['pp']:2d} {r['model']:17s} "
+              f"{r['shape']:>7s} {r['measured_ms']:8.1f} {r['simulated_ms']:8.1f} "
+              f"{r['error_pct']:6.1f}% {r['measured_peak_bytes'] / 2**30:8.2f} "
+              f"{r['simulated_peak_bytes'] / 2**30:8.2f} {r['memory_error_pct']:5.1f}% "
+              f"{r['rank_memory_error_pct']:7.1f}%{tag}")  # fmt: skip
+    df = pd.DataFrame(rows)
+    df["abs_t"], df["abs_m"] = df.error_pct.abs(), df.rank_memory_error_pct.abs()
+    df["regime"] = df.gpu_bound.map({True: "GPU-bound", False: "host-paced"})
+    print("\nstep time, mean / max |error| by regime and mode")
+    print(df.groupby(["regime", "mode"])["abs_t"].agg(["mean", "max", "count"]).round(1))
+    print("\npeak memory of every rank, mean / max |error| by mode")
+    print(df.groupby("mode")["abs_m"].agg(["mean", "max", "count"]).round(2).to_string())
+
+
 def traced_step_rows(dirs: dict[str, tuple[Path, ...]] = TRACED_DIRS) -> list[dict]:
     """Every ok training row of the traced suites (eager, compiled, fp8, full recompute;
     GPU-bound and host-bound sizes), simulated. ``held_out``: the model is not among
@@ -238,6 +346,9 @@ def main() -> None:
     print(f"not fitted: mean |error| {sum(errs) / len(errs):.1f}%  max {max(errs):.1f}%\n")
     print("Single H100 / H200 with traces, eager / compiled / fp8 (calibrate/data/steps2-*)")
     _traced_summary(traced_step_rows())
+    print("\nTP (with SP) / PP (1F1B) / TP x PP on 2-4 H200s, plain PyTorch, and one GPU of "
+          "the same machines (calibrate/data/steps-par-h200-x4)")
+    _par_summary(h200_par_rows())
 
 
 if __name__ == "__main__":

@@ -29,7 +29,10 @@ s x s softmax stored, attention and hidden dropout); ``pytorch`` is a plain eage
 Llama-style model as in ``calibrate/steps/train_step.py`` (fp32 parameters under
 ``torch.autocast``, eager RMSNorm and SwiGLU, SDPA, fused AdamW, ``zero_grad(
 set_to_none=True)``), validated against the H100 steps in
-``calibrate/data/steps-h100/train_step.csv`` (see ``tests/simcli/test_memory.py``);
+``calibrate/data/steps-h100/train_step.csv`` (see ``tests/simcli/test_memory.py``), and
+with tensor / pipeline parallelism as ``calibrate/steps/par_step.py`` runs it (Megatron's
+layout written in PyTorch: fused column-parallel GEMMs, vocab-parallel loss, 1F1B),
+validated on every rank of ``calibrate/data/steps-par-h200-x4``;
 ``pytorch-compile`` the same with ``torch.compile``d blocks, which save fewer activations
 (and, with torchao float8, fp8 weight copies), validated with eager, full recompute and
 fp8 on the traced suites ``calibrate/data/steps{2,3}-*`` (benchmarks/validate_training.py).
@@ -121,6 +124,9 @@ class MemoryEstimate:
     per_stage_total_bytes: tuple[float, ...]
     capacity_bytes: float
     fits: bool
+    # each rank's allocated_bytes at its own peak (what every rank's
+    # torch.cuda.max_memory_allocated would report)
+    per_stage_allocated_bytes: tuple[float, ...] = ()
 
     @property
     def allocated_bytes(self) -> float:
@@ -174,7 +180,7 @@ def _shard(model: ModelConfig, tp):
 
 def _layer_acts(
     model: ModelConfig, fw: str, sh, t_sp, prec, seq_len, unfused: bool = False,
-    compiled: bool = False,
+    compiled: bool = False, tp=1,
 ):  # fmt: skip
     """Bytes per token of one layer on one TP rank: (stored with no recompute, stored
     with selective recompute, stored with full recompute) - see layer_activation_bytes."""
@@ -204,6 +210,11 @@ def _layer_acts(
         else:  # native_layer_norm in fp32: input, mean, rstd
             norm = res * h + 8.0
         n_lin = 3 + (2 if gated else 1) + (1 if model.is_moe else 0)  # q,k,v; gate,up; router
+        # Tensor parallelism is Megatron's layout written in eager PyTorch
+        # (calibrate/steps/par_step.py): the column-parallel GEMMs are fused (QKV; gate|up)
+        # and each reads one bf16 cast of its norm's output (saved as the sequence shard
+        # under SP). Measured at TP 2/4 with SP: exactly this (calibrate/data/steps-par-*).
+        n_lin = np.where(np.asarray(tp) > 1, 2 + (1 if model.is_moe else 0), n_lin)
         # autocast casts a GEMM input once per nn.Linear call; pure bf16 shares the norm
         # output (one per norm).
         lin_in = np.where(pure, 2 * 2 * h, n_lin * g * h)
@@ -342,7 +353,15 @@ def _stage(
     # --optimizer-cpu-offload keeps --optimizer-offload-fraction of it on the CPU)
     optim = sharded((o_b * dense, o_b * expert), 1) * (1.0 - a["opt_off"])
     linear = layers_r * (sh["attn"] + sh["shared"] + expert_layer)
-    copies = lcopy_b * linear + np.where(last, hcopy_b * sh["head"], 0.0)
+    flight = in_flight(sched, pp, vpp, m, r)
+    n_last = np.where(sched == _GPIPE, m, 1)  # LM-head micro-batches alive at once
+    # Weight copies made in the forward and kept for the backward. Megatron's (TE's fp8
+    # weights) are cached across micro-batches. Eager autocast casts every weight again in
+    # each micro-batch's forward and each cast is saved by that micro-batch's graph, so a
+    # pipeline rank holds one set per micro-batch in flight (interleaved: per chunk's
+    # layers). Measured on 1F1B stages: calibrate/data/steps-par-* (0.45-1.4 GiB a set).
+    n_copy, n_head_copy = (flight / vpp, n_last) if fw == "pytorch" else (1.0, 1.0)
+    copies = lcopy_b * linear * n_copy + np.where(last, hcopy_b * sh["head"] * n_head_copy, 0.0)
     # fp8 primary weights (--fp8-param-gather): the layers' GEMM weights live in fp8
     # (1 B, not bf16's 2) and their cached transpose is fp8 too (1 B); the embedding,
     # norms and LM head stay bf16
@@ -350,16 +369,15 @@ def _stage(
     lin_dense = layers_r * (sh["attn"] + sh["shared"])
     lin_w = sharded((lin_dense, layers_r * expert_layer), 3)
     weights = weights - fp8p * (w_b - 1.0) * lin_w
-    copies = copies - fp8p * np.maximum(lcopy_b - 1.0, 0.0) * linear
+    copies = copies - fp8p * np.maximum(lcopy_b - 1.0, 0.0) * linear * n_copy
     if fw == "pytorch":
         # FSDP with MixedPrecision(param_dtype=bf16) gathers bf16 weights directly: no
         # autocast copies beyond the gathered units (counted in the ZeRO-3 buffer below)
         copies = np.where(zero >= 3, 0.0, copies)
 
     # ---- activations of the in-flight micro-batches
-    none, sel, full = _layer_acts(model, fw, sh, t_sp, prec, a["seq"], unfused, compiled)
+    none, sel, full = _layer_acts(model, fw, sh, t_sp, prec, a["seq"], unfused, compiled, tp)
     kept = np.where(rc == _FULL, full, np.where(rc == _SELECTIVE, sel, none))
-    flight = in_flight(sched, pp, vpp, m, r)
     stored_layers = flight * layers_r / vpp  # interleaved: the rank's mean per chunk
     # the layer being recomputed in the backward holds its full activations again
     extra = tokens * (none - kept)
@@ -369,9 +387,15 @@ def _stage(
     off = a["act_off"]
     acts = tokens * stored_layers * kept * (1.0 - off) + extra
     acts = acts + np.where(off > 0, tokens * kept * np.minimum(1.0, stored_layers), 0.0)
-    n_last = np.where(sched == _GPIPE, m, 1)  # LM-head micro-batches alive at once
     acts = acts + np.where(last, tokens * n_last * _final_acts(model, fw, t_sp, prec), 0.0)
     peak_b, kept_b = (np.take([x[i] for x in LOGIT_BYTES[fw]], prec) * 1.0 for i in (0, 1))
+    if fw == "pytorch":
+        # with TP the loss is Megatron's vocab-parallel cross-entropy (calibrate/steps/
+        # par_step.py): the fp32 copy of the logits becomes the saved softmax and, in place,
+        # the gradient, cast to bf16 in the backward - Megatron's bytes per logit (measured
+        # at TP 2/4: calibrate/data/steps-par-*), not F.cross_entropy's
+        vp = [np.take([x[i] for x in LOGIT_BYTES["megatron"]], prec) * 1.0 for i in (0, 1)]
+        peak_b, kept_b = np.where(tp > 1, vp[0], peak_b), np.where(tp > 1, vp[1], kept_b)
     vocab_tokens = tokens * sh["vocab"]
     logits = np.where(last, vocab_tokens * (peak_b + kept_b * (n_last - 1)), 0.0)
 
@@ -420,8 +444,8 @@ def _stage(
         # layers and not saved, so only the layer being recomputed holds its copies; and
         # that layer's activations (``extra``) live in the backward, not at the loss
         full_rc = np.where(rc == _FULL, 1.0, 0.0)
-        layer_copies = lcopy_b * linear
-        one_layer = layer_copies / np.maximum(layers_r, 1)
+        layer_copies = lcopy_b * linear * n_copy
+        one_layer = lcopy_b * linear / np.maximum(layers_r, 1)
         fwd_copies = copies - full_rc * np.where(zero >= 3, 0.0, layer_copies)
         held = [weights + fwd_copies, live * grads, optim, acts - full_rc * extra, logits]
         held.append(running + comm + live * buckets)
@@ -501,7 +525,7 @@ def layer_activation_bytes(
     prec = np.asarray(_code(precision, _PREC, "precision"))
     parts = _layer_acts(
         model, fw, sh, t_sp, prec, seq_len, framework == "megatron-unfused",
-        framework == "pytorch-compile",
+        framework == "pytorch-compile", np.asarray(tp),
     )  # fmt: skip
     kept = parts[_code(recompute, _RECOMPUTE, "recompute")]
     return float(kept * micro_batch * seq_len / cp)
@@ -534,6 +558,11 @@ def estimate_memory(
         )
         stages.append((float(total), {k: float(v) for k, v in parts.items()}))
     per_stage = tuple(t for t, _ in stages)
+    # the tensors of each rank at its peak (the parts but overhead) and the workspaces
+    per_stage_alloc = tuple(
+        sum(v for k, v in p.items() if k != "overhead_bytes") + LIBRARY_WORKSPACE_BYTES
+        for _, p in stages
+    )
     peak = int(np.argmax(per_stage))
     total, parts = stages[peak]
     capacity = gpu.memory_bytes - DRIVER_RESERVED_BYTES
@@ -544,6 +573,7 @@ def estimate_memory(
         per_stage_total_bytes=per_stage,
         capacity_bytes=capacity,
         fits=total <= capacity,
+        per_stage_allocated_bytes=per_stage_alloc,
     )
 
 

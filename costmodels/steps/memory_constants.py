@@ -26,7 +26,8 @@ CUDA_CONTEXT_BYTES = 767 * MIB
 DRIVER_RESERVED_BYTES = 480 * MIB
 # NCCL's own buffers (cudaMalloc'd outside the allocator; NCCL_BUFFSIZE = 4 MiB per
 # channel, peer and protocol, times up to 32 channels): an order-of-magnitude allowance
-# for a DP and a TP/PP communicator. Megatron only (the pytorch framework is one GPU).
+# for a DP and a TP/PP communicator. Counted for Megatron only: the pytorch framework's
+# validation data (one GPU, DDP/FSDP, TP/PP on H200s) measured the allocator's peaks.
 NCCL_BUFFER_BYTES = 512 * MIB
 # torch.compile'd eager blocks (framework pytorch-compile), bytes saved per token and layer
 # per hidden / FFN element, and what torchao float8 saves less (see _layer_acts)

@@ -109,6 +109,7 @@ class Phase:
     ep_comm_s: float = 0.0  # expert-parallel all-to-alls
     by_op_s: dict[str, float] = field(default_factory=dict)
     launches: int = 0  # op instances the host dispatches (collectives excluded)
+    collectives: int = 0  # TP collective calls the host dispatches
 
     @property
     def total_s(self) -> float:
@@ -158,7 +159,7 @@ def with_nodes(op: Op, nodes: int) -> Op:
 
 def sum_phase(items: list[LayerOp], times: np.ndarray, plan: TrainPlan, attn_scale: float) -> Phase:
     compute = tp = gemm = 0.0
-    launches = 0
+    launches = colls = 0
     by_op: dict[str, float] = {}
     for item, t in zip(items, times, strict=True):
         kind = item.op.op.value
@@ -167,6 +168,7 @@ def sum_phase(items: list[LayerOp], times: np.ndarray, plan: TrainPlan, attn_sca
             sec *= attn_scale
         if kind in COLLECTIVES:
             tp += sec
+            colls += item.count
         else:
             compute += sec
             launches += item.count
@@ -178,7 +180,9 @@ def sum_phase(items: list[LayerOp], times: np.ndarray, plan: TrainPlan, attn_sca
         # Ladder Residual (Zhang et al. 2025): block i's all-reduce runs while block i+1
         # computes on the not-yet-reduced residual, so only comm beyond compute shows.
         tp = max(0.0, tp - compute)
-    return Phase(compute_s=compute, tp_comm_s=tp, by_op_s=by_op, launches=launches)
+    return Phase(
+        compute_s=compute, tp_comm_s=tp, by_op_s=by_op, launches=launches, collectives=colls
+    )
 
 
 def step_costs(
@@ -230,11 +234,18 @@ def step_costs(
 
     recompute = recompute_phase(plan, layer_f)
 
-    elt = DTYPE_BYTES[Dtype(act_dtype)]
+    # What a pipeline stage sends: its output, one hidden vector per token (the sequence
+    # shard under SP). Megatron's residual stream is in the activation dtype; eager
+    # PyTorch under autocast keeps fp32 parameters, so its residual stream, and the
+    # activation and gradient sent between stages, are fp32 (calibrate/steps/par_step.py).
+    p2p_dtype = act_dtype
+    if framework in ("pytorch", "pytorch-compile") and plan.master_dtype == "fp32":
+        p2p_dtype = "fp32"
+    elt = DTYPE_BYTES[Dtype(p2p_dtype)]
     tokens = mb * seq_local
     p2p_bytes = tokens * model.hidden_size * elt / (tp if plan.sp else 1)
     p2p_nodes = 2 if plan.stage_stride >= gpn else 1
-    p2p_op = Op(op=OpKind.send_recv, dtype=Dtype(act_dtype), bytes=int(p2p_bytes), ranks=2)
+    p2p_op = Op(op=OpKind.send_recv, dtype=Dtype(p2p_dtype), bytes=int(p2p_bytes), ranks=2)
     p2p_op = with_nodes(p2p_op, p2p_nodes)
     p2p_s = float(cost_model.predict_many(ops_frame([p2p_op]))[0]) if plan.pp > 1 else 0.0
 
@@ -278,6 +289,43 @@ def host_launches(
     if last:
         per_mb += c.last_fwd.launches + c.last_bwd.launches
     return microbatches * per_mb + optimizer_ops
+
+
+# Host time of one tensor-parallel collective call of an eager engine, in ops of its
+# ``host_s_per_op``: the NCCL call and the autograd machinery around it (Megatron's
+# sequence-parallel regions written as Python autograd functions, the async handles and
+# waits of the backward's overlapped re-gather and reduce-scatter, the shard buffers).
+# Measured on 4 H200s (calibrate/data/steps-par-h200-x4/host, one device call): TP steps
+# of 1k tokens took 1.8x the host time per op of one-GPU steps of the same models on the
+# same machine. Fitted (calibrate.trace.tp_host) on llama3.2-1b-like at TP 2 and 4 against
+# that machine's own one-GPU host time per op: 6.9 and 7.9 ops per collective; held out,
+# llama2-small-mha on the same machine is predicted within 3.2%.
+HOST_OPS_PER_COLLECTIVE = 7.4
+
+
+def host_collectives(c: StepCosts, layers: int, microbatches: int, first: bool, last: bool) -> int:
+    """TP collective calls one rank's host dispatches in an iteration (the region
+    collectives, re-gathers and the vocab-parallel loss's all-reduces of every micro-batch
+    of its ``layers``, embedding and head)."""
+    per_layer = c.layer_fwd.collectives + c.layer_bwd.collectives
+    per_layer += c.layer_recompute.collectives
+    per_mb = layers * per_layer
+    if first:
+        per_mb += c.first_fwd.collectives + c.first_bwd.collectives
+    if last:
+        per_mb += c.last_fwd.collectives + c.last_bwd.collectives
+    return microbatches * per_mb
+
+
+def host_work(
+    c: StepCosts, layers: int, microbatches: int, first: bool, last: bool, optimizer_ops: int
+) -> float:
+    """One rank's host work per iteration in ops of ``host_s_per_op``: the ops it launches
+    (:func:`host_launches`) and its TP collective calls at
+    :data:`HOST_OPS_PER_COLLECTIVE` each."""
+    ops = host_launches(c, layers, microbatches, first, last, optimizer_ops)
+    calls = host_collectives(c, layers, microbatches, first, last)
+    return ops + HOST_OPS_PER_COLLECTIVE * calls
 
 
 def plan_fields(model: ModelConfig, plan: TrainPlan) -> dict[str, Any]:

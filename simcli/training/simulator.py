@@ -37,7 +37,7 @@ from costmodels.steps.training import (
     activation_offload_exposed_s,
     collective_s,
     group_nodes,
-    host_launches,
+    host_work,
     optimizer_offload_s,
     step_costs,
 )
@@ -471,9 +471,10 @@ def _simulate(
         if spans is not None:
             spans.append(Span(r, "optimizer", "adamw", comm_end[r], comm_end[r] + opt_s))
         # An engine dispatching each op from its host runs no faster than the host
-        # (composition.host_s_per_op; steady state of back-to-back iterations).
+        # (composition.host_s_per_op; steady state of back-to-back iterations); its TP
+        # collective calls cost the host more than an op (HOST_OPS_PER_COLLECTIVE).
         if host_s_per_op > 0.0:
-            n_ops = host_launches(
+            n_ops = host_work(
                 c,
                 sum(dur.layers[ch] for ch in chunks),
                 plan.num_microbatches,

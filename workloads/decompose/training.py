@@ -433,7 +433,11 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
       multiply are two kernels (5 instead of 3 tensors); fp32 + bf16 residual adds;
     - cross-entropy upcasts the bf16 logits to fp32, log-softmax, NLL and their
       backward (18 logits-sized bf16 traffic units instead of 6 fused);
-    - the fp32 embedding's backward zero-fills and scatters a vocab x hidden gradient.
+    - the fp32 embedding's backward zero-fills and scatters a vocab x hidden gradient;
+    - with several micro-batches per step (pipelines, gradient accumulation) autograd's
+      AccumulateGrad adds every later micro-batch's fp32 weight gradient into ``.grad``
+      (reads both, writes one: 12 bytes per parameter), ``(m - 1) / m`` of it per
+      micro-batch on average (Megatron fuses the accumulation into the wgrad GEMM).
     """
     tp = plan.tp
     t = plan.micro_batch * plan.seq_len // plan.cp
@@ -461,14 +465,24 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
         if o.name != "eager_weight_cast"
     ]
     bwd.append(_traffic("eager_wgrad_cast", 6.0 * layer_params, 7))
+    m = plan.num_microbatches
+    accumulate = 12.0 * (m - 1) / m  # bytes per parameter per micro-batch, on average
+    if m > 1:
+        bwd.append(_traffic("eager_grad_accumulate", accumulate * layer_params / shard, 7))
     vocab = -(-model.vocab_size // tp)
     logits = 2.0 * t * vocab
     head = params_per_tp_rank(model, tp)["lm_head"]
+    first_bwd = [_traffic("eager_embedding_grad", 2.0 * 4.0 * vocab * h, 2)]
+    last_acc = []
+    if m > 1:
+        embedding = accumulate * vocab * h / shard
+        first_bwd.append(_traffic("eager_embedding_grad_accumulate", embedding))
+        last_acc.append(_traffic("eager_lm_head_grad_accumulate", accumulate * head / shard))
     return {
         "layer_fwd": fwd,
         "layer_bwd": bwd,
         "first_fwd": [],
-        "first_bwd": [_traffic("eager_embedding_grad", 2.0 * 4.0 * vocab * h, 2)],
+        "first_bwd": first_bwd,
         "last_fwd": [
             _traffic("eager_final_norm", 6.0 * x + 1.5 * x, 6),
             _traffic("eager_lm_head_weight_cast", 6.0 * head / shard),
@@ -478,6 +492,7 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
             _traffic("eager_final_norm_bwd", (6.0 * x + 1.5 * x) * EAGER_BACKWARD_RATIO, 6),
             _traffic("eager_lm_head_wgrad_cast", 6.0 * head),
             _traffic("eager_cross_entropy_bwd", 11.0 * logits - 3.0 * logits, 3),
+            *last_acc,
         ],
     }
 

@@ -9,9 +9,9 @@ Run: python benchmarks/validate_training.py
 3. Real 1/2/4-GPU DDP and FSDP steps of the same model on H200s
    (calibrate/data/steps-h200-x4, calibrate/steps/dist_step.py).
 4. Real tensor-parallel (TP 2/4 with sequence parallelism), pipeline-parallel (1F1B, PP
-   2/4) and TP2 x PP2 steps of three models on 4 H200s, with the one-GPU steps of the same
-   machines (calibrate/data/steps-par-h200-x4, calibrate/steps/par_step.py): step time
-   and every rank's peak memory.
+   2/4), TP2 x PP2 and context-parallel (CP 2/4, PyTorch's ring attention) steps on 4
+   H200s, with the one-GPU steps of the same machines (calibrate/data/steps-par-h200-x4,
+   calibrate/steps/par_step.py): step time and every rank's peak memory.
 
 The rows are built here and nowhere else: the tests (tests/simcli/test_simulator.py)
 import :func:`megatron_rows`, :func:`h100_step_rows`, :func:`h200_dist_rows` and
@@ -168,26 +168,31 @@ def h200_dist_rows(folder: Path = DIST_DIR) -> list[dict]:
 
 def _par_frames(folder: Path) -> list[tuple[str, pd.DataFrame]]:
     """(lease, rows) of every par_step and one-GPU train_step CSV under ``folder``: one
-    folder per device call (``main``, ``host``), one-GPU rows with mode ``single``."""
+    folder per device call (``main``, ``host``, ``cp``), one-GPU rows with mode
+    ``single``; rows written before ``--cp`` existed get ``cp`` 1."""
     out = []
     for lease in sorted(p for p in folder.iterdir() if p.is_dir()):
         for csv in sorted(lease.glob("par/par_step.*.csv")):
-            out.append((lease.name, pd.read_csv(csv)))
+            df = pd.read_csv(csv)
+            if "cp" not in df:
+                df = df.assign(cp=1, cp_rotate="")
+            out.append((lease.name, df))
         for name in ("single", "single-alone"):
             csv = lease / name / "train_step.csv"
             if csv.exists():
-                df = pd.read_csv(csv).assign(mode="single", tp=1, pp=1, microbatches=1)
+                df = pd.read_csv(csv).assign(mode="single", tp=1, pp=1, cp=1, microbatches=1)
                 per_rank = df.peak_allocated_bytes.astype(str)
                 out.append((lease.name, df.assign(rank_peak_allocated_bytes=per_rank)))
     return out
 
 
 def h200_par_rows(folder: Path = PAR_DIR) -> list[dict]:
-    """Measured TP (with SP), PP (1F1B) and TP x PP steps on 2-4 H200s and the one-GPU
+    """Measured TP (with SP), PP (1F1B), TP x PP and CP steps on 2-4 H200s and the one-GPU
     steps of the same machines, simulated as :func:`h200_dist_rows` does (eager PyTorch,
-    cuDNN attention, the shipped H200 calibration): ``tp``, ``pp`` and sequence
-    parallelism (with TP) as run, the micro-batch and the global batch of its
-    micro-batches, the layers split as the plan does. Memory: the largest peak of any
+    cuDNN attention, the shipped H200 calibration): ``tp``, ``pp``, ``cp`` (ring for K/V
+    passed around the ring, allgather for gathered) and sequence parallelism (with TP) as
+    run, the micro-batch and the global batch of its micro-batches, the layers split as
+    the plan does. Memory: the largest peak of any
     rank against the estimate's, and each rank against its stage's
     (``rank_memory_error_pct``: the largest error of any rank). ``gpu_bound``: the
     simulator's host dispatch time is at most :data:`GPU_BOUND_HOST_SHARE` of its
@@ -200,18 +205,20 @@ def h200_par_rows(folder: Path = PAR_DIR) -> list[dict]:
     for lease, df in _par_frames(folder):
         for _, row in df[df.status == "ok"].iterrows():
             model = step_model(row)
-            tp, pp, m = int(row.tp), int(row.pp), int(row.microbatches)
+            tp, pp, cp, m = int(row.tp), int(row.pp), int(row.cp), int(row.microbatches)
             b, s = int(row.batch), int(row.seq_len)
+            kind = "allgather" if row.get("cp_rotate") == "allgather" else "ring"
             plan = make_plan(
-                model, num_gpus=tp * pp, tp=tp, pp=pp, micro_batch=b, global_batch=b * m,
-                seq_len=s, sequence_parallel=tp > 1, pp_schedule="1f1b",
+                model, num_gpus=tp * pp * cp, tp=tp, pp=pp, cp=cp, cp_kind=kind, micro_batch=b,
+                global_batch=b * m, seq_len=s, sequence_parallel=tp > 1, pp_schedule="1f1b",
             )  # fmt: skip
             res = _simulate(model, plan, "h200-sxm", attn_backend="cudnn", framework="pytorch")
             mem = estimate_memory(model, plan, hw.system.gpu, framework="pytorch")
             ms = res.iteration_s * 1e3
             ranks = [float(x) for x in str(row.rank_peak_allocated_bytes).split(";")]
             stage_mem = mem.per_stage_allocated_bytes
-            rank_err = [100.0 * (stage_mem[i // tp] / x - 1.0) for i, x in enumerate(ranks)]
+            # rank i is TP rank i % tp of stage (i // tp) % pp (CP ranks outermost)
+            rank_err = [100.0 * (stage_mem[i // tp % pp] / x - 1.0) for i, x in enumerate(ranks)]
             chunks = plan.layers_per_chunk(model.num_layers)
             host = max(
                 host_launches(res.costs, chunks[r], m, r == 0, r == pp - 1, 1) * host_s
@@ -222,9 +229,10 @@ def h200_par_rows(folder: Path = PAR_DIR) -> list[dict]:
             out.append(
                 {
                     "lease": lease,
-                    "mode": str(row["mode"]),
+                    "mode": str(row["mode"]) + ("-" + kind if cp > 1 else ""),
                     "tp": tp,
                     "pp": pp,
+                    "cp": cp,
                     "model": str(row.model),
                     "shape": f"{b}x{s}",
                     "microbatches": m,
@@ -242,13 +250,14 @@ def h200_par_rows(folder: Path = PAR_DIR) -> list[dict]:
 
 
 def _par_summary(rows: list[dict]) -> None:
-    head = ("call", "mode", "tp", "pp", "model", "shape", "meas_ms", "sim_ms", "err",
+    head = ("call", "mode", "tp", "pp", "cp", "model", "shape", "meas_ms", "sim_ms", "err",
             "meas_GiB", "sim_GiB", "err", "rank err")  # fmt: skip
-    print("{:5s} {:6s} {:>2s} {:>2s} {:17s} {:>7s} {:>8s} {:>8s} {:>7s} {:>8s} {:>8s} {:>6s} "
-          "{:>8s}".format(*head))  # fmt: skip
+    print("{:5s} {:12s} {:>2s} {:>2s} {:>2s} {:17s} {:>7s} {:>8s} {:>8s} {:>7s} {:>8s} {:>8s} "
+          "{:>6s} {:>8s}".format(*head))  # fmt: skip
     for r in rows:
         tag = "" if r["gpu_bound"] else "  host-paced"
-        print(f"{r['lease']:5s} {r['mode']:6s} {r['tp']:2d} {r['pp']:2d} {r['model']:17s} "
+        print(f"{r['lease']:5s} {r['mode']:12s} {r['tp']:2d} {r['pp']:2d} {r['cp']:2d} "
+              f"{r['model']:17s} "
               f"{r['shape']:>7s} {r['measured_ms']:8.1f} {r['simulated_ms']:8.1f} "
               f"{r['error_pct']:6.1f}% {r['measured_peak_bytes'] / 2**30:8.2f} "
               f"{r['simulated_peak_bytes'] / 2**30:8.2f} {r['memory_error_pct']:5.1f}% "
@@ -346,8 +355,9 @@ def main() -> None:
     print(f"not fitted: mean |error| {sum(errs) / len(errs):.1f}%  max {max(errs):.1f}%\n")
     print("Single H100 / H200 with traces, eager / compiled / fp8 (calibrate/data/steps2-*)")
     _traced_summary(traced_step_rows())
-    print("\nTP (with SP) / PP (1F1B) / TP x PP on 2-4 H200s, plain PyTorch, and one GPU of "
-          "the same machines (calibrate/data/steps-par-h200-x4)")
+    print("\nTP (with SP) / PP (1F1B) / TP x PP / CP on 2-4 H200s, plain PyTorch, and one GPU "
+          "of the same machines (calibrate/data/steps-par-h200-x4; CP step time is not "
+          "modelled: see its README)")  # fmt: skip
     _par_summary(h200_par_rows())
 
 

@@ -1,6 +1,6 @@
 """Time tensor- and pipeline-parallel training steps of a Llama-style decoder on several GPUs.
 
-    torchrun --nproc_per_node N -m calibrate.steps.par_step --out DIR --tp T --pp P
+    torchrun --nproc_per_node N -m calibrate.steps.par_step --out DIR --tp T --pp P [--cp C]
         [--models llama3.2-1b-like,...] [--shapes 1x4096,2x4096] [--microbatches M]
         [--warmup 3] [--steps 8] [--trace-dir DIR] [--check] [--tiny] [--device cuda|cpu]
 
@@ -33,6 +33,14 @@ read against the single-GPU steps of the same models:
   ``torch.distributed.pipelining``'s own handshake differs between torch versions); with
   ``T = 1`` the stages hold ``train_step``'s own blocks, with ``T > 1`` the TP blocks
   above (TP x PP, the activation sent is each TP rank's sequence shard).
+- **CP** (``--cp C``, alone): PyTorch's own context parallelism
+  (``torch.distributed.tensor.experimental.context_parallel``, as torchtitan uses it):
+  tokens, targets and the RoPE tables sharded along the sequence with its causal load
+  balancing, SDPA run as ring attention (``--cp-rotate alltoall``: K/V passed around the
+  ring; ``allgather``: gathered), train_step's blocks wrapped in DistributedDataParallel
+  over the CP ranks (gradients all-reduced; buffers not broadcast). Grouped K/V heads are
+  repeated before SDPA (the ring kernels take equal head counts). CUDA only: the CPU SDPA
+  kernel is not one context parallelism dispatches.
 
 Per (model, micro-batch shape) rank 0 writes one row to ``par_step.tpT.ppP.csv``: every
 rank's median step time over ``--steps`` steps after ``--warmup`` (CUDA events around the
@@ -52,6 +60,7 @@ this package's step helpers (runs on a bare GPU machine).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -84,6 +93,8 @@ COLUMNS = (
     "world_size",
     "tp",
     "pp",
+    "cp",
+    "cp_rotate",
     "sp",
     "microbatches",
     "model",
@@ -137,8 +148,6 @@ class Runner:
         self.after_forward_bytes = math.nan  # allocated at the loss (no pipeline)
 
     def _amp(self):
-        import contextlib
-
         import torch
 
         if not self.amp:
@@ -307,10 +316,18 @@ def gather_floats(values: list[float], device: str) -> list[list[float]]:
     return [x.tolist() for x in out]
 
 
-def measure(runner: Runner, args, cuda: bool, device: str, trace: Path | None, extra: dict):
+def measure(
+    runner: Runner, args, cuda: bool, device: str, trace: Path | None, extra: dict, cp_ctx=None
+):
     """Warm-up, timed steps, peaks, then (``trace`` given) a profiler trace of one step
     written by rank 0 while the others run the same steps; numbers of every rank.
-    ``trace`` must be given on every rank or on none."""
+    ``trace`` must be given on every rank or on none. ``cp_ctx``: the context parallelism
+    context the steps run in (it shards the inputs on entry and restores them on exit)."""
+    with cp_ctx if cp_ctx is not None else contextlib.nullcontext():
+        return _measure(runner, args, cuda, device, trace, extra)
+
+
+def _measure(runner: Runner, args, cuda: bool, device: str, trace: Path | None, extra: dict):
     import torch
     import torch.distributed as dist
 
@@ -367,10 +384,34 @@ def measure(runner: Runner, args, cuda: bool, device: str, trace: Path | None, e
 # --------------------------------------------------------------------------- check
 
 
-def check(lay: Layout, device: str, seed: int) -> dict[str, Any]:
+def _unwrap(module):
+    """The model inside DistributedDataParallel (or the model)."""
+    return getattr(module, "module", module)
+
+
+def cp_wrap(stage: Stage, mesh, tokens, targets):
+    """Wrap the stage's model for context parallelism: DistributedDataParallel over the CP
+    ranks (gradient all-reduce; the sharded RoPE tables are not broadcast), and the
+    ``context_parallel`` context that shards tokens, targets and the RoPE tables along
+    the sequence (returned, to be entered around the steps)."""
+    import torch
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = stage.module
+    ids = [torch.cuda.current_device()] if tokens.is_cuda else None
+    stage.module = DDP(model, device_ids=ids, broadcast_buffers=False)
+    return context_parallel(
+        mesh, buffers=[tokens, targets, model.cos, model.sin], buffer_seq_dims=[1, 1, 0, 0]
+    )
+
+
+def check(lay: Layout, device: str, seed: int, cp=None) -> dict[str, Any]:
     """Loss and gradients of the parallel code against train_step's single-process model,
     in fp32 on tiny models: the largest relative difference per tensor must stay under
-    1e-4 (every rank checks its own tensors; the worst is returned on every rank)."""
+    1e-4 (every rank checks its own tensors; the worst is returned on every rank).
+    ``cp``: (mesh, size, rotate) for context parallelism (gradients only: each rank's loss
+    is its shard's)."""
     import torch
 
     cuda = device == "cuda"
@@ -379,7 +420,9 @@ def check(lay: Layout, device: str, seed: int) -> dict[str, Any]:
         if arch.heads % lay.tp or arch.kv_heads % lay.tp or arch.vocab % lay.tp:
             continue
         m = max(lay.pp, 2) if lay.pp > 1 else 1
-        seq = 8 * lay.tp
+        # CP: 64-token chunks (the fp32 check runs the memory-efficient kernel, whose
+        # log-sum-exp rows are padded to 32; ring attention merges them per chunk)
+        seq = 64 * 2 * cp[1] if cp else 8 * lay.tp
         torch.manual_seed(seed)
         ref = build_model(arch, device, "native", seq)
         tokens, targets = make_data(arch, 2 * m, seq, device, seed)
@@ -400,14 +443,19 @@ def check(lay: Layout, device: str, seed: int) -> dict[str, Any]:
                         n = f"blocks.{i - stage.lo}." + n.split(".", 2)[2]
                     if n in ours:
                         ours[n].copy_(p)
+        cp_ctx = None
+        if cp:
+            set_gqa_mode(stage, "repeat")  # fp32 ring kernels (efficient) take equal heads
+            cp_ctx = cp_wrap(stage, cp[0], tokens, targets)
         runner = Runner(stage, tokens, targets, m, "cuda" if cuda else "cpu", amp=False)
-        runner.step(Marks(cuda), optimizer=False)
+        with cp_ctx if cp_ctx is not None else contextlib.nullcontext():
+            runner.step(Marks(cuda), optimizer=False)
         if lay.tp > 1:
             stage.sync_replicated_grads()
             got = tp_grads_as_full(stage.parts, arch, lay, stage.lo)
         else:
             got = {}
-            for n, p in stage.module.named_parameters():
+            for n, p in _unwrap(stage.module).named_parameters():
                 if n.startswith("blocks."):
                     i = int(n.split(".")[1]) + stage.lo
                     n = f"blocks.{i}." + n.split(".", 2)[2]
@@ -423,13 +471,13 @@ def check(lay: Layout, device: str, seed: int) -> dict[str, Any]:
             err = float((g - r).norm() / r.norm().clamp_min(1e-30))
             if err > worst:
                 worst, worst_name = err, f"{name}:{n}"
-        if runner.last_loss is not None:
+        if runner.last_loss is not None and not cp:
             err = abs(float(runner.last_loss) - float(loss_ref)) / abs(float(loss_ref))
             if err > worst:
                 worst, worst_name = err, f"{name}:loss"
     all_worst = gather_floats([worst], device)
     i = max(range(len(all_worst)), key=lambda j: all_worst[j][0])
-    where = worst_name if i == lay.rank else ""
+    where = worst_name if i == torch.distributed.get_rank() else ""
     return {
         "max_rel_error": all_worst[i][0],
         "rank": i,
@@ -450,6 +498,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", required=True, help="output folder (created)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (with SP)")
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B)")
+    ap.add_argument("--cp", type=int, default=1,
+                    help="context-parallel ranks (alone; PyTorch's context_parallel)")  # fmt: skip
+    ap.add_argument("--cp-rotate", default="alltoall", choices=("alltoall", "allgather"),
+                    help="how ring attention moves K/V (alltoall: around the ring)")  # fmt: skip
     ap.add_argument("--models", default="", help="comma list of model names")
     ap.add_argument("--shapes", default="", help="comma list of micro-batch BATCHxSEQ")
     ap.add_argument("--microbatches", type=int, default=0,
@@ -468,8 +520,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="start no new config after this many seconds")  # fmt: skip
     ap.add_argument("--device-kind", default="", help="lent machine kind, for the metadata")
     args = ap.parse_args(argv)
-    if args.tp < 1 or args.pp < 1:
-        ap.error("--tp and --pp must be >= 1")
+    if args.tp < 1 or args.pp < 1 or args.cp < 1:
+        ap.error("--tp, --pp and --cp must be >= 1")
+    if args.cp > 1 and (args.tp > 1 or args.pp > 1):
+        ap.error("--cp runs alone (--tp 1 --pp 1)")
+    if args.cp > 1 and args.device != "cuda":
+        ap.error("--cp needs --device cuda (context parallelism runs the CUDA SDPA kernels)")
     if args.microbatches == 0:
         args.microbatches = 8 if args.pp > 1 else 1
     if args.pp == 1 and args.microbatches != 1:
@@ -479,7 +535,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def mode_name(tp: int, pp: int) -> str:
+def mode_name(tp: int, pp: int, cp: int = 1) -> str:
+    if cp > 1:
+        return "cp"
     return "tp" if pp == 1 else "pp" if tp == 1 else "tp-pp"
 
 
@@ -493,9 +551,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if world != args.tp * args.pp:
-        raise SystemExit(f"WORLD_SIZE={world} but --tp {args.tp} x --pp {args.pp} = "
-                         f"{args.tp * args.pp}; start tp*pp ranks")  # fmt: skip
+    if world != args.tp * args.pp * args.cp:
+        n = args.tp * args.pp * args.cp
+        raise SystemExit(f"WORLD_SIZE={world} but --tp {args.tp} x --pp {args.pp} x --cp "
+                         f"{args.cp} = {n}; start that many ranks")  # fmt: skip
     if cuda:
         torch.cuda.set_device(local)
     # a rank that fails (e.g. out of memory) leaves the others in a collective: a short
@@ -505,17 +564,24 @@ def main(argv: list[str] | None = None) -> int:
     # one collective of every rank first: NCCL's communicator then spans the whole job
     # before any pair of stages starts sending (batch_isend_irecv's documented contract)
     dist.all_reduce(torch.zeros(1, device=device))
-    lay = Layout(args.tp, args.pp, rank)
+    lay = Layout(args.tp, args.pp, rank % (args.tp * args.pp))  # CP ranks: one stage each
+    cp = None
+    if args.cp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        set_rotate_method(args.cp_rotate)
+        cp = (init_device_mesh(device, (args.cp,)), args.cp, args.cp_rotate)
     table = TINY_MODELS if args.tiny else MODELS
     names = [n.strip() for n in args.models.split(",") if n.strip()] or [next(iter(table))]
     bad = [n for n in names if n not in table]
     if bad:
         raise SystemExit(f"--models: unknown {', '.join(bad)}; allowed: {', '.join(table)}")
     shapes = parse_shapes(args.shapes) if args.shapes else (
-        ((1, 16 * args.tp),) if args.tiny else ((1, 4096),))  # fmt: skip
+        ((1, 16 * args.tp * args.cp),) if args.tiny else ((1, 4096),))  # fmt: skip
     ctx = C.make_context("tiny" if args.tiny else "full", device, "events", args.seed)
     out = Path(args.out)
-    tag = f"tp{args.tp}.pp{args.pp}"
+    tag = f"tp{args.tp}.pp{args.pp}" + (f".cp{args.cp}-{args.cp_rotate}" if cp else "")
     meta_path = out / f"par_step.{tag}.meta.json"
     sink = None
     meta: dict[str, Any] = {}
@@ -529,14 +595,15 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in os.environ.items()
             if k.startswith(("NCCL_", "TORCH_SYMM", "TORCH_NCCL"))
         }
-        meta["method"] = {"tp": args.tp, "pp": args.pp, "microbatches": args.microbatches,
-                          "doc": __doc__}  # fmt: skip
+        meta["method"] = {"tp": args.tp, "pp": args.pp, "cp": args.cp,
+                          "cp_rotate": args.cp_rotate if cp else None,
+                          "microbatches": args.microbatches, "doc": __doc__}  # fmt: skip
         meta["models"] = {n: {**asdict(table[n]), "params": table[n].params()} for n in names}
         C.write_json_atomic(meta_path, meta)
     t0 = time.monotonic()
     checked = math.nan
     if args.check:
-        res = check(lay, device, args.seed)
+        res = check(lay, device, args.seed, cp)
         checked = res["max_rel_error"]
         if rank == 0:
             meta["check"] = res
@@ -552,8 +619,10 @@ def main(argv: list[str] | None = None) -> int:
         for j, (b, s) in enumerate(shapes):
             label = f"{name} {b}x{s}"
             row: dict[str, Any] = {
-                "mode": mode_name(args.tp, args.pp), "world_size": world, "tp": args.tp,
-                "pp": args.pp, "sp": args.tp > 1, "microbatches": args.microbatches,
+                "mode": mode_name(args.tp, args.pp, args.cp), "world_size": world,
+                "tp": args.tp, "pp": args.pp, "cp": args.cp,
+                "cp_rotate": args.cp_rotate if cp else "", "sp": args.tp > 1,
+                "microbatches": args.microbatches,
                 **arch_fields(name, arch), "batch": b, "seq_len": s,
                 "check_max_rel_error": checked,
                 "global_batch": b * args.microbatches, "params": arch.params(),
@@ -566,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.tp > 1 and (arch.heads % args.tp or arch.kv_heads % args.tp
                                 or arch.vocab % args.tp or s % args.tp):  # fmt: skip
                 row.update(status="skipped", error="tp does not divide heads/kv_heads/vocab/seq")
+            elif s % (2 * args.cp):
+                row.update(status="skipped", error="causal load balancing needs 2*cp | seq")
             else:
                 trace = None
                 if trace_dir is not None and not (args.trace_first_only and j):
@@ -575,13 +646,23 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     torch.manual_seed(args.seed + lay.tp_rank)
                     stage = Stage(arch, lay, device, s, torch.bfloat16)
-                    row["gqa_mode"], row["sdpa_backend"] = resolve_gqa(arch, args.tp, b, s, device)
+                    if cp:  # the ring kernels take equal head counts
+                        mode = "mha" if arch.kv_heads == arch.heads else "repeat"
+                        s_rank = s // args.cp
+                        native = sdpa_backend(arch, 1, b, s_rank, device, mode == "mha")
+                        row["gqa_mode"], row["sdpa_backend"] = mode, native
+                    else:
+                        row["gqa_mode"], row["sdpa_backend"] = resolve_gqa(
+                            arch, args.tp, b, s, device
+                        )
                     set_gqa_mode(stage, row["gqa_mode"])
                     tokens, targets = make_data(arch, b * args.microbatches, s, device, args.seed)
+                    cp_ctx = cp_wrap(stage, cp[0], tokens, targets) if cp else None
                     runner = Runner(stage, tokens, targets, args.microbatches, device, amp=True)
                     extra = {"batch": b, "seq_len": s, "tp": args.tp, "pp": args.pp,
                              "microbatches": args.microbatches, "arch": asdict(arch)}  # fmt: skip
-                    row.update(measure(runner, args, cuda, device, trace, extra))
+                    row.update(measure(runner, args, cuda, device, trace, extra, cp_ctx))
+                    extra["cp"] = args.cp
                     row["tokens_per_s_per_gpu"] = (
                         b * args.microbatches * s / world / (row["step_ms"] / 1e3)
                     )
@@ -589,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # recorded; the job ends if a rank is left behind
                     row["status"], row["error"] = C.classify(exc)
                     print(f"[par_step] rank {rank} {label}: {row['error'][:300]}", flush=True)
-                runner = stage = None
+                runner = stage = cp_ctx = None
                 free_memory(cuda)
             if sink is not None:
                 sink.write(row)
@@ -637,7 +718,7 @@ def resolve_gqa(arch: Arch, tp: int, b: int, s: int, device: str) -> tuple[str, 
 def set_gqa_mode(stage: Stage, mode: str) -> None:
     """How every attention layer of the stage passes grouped K/V heads (read per call)."""
     mode = "native" if mode == "mha" else mode
-    for blk in stage.module.blocks:
+    for blk in _unwrap(stage.module).blocks:
         if hasattr(blk, "gqa_mode"):
             blk.gqa_mode = mode
         else:

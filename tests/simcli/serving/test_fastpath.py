@@ -100,7 +100,8 @@ def test_fast_path_replays_a_trace(tmp_path):
         lines.append(f"{t},{int(rng.integers(1, 2500))},{int(rng.integers(1, 900))}")
     path.write_text("\n".join(lines) + "\n")
     stream = trace_requests(path)
-    assert not stream.shared_prefixes
+    assert not stream.shared_prefixes and stream.expected == 300
+    assert trace_requests(path, 120).expected == 120
     fast, slow, rows = _both(sc, stream)
     _same(fast, slow)
     assert rows[0] == rows[1] and len(rows[0]) == 300

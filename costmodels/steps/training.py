@@ -151,6 +151,22 @@ def group_nodes(size: int, stride: int, gpus_per_node: int) -> int:
     return nodes
 
 
+def grad_group_nodes(plan: TrainPlan, gpus_per_node: int) -> int:
+    """Nodes spanned by the gradient-reduction group: data-parallel with context
+    parallelism, ``dp * cp`` ranks (Megatron-LM's
+    ``get_data_parallel_group(with_context_parallel=True)``).
+
+    Megatron's order (tp-cp-dp-pp) makes it one group of ``dp * cp`` ranks ``tp`` apart.
+    Llama 3's (tp-cp-pp-dp) does not: ``dp`` blocks of ``cp`` ranks ``tp`` apart, the
+    blocks ``dp_stride`` apart; priced as the CP group's nodes times the DP group's,
+    exact when a block sits inside one node or spans whole nodes (power-of-two sizes),
+    and the uniform count when ``pp == 1`` makes the two orders equal."""
+    dp, cp, tp = plan.data_parallel, plan.cp, plan.tp
+    if plan.rank_order == "tp-cp-dp-pp" or plan.pp == 1:
+        return group_nodes(dp * cp, tp, gpus_per_node)
+    return group_nodes(cp, tp, gpus_per_node) * group_nodes(dp, plan.dp_stride, gpus_per_node)
+
+
 def with_nodes(op: Op, nodes: int) -> Op:
     if op.op.value in COLLECTIVES and nodes > 1:
         return op.model_copy(update={"nodes": nodes})

@@ -327,12 +327,31 @@ def estimate_iteration_s(
     llama = table.get("ord", np.zeros(len(tp), dtype=np.int64)) == 1
     dp_stride = np.where(llama, tp * cp * pp, tp * cp)
     stage_stride = np.where(llama, tp * cp, tp * cp * dp)
-    dp_nodes = _group_nodes_many(dp, dp_stride, gpn)
-    # pods / heterogeneous NICs (System.slowdown): the first stage's DP group, and the
-    # first pipeline hop, as the simulator prices them per stage and per pair
-    dp_slow = ctx.system.slowdown_many(
-        0, np.where(dp_stride >= gpn, dp_stride // gpn, 1), dp_nodes, "all_reduce"
+    # Gradients reduce over the data-parallel group with context parallelism, dp * cp
+    # ranks (Megatron-LM's get_data_parallel_group(with_context_parallel=True); the
+    # simulator's ``red``): its node span as costmodels.steps.training.grad_group_nodes
+    # (Megatron's order, or pp == 1: dp * cp ranks tp apart; Llama 3's: the CP group's
+    # nodes times the DP group's)
+    dpcp = dp * cp
+    uniform = ~llama | (pp == 1)
+    red_nodes = np.where(
+        uniform,
+        _group_nodes_many(dpcp, tp, gpn),
+        _group_nodes_many(cp, tp, gpn) * _group_nodes_many(dp, dp_stride, gpn),
     )
+    # pods / heterogeneous NICs (System.slowdown): the first stage's reduction group,
+    # and the first pipeline hop, as the simulator prices them per stage and per pair.
+    # The group's nodes as first + i * stride: tp apart (uniform), the DP group's node
+    # stride (Llama 3's order, a CP block inside a node), else the mean gap between its
+    # first and last node (the simulator's exact node set has that mean gap)
+    last_node = ((cp - 1) * tp + (dp - 1) * dp_stride) // gpn
+    mean_gap = np.maximum(1, np.rint(last_node / np.maximum(red_nodes - 1, 1))).astype(np.int64)
+    node_stride = np.where(
+        uniform,
+        np.where(tp >= gpn, tp // gpn, 1),
+        np.where(tp * cp <= gpn, np.where(dp_stride >= gpn, dp_stride // gpn, 1), mean_gap),
+    )
+    dp_slow = ctx.system.slowdown_many(0, node_stride, red_nodes, "all_reduce")
     hop_slow = np.where(
         stage_stride >= gpn,
         ctx.system.slowdown_many(
@@ -342,23 +361,23 @@ def estimate_iteration_s(
         1.0,
     )  # fmt: skip
     # compute slowed by the NCCL kernels running beside it (simulator.interference)
-    kappa_of = {int(x): interference(ctx.system, int(x)) for x in np.unique(dp_nodes)}
-    kappa = np.array([kappa_of[int(x)] for x in dp_nodes]) if len(dp_nodes) else np.zeros(0)
+    kappa_of = {int(x): interference(ctx.system, int(x)) for x in np.unique(red_nodes)}
+    kappa = np.array([kappa_of[int(x)] for x in red_nodes]) if len(red_nodes) else np.zeros(0)
     grad_elt = ctx.grad_bytes or (2 if ctx.precision == "bf16" else 4)
 
     # ZeRO-2/3: per-layer gradient reduce-scatter every micro-batch; ZeRO-3 also the
     # parameter all-gather; prefetched (simulator._simulate).
-    z3 = (zero >= 2) & (dp > 1)
+    z3 = (zero >= 2) & (dpcp > 1)
     zf = np.zeros(len(tp))
     zb = np.zeros(len(tp))
     if z3.any():
         i = np.flatnonzero(z3)
         lp = k["layer_params"][i]
         gather = np.where(zero[i] == 3, dp_slow[i], 0.0) * collectives_s(
-            cm, "all_gather", lp * 2, dp[i], dp_nodes[i], "bf16"
+            cm, "all_gather", lp * 2, dpcp[i], red_nodes[i], "bf16"
         )
         rs = dp_slow[i] * collectives_s(
-            cm, "reduce_scatter", lp * grad_elt, dp[i], dp_nodes[i], "fp32"
+            cm, "reduce_scatter", lp * grad_elt, dpcp[i], red_nodes[i], "fp32"
         )
         cf = k["lf_compute"][i]
         cb = k["lb_compute"][i] + k["rc"][i]
@@ -403,15 +422,15 @@ def estimate_iteration_s(
         ]
     )
     bwd = np.stack([b_mid, b_mid + eb, b_mid + lb_x, b_mid + k["eb"] + k["lb_x"]])
-    reduce_dp = (dp > 1) & (zero < 2)
+    reduce_dp = (dpcp > 1) & (zero < 2)
     nbytes = params * grad_elt
     nb = np.maximum(1, np.ceil(nbytes / _BUCKET_BYTES))
     tb = np.zeros(nb.shape)
     for code, coll in ((0, "all_reduce"), (1, "reduce_scatter")):
         i = np.flatnonzero(reduce_dp & ((zero == 0) == (code == 0)))
         if len(i):
-            r = np.broadcast_to(dp[i], (4, len(i))).reshape(-1)
-            nd = np.broadcast_to(dp_nodes[i], (4, len(i))).reshape(-1)
+            r = np.broadcast_to(dpcp[i], (4, len(i))).reshape(-1)
+            nd = np.broadcast_to(red_nodes[i], (4, len(i))).reshape(-1)
             per = (nbytes[:, i] / nb[:, i]).reshape(-1)
             tb[:, i] = dp_slow[i] * collectives_s(
                 cm, coll, per, r, nd, _grad_dtype(grad_elt)
@@ -443,8 +462,8 @@ def estimate_iteration_s(
             ce[red] = np.maximum(end[red] + kappa[red] * beside, stream)
         comm_end[rank] = ce
 
-    # Optimizer step on each rank's share (ZeRO >= 1: 1/dp of it).
-    shard = np.where(zero >= 1, dp, 1)
+    # Optimizer step on each rank's share (ZeRO >= 1: 1/(dp * cp) of it).
+    shard = np.where(zero >= 1, dpcp, 1)
     rank_params = {
         "0": (v * lc - d0) * lp + k["emb_params"] + np.where(pp == 1, k["lm_params"], 0),
         "1": v * lc * lp,

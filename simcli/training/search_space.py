@@ -210,7 +210,8 @@ def enumerate_plans(
                 eps = [1]
                 if model.num_experts > 1:
                     eps = [e for e in _divisors(dp) if model.num_experts % e == 0]
-                zeros = [z for z in space.zero if z == 0 or dp > 1]
+                # ZeRO shards over the dp * cp group (Megatron-LM: DP with CP)
+                zeros = [z for z in space.zero if z == 0 or dp * cp > 1]
                 if not zeros:
                     continue
                 # Megatron's sequence parallelism splits each CP rank's tokens over TP

@@ -36,7 +36,7 @@ from costmodels.steps.training import (
     StepCosts,
     activation_offload_exposed_s,
     collective_s,
-    group_nodes,
+    grad_group_nodes,
     host_work,
     optimizer_offload_s,
     step_costs,
@@ -352,16 +352,26 @@ def _simulate(
     # point-to-point path crossing nodes runs at its slowest NIC / pod uplink share
     # (System.slowdown).
     stride, first_of = plan.dp_stride, plan.stage_stride
-    dp_nodes = group_nodes(dp, stride, gpn)
+    # Gradients (and the distributed optimizer's / ZeRO's shards) reduce over the
+    # data-parallel group *with* context parallelism, dp * cp ranks, as in Megatron-LM
+    # (parallel_state.get_data_parallel_group(with_context_parallel=True)), NeMo and
+    # PyTorch's context_parallel under DDP/FSDP: CP ranks hold the same weights and
+    # different tokens. cp = 1: the plain DP group. Its node span: grad_group_nodes
+    # (Megatron's order: dp * cp ranks tp apart; Llama 3's: the CP group's nodes times the
+    # DP group's); its pod / NIC slowdown from its exact node set (stage_nodes).
+    red = dp * plan.cp
+    red_nodes = grad_group_nodes(plan, gpn)
 
     def stage_nodes(r: int) -> list[int]:
         first = r * first_of
-        return sorted({(first + d * stride) // gpn for d in range(dp)})
+        return sorted(
+            {(first + c * plan.tp + d * stride) // gpn for c in range(plan.cp) for d in range(dp)}
+        )
 
     dp_slow = [system.slowdown(stage_nodes(r)) for r in range(plan.pp)]
     # the nodes sending pipeline activations at once: a whole stage
     stage_nodes_n = max(1, (plan.tp * plan.cp * dp) // gpn)
-    kappa = interference(system, dp_nodes)
+    kappa = interference(system, red_nodes)
     # Collectives and optimizer steps priced once per distinct argument set (a plan has
     # many identical DP buckets; pricing one op at a time dominates otherwise).
     priced: dict[tuple, float] = {}
@@ -389,12 +399,12 @@ def _simulate(
     # the comm stream hide them behind the layer's compute (slowed by interference).
     zero3 = (0.0, 0.0)
     zero2_s = 0.0  # the ZeRO-2 reduce-scatter part, reported as DP communication
-    if plan.zero >= 2 and dp > 1:
+    if plan.zero >= 2 and red > 1:
         slow = dp_slow[0]
-        rs = slow * once_s("reduce_scatter", c.layer_params * grad_elt, dp, dp_nodes, "fp32")
+        rs = slow * once_s("reduce_scatter", c.layer_params * grad_elt, red, red_nodes, "fp32")
         gather = 0.0
         if plan.zero == 3:
-            gather = slow * once_s("all_gather", c.layer_params * 2, dp, dp_nodes, "bf16")
+            gather = slow * once_s("all_gather", c.layer_params * 2, red, red_nodes, "bf16")
         cf = c.layer_fwd.compute_s
         cb = c.layer_bwd.compute_s + c.layer_recompute.total_s
         zf = max(0.0, gather - cf) + kappa * min(gather, cf) if gather else 0.0
@@ -411,7 +421,7 @@ def _simulate(
     # chunk's last backward and are reduced one after another on the comm stream.
     kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
     comm_end = compute_end.copy()
-    if dp > 1 and plan.zero < 2:
+    if red > 1 and plan.zero < 2:
         for r in range(plan.pp):
             stream = overlapped = 0.0
             chunks = sorted(
@@ -427,7 +437,7 @@ def _simulate(
                 nbytes = params * grad_elt
                 n_buckets = max(1, math.ceil(nbytes / plan.grad_bucket_bytes))
                 t_bucket = dp_slow[r] * once_s(
-                    kind, nbytes / n_buckets, dp, dp_nodes, "fp32" if grad_elt == 4 else "bf16"
+                    kind, nbytes / n_buckets, red, red_nodes, "fp32" if grad_elt == 4 else "bf16"
                 )
                 for b in range(n_buckets):
                     ready = start + (end - start) * (b + 1) / n_buckets
@@ -444,7 +454,7 @@ def _simulate(
     # Optimizer step on this rank's share, then (ZeRO-1/2, distributed optimizer) the
     # updated parameters all-gathered; overlapped with the next forward when grad
     # reduction is overlapped (Megatron's --overlap-param-gather), else exposed.
-    shard = dp if plan.zero >= 1 else 1
+    shard = red if plan.zero >= 1 else 1  # the dp * cp group's share, as memory shards
     opt_end = np.zeros(plan.pp)
     param_gather = np.zeros(plan.pp)
     host_stall = np.zeros(plan.pp)
@@ -463,9 +473,9 @@ def _simulate(
         if plan.optimizer_offload > 0:
             f = plan.optimizer_offload
             opt_s = (1 - f) * opt_s + float(optimizer_offload_s(f * n_opt, grad_elt, system))
-        if plan.zero in (1, 2) and dp > 1 and not plan.overlap_grad_reduce:
+        if plan.zero in (1, 2) and red > 1 and not plan.overlap_grad_reduce:
             param_gather[r] = dp_slow[r] * once_s(
-                "all_gather", params * param_elt, dp, dp_nodes, "bf16"
+                "all_gather", params * param_elt, red, red_nodes, "bf16"
             )
         opt_end[r] = comm_end[r] + opt_s + param_gather[r]
         if spans is not None:

@@ -215,7 +215,7 @@ def test_enumeration_applies_the_pruning_rules():
     assert (t["mb"] * t["dp"] * t["m"] == 1536).all()
     inter = t["vpp"] > 1
     assert (t["m"][inter] % t["pp"][inter] == 0).all()
-    assert (t["dp"][t["zero"] > 0] > 1).all()
+    assert (t["dp"][t["zero"] > 0] * t["cp"][t["zero"] > 0] > 1).all()  # dp * cp shards
     assert (t["pp"][t["zero"] >= 2] > 1).any()  # ZeRO-2/3 with pipelines (Llama 3)
     assert (t["sp"][t["tp"] == 1] == 0).all()
     # TP communication exposed or overlapped, for TP > 1 only
@@ -525,3 +525,41 @@ def test_plan_reports_the_time_memory_cost_front(tmp_path):
         assert not ((ev.estimate_s < t * (1 - 1e-5)) & (ev.peak_memory_gib < m * (1 - 1e-5))).any()
     csv = pd.read_csv(tmp_path / "out" / "pareto.csv")
     assert len(csv) == len(front)
+
+
+def test_cp_plans_reduce_over_dp_times_cp_in_the_closed_form_and_the_simulator():
+    """Context parallelism: gradients (and ZeRO / distributed-optimizer shards) reduce
+    over the dp * cp group (Megatron-LM's data-parallel group with context parallelism);
+    the closed form prices it as the simulator does, for cp 2 / 4, dp 1 / 2, every ZeRO
+    stage and both rank orders (Llama 3's with pipelines, where the group is not one
+    uniform stride, and CP blocks spanning nodes)."""
+    ctx = _context(LLAMA, 64, 8192, 64)
+    space = SearchSpace(rank_orders=("tp-cp-dp-pp", "tp-cp-pp-dp"), schedules=("1f1b",),
+                        recompute=("full",), cp_kinds=("ring",), tp_comms=("plain",))  # fmt: skip
+    table = enumerate_plans(LLAMA, 64, 8192, 64, 8, space)
+    rng = np.random.default_rng(7)
+    picked = []
+    for cp in (2, 4):
+        for dp in (1, 2):
+            for zero in (0, 1, 2, 3):
+                for order in (0, 1) if dp > 1 else (0,):  # dp 1: the orders coincide
+                    rows = np.flatnonzero(
+                        (table["cp"] == cp) & (table["dp"] == dp) & (table["zero"] == zero)
+                        & (table["ord"] == order) & (table["pp"] > 1) & (table["vpp"] == 1)
+                    )  # fmt: skip
+                    assert len(rows), (cp, dp, zero, order)
+                    picked.append(int(rng.choice(rows)))
+    # Llama 3's order with a CP block over two nodes (tp 4 x cp 4 on 8-GPU nodes)
+    wide = np.flatnonzero(
+        (table["ord"] == 1) & (table["tp"] * table["cp"] > 8) & (table["pp"] > 1)
+        & np.isin(table["cp"], (2, 4))
+    )  # fmt: skip
+    assert len(wide)
+    idx = np.array(picked + [int(x) for x in rng.choice(wide, 2, replace=False)])
+    sub = {k: v[idx] for k, v in table.items()}
+    est = estimate_iteration_s(ctx, sub, exact=True)["iteration_s"]
+    for j in range(len(idx)):
+        plan = plan_from_row(sub, j, num_gpus=64, seq_len=8192, global_batch=64,
+                             precision="bf16-mixed", num_layers=LLAMA.num_layers)  # fmt: skip
+        sim = simulate_iteration(LLAMA, plan, system=ctx.system, cost_model=ctx.cost_model)
+        assert est[j] == pytest.approx(sim.iteration_s, rel=0.01), plan

@@ -1,0 +1,45 @@
+"""The serving expected-error rule on a small fidelity table."""
+
+import yaml
+
+from costmodels.steps.serving_fidelity import serving_fidelity_fields, summarise
+
+
+def _table(tmp_path):
+    rows = [
+        {"engine": "vllm", "metric_class": "ttft", "error_pct": e, "near_saturation": False}
+        for e in (-10.0, 5.0, 15.0)
+    ] + [
+        {"engine": "sglang", "metric_class": "tpot", "error_pct": 4.0, "near_saturation": False},
+        {"engine": "vllm", "metric_class": "tpot", "error_pct": 90.0, "near_saturation": True},
+    ]
+    out = summarise(rows)
+    p = tmp_path / "fid.yaml"
+    p.write_text(yaml.safe_dump(out))
+    return out, str(p)
+
+
+def test_summarise_skips_near_saturation(tmp_path):
+    out, _ = _table(tmp_path)
+    assert out["by_engine"]["vllm"]["ttft"] == {"mape_pct": 10.0, "rows": 3}
+    assert "tpot" not in out["by_engine"]["vllm"]  # its only row was near saturation
+    assert out["by_engine"]["all"]["tpot"] == {"mape_pct": 4.0, "rows": 1}
+
+
+def test_rule(tmp_path):
+    _, path = _table(tmp_path)
+    f = serving_fidelity_fields("vllm", 5.4, "calibrated", path=path)
+    assert f["serving_expected_error_pct"] == {
+        "ttft": 10.0,
+        "tpot": 8.0,
+        "e2e": None,
+        "throughput": None,
+    }
+    assert f["serving_provenance"] == "partly-validated"
+    g = serving_fidelity_fields("trtllm", 36.0, "datasheet", path=path)
+    assert g["serving_provenance"] == "validated-other-engines"
+    assert g["serving_expected_error_pct"]["ttft"] == 2 * 10.0 + 36.0
+    assert serving_fidelity_fields("x", None, None, path=str(tmp_path / "none.yaml")) == {
+        "serving_provenance": "unvalidated",
+        "serving_expected_error_pct": {"ttft": None, "tpot": None, "e2e": None, "throughput": None},
+    }

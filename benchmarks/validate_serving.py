@@ -155,11 +155,17 @@ class Row(_Frozen):
         sim = self.simcli
         for key, want in (("model", self.model), ("gpu", self.gpu), ("tp", self.tp)):
             if sim.get(key, 1 if key == "tp" else None) != want:
-                raise ValueError(f"{self.id}: simcli {key} {sim.get(key)!r} is not the row's {want!r}")
+                raise ValueError(
+                    f"{self.id}: simcli {key} {sim.get(key)!r} is not the row's {want!r}"
+                )
         if sim.get("engine", "vllm") != self.engine:
-            raise ValueError(f"{self.id}: simcli engine {sim.get('engine')!r} is not {self.engine!r}")
+            raise ValueError(
+                f"{self.id}: simcli engine {sim.get('engine')!r} is not {self.engine!r}"
+            )
         if self.gpus != self.tp * sim.get("pp", 1) * sim.get("replicas", 1):
-            raise ValueError(f"{self.id}: gpus {self.gpus} != tp x pp x replicas of its simcli options")
+            raise ValueError(
+                f"{self.id}: gpus {self.gpus} != tp x pp x replicas of its simcli options"
+            )
         if "num_requests" in sim or "seed" in sim:
             raise ValueError(f"{self.id}: the runner sets num_requests and seed; not in simcli")
         return self
@@ -201,7 +207,9 @@ class Published(_Frozen):
             raise ValueError(f"duplicate row ids: {', '.join(dup)}")
         for r in self.rows:
             if r.source not in self.sources:
-                raise ValueError(f"{r.id}: unknown source {r.source!r}; allowed: {', '.join(self.sources)}")
+                raise ValueError(
+                    f"{r.id}: unknown source {r.source!r}; allowed: {', '.join(self.sources)}"
+                )
         missing = sorted(set(self.quick) - set(ids))
         if missing:
             raise ValueError(f"quick rows not in rows: {', '.join(missing)}")
@@ -295,10 +303,11 @@ def _run_one(args: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
 def run_rows(
     rows: list[Row], published: Published, *, jobs: int = 1, stand_ins: bool = False
 ) -> list[dict[str, Any]]:
+    subs = published.stand_ins if stand_ins else None
     work = [
         (
             r.model_dump(),
-            serve_values(r, published.request_cap, published.seed, published.stand_ins if stand_ins else None),
+            serve_values(r, published.request_cap, published.seed, subs),
         )
         for r in rows
     ]  # fmt: skip
@@ -404,7 +413,9 @@ def table(results: list[dict[str, Any]], summary: dict[str, Any], stand_ins: boo
                 f"{_fmt_value(r['predicted'], r['unit_si']):>18s} {r['error_pct']:+6.1f}%{mark}"
             )
         else:
-            add(f"{r['id']:58s} {_fmt_value(r['published'], r['unit_si']):>18s} {'cannot run':>18s}")
+            add(
+                f"{r['id']:58s} {_fmt_value(r['published'], r['unit_si']):>18s} {'cannot run':>18s}"
+            )
     s = summary
     add(f"\nrows {s['rows']}, runnable {s['runnable']}, not runnable {s['not_runnable']}")
     add("MAE = mean |predicted / published - 1|, percent; near-saturation rows apart\n")
@@ -429,7 +440,8 @@ def table(results: list[dict[str, Any]], summary: dict[str, Any], stand_ins: boo
     add(f"\nrows beyond {s['beyond_pct']:.0f}% (near-saturation apart): {len(s['rows_beyond'])}")
     add("worst rows:")
     for w in s["worst"]:
-        add(f"  {w['id']:58s} {w['error_pct']:+7.1f}%{' (near saturation)' if w['near_saturation'] else ''}")
+        mark = " (near saturation)" if w["near_saturation"] else ""
+        add(f"  {w['id']:58s} {w['error_pct']:+7.1f}%{mark}")
     if s["cannot_run"]:
         add("\nrows that cannot run yet (one line each; grouped by the error):")
         for e in s["cannot_run"]:
@@ -480,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the YAML's small `quick` subset")
     parser.add_argument(
         "--stand-ins", action="store_true",
-        help="replace options not in simcli yet by the YAML's stand-ins (a baseline, not the validation)",
+        help="replace options not in simcli yet by the YAML's stand-ins (a baseline, not "
+        "the validation)",
     )  # fmt: skip
     parser.add_argument("--data", type=Path, default=PUBLISHED, help="the published-results YAML")
     args = parser.parse_args(argv)
@@ -494,8 +507,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = select(published, args.rows, args.quick)
     if not rows:
-        sys.stderr.write(f"error: --rows {args.rows!r} matches no row; allowed: globs on id, "
-                         "source, engine, gpu or metric (e.g. 'sgl030-*', trtllm, h200-sxm)\n")  # fmt: skip
+        sys.stderr.write(
+            f"error: --rows {args.rows!r} matches no row; allowed: globs on id, source, "
+            "engine, gpu or metric (e.g. 'sgl030-*', trtllm, h200-sxm)\n"
+        )
         return 2
     start = time.perf_counter()
     results = run_rows(rows, published, jobs=args.jobs, stand_ins=args.stand_ins)

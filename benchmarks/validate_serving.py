@@ -224,14 +224,35 @@ def serve_values(
     row: Row, request_cap: int, seed: int, stand_ins: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The `simcli serve` options of ``row``: its own mapping, num_requests capped at
-    ``request_cap``, the seed; with ``stand_ins``, today's stand-ins for published values."""
-    values = dict(row.simcli)
-    for option, table in (stand_ins or {}).items():
-        if option in values and str(values[option]) in table:
-            values[option] = table[str(values[option])]
-    values["num_requests"] = min(row.num_requests, request_cap)
+    ``request_cap``, the seed; with ``stand_ins``, and only when simcli refuses the row's
+    own options, today's stand-ins for the published values they name."""
+    values = _typed({**row.simcli, "num_requests": min(row.num_requests, request_cap)})
     values["seed"] = seed
-    return values
+    if not stand_ins or _accepted(values):
+        return values
+    subbed = dict(values)
+    for option, table in stand_ins.items():
+        key = "inf" if subbed.get(option) == math.inf else str(subbed.get(option))
+        if option in subbed and key in table:
+            subbed[option] = table[key]
+    return _typed(subbed)
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    # typed as the command line types them (click reads `--qps inf` as a float), so that
+    # the same checks apply: YAML's plain `inf` is a string
+    return {k: math.inf if v == "inf" else v for k, v in values.items()}
+
+
+def _accepted(values: dict[str, Any]) -> bool:
+    from simcli.options import validate
+    from simcli.scenario.serving_options import ServeOptions
+
+    try:
+        validate(ServeOptions, values)
+    except ValueError:
+        return False
+    return True
 
 
 def one_line(exc: BaseException) -> str:
@@ -295,22 +316,20 @@ def predict_row(
     return out
 
 
-def _run_one(args: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
-    row, values = args
-    return predict_row(Row.model_validate(row), values)
+def _run_one(args: tuple[dict[str, Any], dict[str, Any], bool]) -> dict[str, Any]:
+    row, values, stand_in = args
+    return {**predict_row(Row.model_validate(row), values), "stand_in": stand_in}
 
 
 def run_rows(
     rows: list[Row], published: Published, *, jobs: int = 1, stand_ins: bool = False
 ) -> list[dict[str, Any]]:
     subs = published.stand_ins if stand_ins else None
-    work = [
-        (
-            r.model_dump(),
-            serve_values(r, published.request_cap, published.seed, subs),
-        )
-        for r in rows
-    ]  # fmt: skip
+    work = []
+    for r in rows:
+        values = serve_values(r, published.request_cap, published.seed, subs)
+        own = serve_values(r, published.request_cap, published.seed)
+        work.append((r.model_dump(), values, values != own))
     if jobs <= 1:
         return [_run_one(w) for w in work]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -407,6 +426,7 @@ def table(results: list[dict[str, Any]], summary: dict[str, Any], stand_ins: boo
     add(f"{'row':58s} {'published':>18s} {'predicted':>18s} {'error':>7s}")
     for r in results:
         mark = " (near saturation)" if r["near_saturation"] else ""
+        mark += " [stand-in]" if r.get("stand_in") else ""
         if r["error"] is None:
             add(
                 f"{r['id']:58s} {_fmt_value(r['published'], r['unit_si']):>18s} "
@@ -452,7 +472,7 @@ def table(results: list[dict[str, Any]], summary: dict[str, Any], stand_ins: boo
 
 CSV_COLUMNS = (
     "id", "source", "engine", "gpu", "metric", "statistic", "metric_class", "near_saturation",
-    "published", "predicted", "unit_si", "error_pct", "error",
+    "published", "predicted", "unit_si", "error_pct", "error", "stand_in",
 )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ import fnmatch
 import io
 import json
 import math
+import re
 import sys
 import time
 from collections import defaultdict
@@ -394,13 +395,16 @@ def summarize(results: list[dict[str, Any]], worst: int = 10) -> dict[str, Any]:
 
 
 def _errors(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_error: dict[str, list[str]] = defaultdict(list)
+    """Rows that cannot run, grouped by their error with numbers blanked (``max_concurrency
+    1`` and ``max_concurrency 5`` are one reason); each group shows its first error."""
+    groups: dict[str, tuple[str, list[str]]] = {}
     for r in results:
         if r["error"] is not None:
-            by_error[r["error"]].append(r["id"])
+            key = re.sub(r"\d+(\.\d+)?", "N", r["error"])
+            groups.setdefault(key, (r["error"], []))[1].append(r["id"])
     return [
         {"error": e, "rows": len(ids), "ids": ids}
-        for e, ids in sorted(by_error.items(), key=lambda kv: -len(kv[1]))
+        for e, ids in sorted(groups.values(), key=lambda g: -len(g[1]))
     ]
 
 

@@ -10,8 +10,13 @@ def _table(tmp_path):
         {"engine": "vllm", "metric_class": "ttft", "error_pct": e, "near_saturation": False}
         for e in (-10.0, 5.0, 15.0)
     ] + [
-        {"engine": "sglang", "metric_class": "tpot", "error_pct": 4.0, "near_saturation": False},
-        {"engine": "vllm", "metric_class": "tpot", "error_pct": 90.0, "near_saturation": True},
+        {
+            "engine": "sglang",
+            "metric_class": "tpot_itl",
+            "error_pct": 4.0,
+            "near_saturation": False,
+        },
+        {"engine": "vllm", "metric_class": "tpot_itl", "error_pct": 90.0, "near_saturation": True},
     ]
     out = summarise(rows)
     p = tmp_path / "fid.yaml"
@@ -22,8 +27,8 @@ def _table(tmp_path):
 def test_summarise_skips_near_saturation(tmp_path):
     out, _ = _table(tmp_path)
     assert out["by_engine"]["vllm"]["ttft"] == {"mape_pct": 10.0, "rows": 3}
-    assert "tpot" not in out["by_engine"]["vllm"]  # its only row was near saturation
-    assert out["by_engine"]["all"]["tpot"] == {"mape_pct": 4.0, "rows": 1}
+    assert "tpot_itl" not in out["by_engine"]["vllm"]  # its only row was near saturation
+    assert out["by_engine"]["all"]["tpot_itl"] == {"mape_pct": 4.0, "rows": 1}
 
 
 def test_rule(tmp_path):
@@ -31,7 +36,7 @@ def test_rule(tmp_path):
     f = serving_fidelity_fields("vllm", 5.4, "calibrated", path=path)
     assert f["serving_expected_error_pct"] == {
         "ttft": 10.0,
-        "tpot": 8.0,
+        "tpot_itl": 8.0,
         "e2e": None,
         "throughput": None,
     }
@@ -41,5 +46,10 @@ def test_rule(tmp_path):
     assert g["serving_expected_error_pct"]["ttft"] == 2 * 10.0 + 36.0
     assert serving_fidelity_fields("x", None, None, path=str(tmp_path / "none.yaml")) == {
         "serving_provenance": "unvalidated",
-        "serving_expected_error_pct": {"ttft": None, "tpot": None, "e2e": None, "throughput": None},
+        "serving_expected_error_pct": {
+            "ttft": None,
+            "tpot_itl": None,
+            "e2e": None,
+            "throughput": None,
+        },
     }

@@ -21,7 +21,8 @@ Reported per scenario: iterations on each side; the share of aligned iterations 
 index, up to the shorter run) with the same (decodes, prefill tokens); the first
 iteration that differs; mean absolute difference of scheduled tokens per aligned
 iteration; preemptions on each side; per-request TTFT and finish-time differences
-(simcli - vLLM). ``--show-diffs N`` prints the first N differing iterations side by side
+(simcli - vLLM); how many of V1's preemption victims were partial prefills.
+``--show-diffs N`` prints the first N differing iterations side by side
 (what V1 does differently). vLLM is not needed: the reference data is committed.
 """
 
@@ -154,6 +155,11 @@ def compare(v_it: list[dict], s_it: list[dict], v_rq: list[dict], s_rq: list[Req
         "scheduled_tokens_mad": float(np.mean(tok_diff)) if tok_diff else float("nan"),
         "preemptions_vllm": sum(int(r["preempted"]) for r in v_it),
         "preemptions_simcli": sum(int(r["preempted"]) for r in s_it),
+        # V1's victim is the tail of its running list, which may be a partial prefill (often
+        # the request it admitted one iteration before); simcli's is always a decode
+        "preempted_partial_prefills_vllm": sum(
+            v.endswith(":p") for r in v_it for v in r.get("preempted_ids", "").split(";") if v
+        ),
         "mean_decodes_vllm": float(np.mean([int(r["num_decodes"]) for r in v_it])),
         "mean_decodes_simcli": float(np.mean([int(r["num_decodes"]) for r in s_it])),
         "mean_tokens_vllm": float(np.mean([int(r["scheduled_tokens"]) for r in v_it])),

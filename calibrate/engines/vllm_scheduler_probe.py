@@ -21,7 +21,7 @@ async scheduling: add the requests that have arrived by the simulated clock,
 ``schedule()``, advance the clock by the step time, then ``update_from_output()`` with one
 sampled token for every scheduled request whose prompt (plus, after a preemption, its
 earlier output) is now fully computed, and none for a partial prefill chunk (the GPU model
-runner discards those samples, ``discard_sampled_tokens_req_indices``). The step time is
+runner discards those samples: ``discard_request_indices``, seq_lens < num_tokens). The step time is
 a synthetic function of the batch, :func:`step_time_s`, the same one
 benchmarks/compare_vllm_scheduler.py gives simcli: only composition and host time matter.
 
@@ -170,11 +170,17 @@ def fake_output(sched, out):
 # --- traces ----------------------------------------------------------------------------------
 ITER_COLUMNS = [
     "scenario", "iter", "t_start_s", "step_s", "num_decodes", "num_prefills", "prefill_tokens",
-    "prefill_chunks", "scheduled_tokens", "preempted", "running", "waiting", "kv_free_blocks",
+    "prefill_chunks", "scheduled_tokens", "preempted", "preempted_ids", "running", "waiting",
+    "kv_free_blocks",
     "schedule_wall_s", "schedule_cpu_s", "update_wall_s", "update_cpu_s",
 ]  # fmt: skip
 REQ_COLUMNS = ["scenario", "rid", "arrival_s", "prompt_tokens", "output_tokens",
                "first_token_s", "finish_s", "preemptions"]  # fmt: skip
+
+
+def _decoding(state: tuple[int, int, int]) -> bool:
+    """(computed, known tokens, output tokens): only the last sampled token left to run."""
+    return state[2] > 0 and state[0] == state[1] - 1
 
 
 def run_scenario(name: str, spec: dict, log_stats: bool) -> tuple[list[list], list[list]]:
@@ -207,7 +213,7 @@ def run_scenario(name: str, spec: dict, log_stats: bool) -> tuple[list[list], li
         dec, chunks = 0, []
         for rid, k in out.num_scheduled_tokens.items():
             st = before.get(rid)
-            if st is not None and k == 1 and st[2] > 0 and st[0] == st[1] - 1:
+            if st is not None and k == 1 and _decoding(st):
                 dec += 1
             else:
                 chunks.append(f"{rid}:{k}")
@@ -216,6 +222,8 @@ def run_scenario(name: str, spec: dict, log_stats: bool) -> tuple[list[list], li
         # running before this schedule() and sent back to the waiting queue by it
         gone = [rid for rid in before if sched.requests[rid].status.name == "PREEMPTED"]
         preempted = len(gone)
+        # victim kind: d = decoding, p = partial prefill (its known tokens not all computed)
+        gone_ids = ";".join(f"{rid}:{'d' if _decoding(before[rid]) else 'p'}" for rid in gone)
         for rid in gone:
             preempts[rid] = preempts.get(rid, 0) + 1
         step = step_time_s(out.total_num_scheduled_tokens, len(out.num_scheduled_tokens))
@@ -232,7 +240,7 @@ def run_scenario(name: str, spec: dict, log_stats: bool) -> tuple[list[list], li
                 if o.finish_reason is not None:
                     finish[o.request_id] = clock
         rows.append([name, it, round(t0, 9), round(step, 9), dec, npre, ptok, ";".join(chunks),
-                     out.total_num_scheduled_tokens, preempted, len(sched.running),
+                     out.total_num_scheduled_tokens, preempted, gone_ids, len(sched.running),
                      len(sched.waiting), pool.get_num_free_blocks(), w1 - w0, c1 - c0,
                      w3 - w2, c3 - c2])  # fmt: skip
         it += 1
@@ -351,17 +359,17 @@ def host_grid() -> list[tuple[str, int, int, int]]:
     return grid
 
 
-def fit_host(rows: list[list]) -> dict:
+def fit_host(rows: list[list], column: str = "total_cpu_s") -> dict:
     """Least squares ``cpu_s = a + b * seqs + c * tokens`` on all but one family, MAPE on
     the held-out family; then the fit on every row (the one to use)."""
     fam = np.array([r[0] for r in rows])
-    x = np.array([[1.0, r[1], r[4]] for r in rows])
-    y = np.array([r[HOST_COLUMNS.index("total_cpu_s")] for r in rows])
+    x = np.array([[1.0, float(r[1]), float(r[4])] for r in rows])
+    y = np.array([float(r[HOST_COLUMNS.index(column)]) for r in rows])
     # weights 1 / y: least squares on the relative error, the error that MAPE reports
     x, y0 = x / y[:, None], y
     y = np.ones_like(y0)
     res: dict = {"model": "schedule_plus_update_cpu_s = a + b * seqs + c * tokens",
-                 "held_out": {}}  # fmt: skip
+                 "column": column, "held_out": {}}  # fmt: skip
     for f in sorted(set(fam)):
         tr, te = fam != f, fam == f
         coef, *_ = np.linalg.lstsq(x[tr], y[tr], rcond=None)
@@ -397,33 +405,12 @@ def write_csv(path: Path, cols: list[str], rows: list[list]) -> None:
     tmp.replace(path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--what", default="traces,hostcost")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
-    ap.add_argument("--hostcost-reps", type=int, default=15)
-    ap.add_argument("--hostcost-rounds", type=int, default=3)
-    ap.add_argument("--no-log-stats", action="store_true",
-                    help="Scheduler(log_stats=False), as the offline LLM class runs it")
-    args = ap.parse_args(argv)
-    what = set(args.what.split(","))
-    if not what <= {"traces", "hostcost"}:
-        print(f"--what {args.what}; allowed: traces, hostcost", file=sys.stderr)
-        return 2
-    names = args.scenarios.split(",")
-    bad = [s for s in names if s not in SCENARIOS]
-    if bad:
-        print(f"unknown scenario {bad[0]}; allowed: {', '.join(SCENARIOS)}", file=sys.stderr)
-        return 2
+def environment(log_stats: bool) -> dict:
+    """What meta.json records of the software and machine a measurement ran on."""
     import torch
     import vllm
 
-    log_stats = not args.no_log_stats
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta_path = args.out / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    meta.update({
+    return {
         "vllm_version": vllm.__version__, "torch_version": torch.__version__,
         "python": platform.python_version(), "cpu_model": cpu_model(),
         "cpus": os.cpu_count(), "platform": platform.platform(),
@@ -435,7 +422,34 @@ def main(argv: list[str] | None = None) -> int:
                                  "scheduled_seqs", "base_s": STEP_BASE_S,
                       "per_token_s": STEP_PER_TOKEN_S, "per_seq_s": STEP_PER_SEQ_S},
         "usable_blocks_note": "the block pool keeps one null block: num_blocks - 1 usable",
-    })  # fmt: skip
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--what", default="traces,hostcost")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--hostcost-reps", type=int, default=15)
+    ap.add_argument("--hostcost-rounds", type=int, default=3)
+    ap.add_argument("--no-log-stats", action="store_true",
+                    help="Scheduler(log_stats=False), as the offline LLM class runs it")
+    args = ap.parse_args(argv)
+    what = set(args.what.split(","))
+    if not what <= {"traces", "hostcost", "fit"}:
+        print(f"--what {args.what}; allowed: traces, hostcost, fit", file=sys.stderr)
+        return 2
+    names = args.scenarios.split(",")
+    bad = [s for s in names if s not in SCENARIOS]
+    if bad:
+        print(f"unknown scenario {bad[0]}; allowed: {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    log_stats = not args.no_log_stats
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta_path = args.out / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if what != {"fit"}:
+        meta.update(environment(log_stats))
     if "traces" in what:
         it_rows, rq_rows = [], []
         for s in names:
@@ -451,7 +465,12 @@ def main(argv: list[str] | None = None) -> int:
     if "hostcost" in what:
         rows = host_rows(args.hostcost_reps, args.hostcost_rounds, log_stats)
         write_csv(args.out / "hostcost.csv", HOST_COLUMNS, rows)
+    if "hostcost" in what or "fit" in what:  # fit: refit the hostcost.csv already there
+        with open(args.out / "hostcost.csv", newline="") as f:
+            rows = [list(r.values()) for r in csv.DictReader(f)]
         meta["hostcost_fit"] = fit_host(rows)
+        # the least disturbed round of each point (a shared machine's load only adds)
+        meta["hostcost_fit_min_round"] = fit_host(rows, "total_cpu_s_min_round")
         meta["hostcost_note"] = (
             "CPU time of Scheduler.schedule() + update_from_output() only (median of reps); "
             "excludes the model runner's input preparation, sampling, detokenisation and the "

@@ -52,7 +52,8 @@ def test_iterations_respect_the_engine_limits():
         spec = meta["scenarios"][name]
         assert [int(r["iter"]) for r in its] == list(range(len(its)))
         for r in its:
-            dec, pre, tok = int(r["num_decodes"]), int(r["prefill_tokens"]), int(r["scheduled_tokens"])
+            dec, pre = int(r["num_decodes"]), int(r["prefill_tokens"])
+            tok = int(r["scheduled_tokens"])
             chunks = [c.split(":") for c in r["prefill_chunks"].split(";") if c]
             assert tok == dec + pre == dec + sum(int(n) for _, n in chunks)
             assert len(chunks) == int(r["num_prefills"])

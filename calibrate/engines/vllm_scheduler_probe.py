@@ -1,8 +1,9 @@
 """Drive vLLM V1's own scheduler with a fake model executor: batch composition per
 iteration on given arrivals, and the scheduler's host (CPU) time per iteration.
 
-    python calibrate/engines/vllm_scheduler_probe.py --out DIR [--what traces,hostcost]
-        [--scenarios NAME,...] [--hostcost-reps 15] [--no-log-stats]
+    python calibrate/engines/vllm_scheduler_probe.py --out DIR [--what traces,hostcost,fit]
+        [--scenarios NAME,...] [--hostcost-reps 15] [--hostcost-rounds 3] [--no-log-stats]
+        [--arrivals CSV --name NAME --num-blocks B --max-num-seqs S --max-num-batched-tokens T]
 
 Runs in a virtualenv with vLLM installed (see calibrate/data/vllm-scheduler-cpu/README.md:
 ``pip install --no-deps vllm`` plus the pure-Python modules its scheduler imports and a CPU
@@ -84,6 +85,10 @@ SCENARIOS: dict[str, dict] = {
 
 
 def draw_requests(spec: dict) -> list[tuple[float, int, int]]:
+    """A scenario's (arrival_s, prompt, output) per request: read from its arrivals file
+    (``--arrivals``) or drawn from its seeded distributions."""
+    if "arrivals_file" in spec:
+        return read_arrivals(Path(spec["arrivals_file"]))
     rng = np.random.default_rng(spec["seed"])
     n = spec["n"]
     qps = spec["qps"]
@@ -91,6 +96,21 @@ def draw_requests(spec: dict) -> list[tuple[float, int, int]]:
     p = rng.integers(spec["prompt"][0], spec["prompt"][1] + 1, n)
     o = rng.integers(spec["output"][0], spec["output"][1] + 1, n)
     return [(float(round(a, 6)), int(pi), int(oi)) for a, pi, oi in zip(arr, p, o, strict=True)]
+
+
+def read_arrivals(path: Path) -> list[tuple[float, int, int]]:
+    """A CSV with columns arrival_s, prompt_tokens, output_tokens (sorted by arrival)."""
+    with open(path, newline="") as f:
+        rows = [(float(r["arrival_s"]), int(r["prompt_tokens"]), int(r["output_tokens"]))
+                for r in csv.DictReader(f)]  # fmt: skip
+    if not rows:
+        raise ValueError(f"{path}: no requests; allowed: a CSV of arrival_s,prompt_tokens,"
+                         "output_tokens rows")  # fmt: skip
+    for i, (a, p, o) in enumerate(rows):
+        if p < 1 or o < 1 or (i and a < rows[i - 1][0]):
+            raise ValueError(f"{path} row {i + 2}: arrival {a}, prompt {p}, output {o}; allowed: "
+                             "arrivals sorted, prompt and output >= 1")  # fmt: skip
+    return rows
 
 
 # --- vLLM objects ----------------------------------------------------------------------------
@@ -432,6 +452,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--hostcost-reps", type=int, default=15)
     ap.add_argument("--hostcost-rounds", type=int, default=3)
+    ap.add_argument("--arrivals", type=Path, default=None,
+                    help="trace one scenario of your own: CSV of arrival_s,prompt_tokens,"
+                         "output_tokens (with --name and the three limits below)")
+    ap.add_argument("--name", default="custom")
+    ap.add_argument("--num-blocks", type=int, default=4096)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--no-log-stats", action="store_true",
                     help="Scheduler(log_stats=False), as the offline LLM class runs it")
     args = ap.parse_args(argv)
@@ -439,10 +466,25 @@ def main(argv: list[str] | None = None) -> int:
     if not what <= {"traces", "hostcost", "fit"}:
         print(f"--what {args.what}; allowed: traces, hostcost, fit", file=sys.stderr)
         return 2
+    scenarios = dict(SCENARIOS)
     names = args.scenarios.split(",")
-    bad = [s for s in names if s not in SCENARIOS]
+    if args.arrivals is not None:
+        try:
+            n = len(read_arrivals(args.arrivals))
+        except (OSError, KeyError, ValueError) as exc:
+            print(f"--arrivals: {exc}", file=sys.stderr)
+            return 2
+        if min(args.num_blocks, args.max_num_seqs, args.max_num_batched_tokens) < 1:
+            print("--num-blocks, --max-num-seqs, --max-num-batched-tokens; allowed: >= 1",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        scenarios = {args.name: dict(n=n, arrivals_file=str(args.arrivals),
+                                     num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+                                     max_num_batched_tokens=args.max_num_batched_tokens)}
+        names = [args.name]
+    bad = [s for s in names if s not in scenarios]
     if bad:
-        print(f"unknown scenario {bad[0]}; allowed: {', '.join(SCENARIOS)}", file=sys.stderr)
+        print(f"unknown scenario {bad[0]}; allowed: {', '.join(scenarios)}", file=sys.stderr)
         return 2
     log_stats = not args.no_log_stats
     args.out.mkdir(parents=True, exist_ok=True)
@@ -454,14 +496,14 @@ def main(argv: list[str] | None = None) -> int:
         it_rows, rq_rows = [], []
         for s in names:
             t = time.perf_counter()
-            a, b = run_scenario(s, SCENARIOS[s], log_stats)
+            a, b = run_scenario(s, scenarios[s], log_stats)
             it_rows += a
             rq_rows += b
             print(f"{s}: {len(a)} iterations, {count_preemptions(a)} preemptions, "
                   f"{time.perf_counter() - t:.1f} s", file=sys.stderr)  # fmt: skip
         write_csv(args.out / "iterations.csv", ITER_COLUMNS, it_rows)
         write_csv(args.out / "requests.csv", REQ_COLUMNS, rq_rows)
-        meta["scenarios"] = {s: SCENARIOS[s] for s in names}
+        meta["scenarios"] = {s: scenarios[s] for s in names}
     if "hostcost" in what:
         rows = host_rows(args.hostcost_reps, args.hostcost_rounds, log_stats)
         write_csv(args.out / "hostcost.csv", HOST_COLUMNS, rows)

@@ -37,10 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from simcli.serving.requests import Request
-from simcli.serving.schedulers import SCHEDULERS, SchedulerConfig
-from simcli.serving.simulator import ServeConfig, Simulator
-from simcli.serving.timeline import StepRecorder
+# the simulator of the checkout this script is in, not an installed copy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from simcli.serving.requests import Request  # noqa: E402
+from simcli.serving.schedulers import SCHEDULERS, SchedulerConfig  # noqa: E402
+from simcli.serving.simulator import ServeConfig, Simulator  # noqa: E402
+from simcli.serving.timeline import StepRecorder  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "vllm-scheduler-cpu"
 DEFAULT_SCHEDULER = "vllm-v1" if "vllm-v1" in SCHEDULERS else "sarathi"

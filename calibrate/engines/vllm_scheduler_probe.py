@@ -405,6 +405,23 @@ def fit_host(rows: list[list], column: str = "total_cpu_s") -> dict:
 
 
 # --- main ------------------------------------------------------------------------------------
+def cpu_details() -> dict:
+    """/proc/cpuinfo's family, model, stepping and MHz of the first CPU (a VM may hide
+    the model name, not these)."""
+    out: dict = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            key = key.strip()
+            if key in ("vendor_id", "cpu family", "model", "stepping", "cpu MHz", "cache size"):
+                out.setdefault(key.replace(" ", "_"), val.strip())
+            if not line.strip() and out:
+                break
+    except OSError:
+        pass
+    return out
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -432,7 +449,7 @@ def environment(log_stats: bool) -> dict:
 
     return {
         "vllm_version": vllm.__version__, "torch_version": torch.__version__,
-        "python": platform.python_version(), "cpu_model": cpu_model(),
+        "python": platform.python_version(), "cpu_model": cpu_model(), "cpu": cpu_details(),
         "cpus": os.cpu_count(), "platform": platform.platform(),
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "scheduler": "vllm.v1.core.sched.scheduler.Scheduler (FCFS, chunked prefill, "

@@ -142,10 +142,11 @@ class ServeDeployment:
         )
 
 
-def serve_hardware(options: ServeOptions, tp: int) -> Hardware:
-    """``--gpu`` x ``tp * --pp`` with ``--profile`` and ``--price-per-gpu-hour``."""
+def serve_hardware(options: ServeOptions, tp: int, gpu: str | None = None) -> Hardware:
+    """``gpu`` (default ``--gpu``; a pool's ``--prefill-gpu``/``--decode-gpu``) x ``tp *
+    --pp`` with ``--profile`` and ``--price-per-gpu-hour``."""
     return resolve_hardware(
-        options.gpu,  # type: ignore[arg-type]
+        gpu or options.gpu,  # type: ignore[arg-type]
         tp * options.pp,
         profile=options.profile,
         price_usd_per_gpu_hour=options.price_per_gpu_hour,
@@ -157,17 +158,26 @@ def default_kv_transfer(options: ServeOptions, gpus_per_node: int) -> str:
     fits in one node, so no transfer leaves it; else ``inter`` (the NICs)."""
     o = options
     pools = o.pools()
-    if pools is None:
+    if pools is None or o.heterogeneous:  # two GPU types: two kinds of node
         return "inter"
     gpus = (pools[0] * o.prefill_tp_or_tp + pools[1] * o.decode_tp_or_tp) * o.pp
     return "intra" if gpus <= gpus_per_node else "inter"
 
 
-def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) -> ServeConfig:
+def serve_config(
+    options: ServeOptions,
+    model: ModelConfig,
+    hardware: Hardware,
+    prefill_hardware: Hardware | None = None,
+) -> ServeConfig:
     """The simulator's config of a deployment: scheduler, memory budget, routing, the
-    optional features, and from ``hardware`` the KV swap rate and the price."""
+    optional features, and from ``hardware`` the KV swap rate and the price (disaggregated:
+    ``hardware`` the decode pool's, ``prefill_hardware`` the prefill pool's, each pool
+    priced by its own GPU; the run's price per GPU-hour is their GPU-weighted mean, so that
+    GPU-hours x price is the sum of the pools' costs)."""
     o = options
     pools = o.pools()
+    price = hardware.usd_per_gpu_hour
     branching = o.branching()
     if branching is not None and o.trace is None:  # extra branches draw the workload's DIST
         branching = branching.model_copy(update={"output_len": parse_dist(o.output_len)})
@@ -181,7 +191,9 @@ def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) 
             kv_transfer=o.kv_transfer or default_kv_transfer(o, hardware.gpus_per_node),
             kv_transfer_overlap=o.kv_transfer_overlap,
             decode_router=o.decode_router or "kv_aware",
+            **pool_prices(o, pools, hardware, prefill_hardware or hardware),
         )
+        price = mean_price(disaggregation)
     limit = model_len_limit(model, o.max_model_len)
     return ServeConfig(
         max_model_len=limit,
@@ -206,8 +218,33 @@ def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) 
         swap_bytes_per_s=hardware.host_copy_bytes_per_s,
         slo_ttft_s=o.slo_ttft_s,
         slo_tpot_s=o.slo_tpot_s,
-        price_per_gpu_hour=hardware.usd_per_gpu_hour,
+        price_per_gpu_hour=price,
     )
+
+
+def pool_prices(
+    options: ServeOptions, pools: tuple[int, int], decode: Hardware, prefill: Hardware
+) -> dict[str, Any]:
+    """Each pool's GPU id and US$ per GPU-hour (the DisaggConfig fields)."""
+    return {
+        "prefill_gpu": options.prefill_gpu_or_gpu,
+        "decode_gpu": options.decode_gpu_or_gpu,
+        "prefill_price_per_gpu_hour": prefill.usd_per_gpu_hour,
+        "decode_price_per_gpu_hour": decode.usd_per_gpu_hour,
+    }
+
+
+def mean_price(d: DisaggConfig) -> float | None:
+    """The deployment's US$ per GPU-hour: the pools' prices weighted by their GPUs (the
+    price itself when both pools pay the same; None when a pool's price is unknown)."""
+    pp, dp = d.prefill_price_per_gpu_hour, d.decode_price_per_gpu_hour
+    if pp is None or dp is None:
+        return None
+    if pp == dp:
+        return pp
+    pg = d.prefill_replicas * (d.prefill_gpus_per_replica or 1)
+    dg = d.decode_replicas * (d.decode_gpus_per_replica or 1)
+    return (pg * pp + dg * dp) / (pg + dg)
 
 
 def resolve_deployment(
@@ -217,7 +254,17 @@ def resolve_deployment(
     (``drafts``: the loaded ``--draft-model`` and ``--spec-hierarchy`` models)."""
     o = options
     ptp, dtp = o.prefill_tp_or_tp, o.decode_tp_or_tp
-    hardware = serve_hardware(o, dtp)
+    pgpu, dgpu = o.prefill_gpu_or_gpu, o.decode_gpu_or_gpu
+    if o.heterogeneous:  # each pool's GPU must hold the KV cache as the other writes it
+        for pool, flag, gpu in (
+            ("prefill", "--prefill-gpu", pgpu),
+            ("decode", "--decode-gpu", dgpu),
+        ):
+            try:
+                check_precision(gpu, o.weight_dtype, o.kv_cache_dtype)  # type: ignore[arg-type]
+            except ValueError as exc:
+                raise ValueError(f"{pool} pool ({flag} {gpu}): {exc}") from None
+    hardware = serve_hardware(o, dtp, dgpu)
     if o.disaggregate and o.kv_transfer == "intra":
         per_node = hardware.gpus_per_node
         if (ptp + dtp) * o.pp > per_node:
@@ -226,7 +273,9 @@ def resolve_deployment(
                 f"{ptp * o.pp} + {dtp * o.pp} GPUs > {per_node} per {o.gpu} node; allowed: "
                 "--kv-transfer inter, or smaller replicas"
             )
-    config = serve_config(o, model, hardware)
+    same = ptp == dtp and pgpu == dgpu  # one step model serves both pools
+    pre_hw = hardware if not o.disaggregate or same else serve_hardware(o, ptp, pgpu)
+    config = serve_config(o, model, hardware, pre_hw)
     sched = config.scheduler
     kw: dict[str, Any] = dict(
         pp=o.pp,
@@ -239,13 +288,11 @@ def resolve_deployment(
         max_num_batched_tokens=o.chunk_size if o.scheduler == "sarathi" else sched.max_tokens,
         max_num_seqs=o.max_batch_size,
     )
-    pre_hw = hardware
     if o.disaggregate:
-        pre_hw = hardware if ptp == dtp else serve_hardware(o, ptp)
         pre = build_step_model(model, pre_hw, tp=ptp, attn_pattern=o.attn_pattern, **kw)
         step = (
             pre
-            if dtp == ptp
+            if same
             else build_step_model(model, hardware, tp=dtp, attn_pattern=o.attn_pattern, **kw)
         )
     else:
@@ -363,9 +410,10 @@ class ServeScenario:
         o = self.options
         pools = o.pools()
         if pools is not None:
+            pre_gpu = f" {o.prefill_gpu_or_gpu}" if o.heterogeneous else ""
             where = (
-                f"{pools[0]} x {o.prefill_tp_or_tp * o.pp} + {pools[1]} x "
-                f"{o.decode_tp_or_tp * o.pp} {o.gpu} (prefill + decode)"
+                f"{pools[0]} x {o.prefill_tp_or_tp * o.pp}{pre_gpu} + {pools[1]} x "
+                f"{o.decode_tp_or_tp * o.pp} {o.decode_gpu_or_gpu} (prefill + decode)"
             )
         else:
             where = f"{o.replicas} x {o.tp * o.pp} {o.gpu}"
@@ -404,8 +452,13 @@ class ServeScenario:
             "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
             "weight_gib_per_gpu": weight_gib_per_gpu(self.deployment.step),
             **provenance_fields(self.deployment.hardware.cost_model),
+            # the prefill pool's op models (its own GPU type when heterogeneous)
+            **{
+                f"prefill_{k}": v if disaggregated else None
+                for k, v in provenance_fields(self.deployment.prefill_hardware.cost_model).items()
+            },
             **summary,
-            "price_per_gpu_hour": self.deployment.hardware.usd_per_gpu_hour,
+            "price_per_gpu_hour": self.deployment.config.price_per_gpu_hour,
             "simulation_wall_s": wall_s,
             "simulated_requests_per_wall_s": summary["requests_completed"] / wall_s
             if wall_s > 0
@@ -439,7 +492,14 @@ def resolve_serve(options: ServeOptions) -> ServeScenario:
     """``simcli serve``'s options resolved once (see the module docstring)."""
     options.require()
     model = with_moe_imbalance(load_model(options.model), options.moe_imbalance)  # type: ignore[arg-type]
-    load_catalog().gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
+    catalog = load_catalog()
+    catalog.gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
+    for flag, gpu in (("--prefill-gpu", options.prefill_gpu), ("--decode-gpu", options.decode_gpu)):
+        if gpu is not None:
+            try:
+                catalog.gpu(gpu)
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"{flag}: {str(exc).strip(chr(39)).splitlines()[0]}") from None
     drafts = resolve_drafts(options, model)
     arrivals = resolve_arrivals(options)
     lengths = None

@@ -73,6 +73,7 @@ PERCENTILE_HELP = (
 MAX_BURSTINESS = 100.0
 BURSTINESS_WHY = "a CV of 100 already puts nearly every arrival in one burst"
 
+
 class ServeOptions(CommandConfig):
     """``simcli serve``: one deployment (model, GPUs, parallelism, scheduler, engine and the
     optional disaggregation, speculative decoding and multi-branch features) and the
@@ -213,10 +214,21 @@ class ServeOptions(CommandConfig):
     decode_tp: int | None = count_field(
         None, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Decode TP (default --tp)."
     )
+    prefill_gpu: str | None = Field(
+        None,
+        description="Disaggregation: GPU id of the prefill pool (default --gpu; Splitwise-HA: "
+        "h100-sxm prompt machines).",
+    )
+    decode_gpu: str | None = Field(
+        None,
+        description="Disaggregation: GPU id of the decode pool (default --gpu; Splitwise-HA: "
+        "a100-sxm-80gb token machines).",
+    )
     kv_transfer: Literal["inter", "intra"] | None = Field(
         None,
         description="KV link: inter (the NICs) | intra (NVLink inside one node); default: "
-        "intra when both pools fit in one node, else inter (the output's kv_transfer).",
+        "intra when both pools fit in one node, else inter (the output's kv_transfer); pools "
+        "of two GPU types: inter, at the slower node's NIC.",
     )
     kv_transfer_overlap: bool = Field(
         False, description="Send KV layer by layer during the prefill."
@@ -314,6 +326,16 @@ class ServeOptions(CommandConfig):
     def _dist(cls, v: str) -> str:
         return check_dist(v)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_gpus(cls, data: object) -> object:
+        """--prefill-gpu X --decode-gpu Y without --gpu: --gpu is X (the output's gpu)."""
+        if isinstance(data, dict) and data.get("gpu") is None:
+            pre, dec = data.get("prefill_gpu"), data.get("decode_gpu")
+            if pre is not None and dec is not None:
+                return {**data, "gpu": pre}
+        return data
+
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
@@ -329,6 +351,8 @@ class ServeOptions(CommandConfig):
                 ("--decode-tp", self.decode_tp),
                 ("--kv-transfer", self.kv_transfer),
                 ("--decode-router", self.decode_router),
+                ("--prefill-gpu", self.prefill_gpu),
+                ("--decode-gpu", self.decode_gpu),
             ):
                 if value is not None:
                     raise ValueError(f"{flag} needs --disaggregate")
@@ -344,6 +368,23 @@ class ServeOptions(CommandConfig):
                     "--branches with --disaggregate is not modelled; allowed: one of the two"
                 )
             self.pools()
+            if self.heterogeneous:
+                if self.kv_transfer == "intra":
+                    raise ValueError(
+                        f"--kv-transfer intra with prefill pool {self.prefill_gpu_or_gpu} and "
+                        f"decode pool {self.decode_gpu_or_gpu}: GPUs of two types never share a "
+                        "node; allowed: --kv-transfer inter (the default for them)"
+                    )
+                for flag, value in (
+                    ("--profile", self.profile),
+                    ("--composition", self.composition),
+                ):
+                    if value is not None:
+                        raise ValueError(
+                            f"{flag} fits one GPU type, the pools run {self.prefill_gpu_or_gpu} "
+                            f"and {self.decode_gpu_or_gpu}; allowed: {flag} with one GPU type "
+                            "in both pools"
+                        )
         if spec is not None and self.pp > 1:
             raise ValueError(f"--draft-model with --pp {self.pp}; allowed: --pp 1 (as in vLLM)")
         return self
@@ -365,6 +406,19 @@ class ServeOptions(CommandConfig):
     @property
     def decode_tp_or_tp(self) -> int:
         return self.decode_tp or self.tp
+
+    @property
+    def prefill_gpu_or_gpu(self) -> str | None:
+        return self.prefill_gpu or self.gpu
+
+    @property
+    def decode_gpu_or_gpu(self) -> str | None:
+        return self.decode_gpu or self.gpu
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Disaggregated pools on two GPU types (Splitwise-HA)."""
+        return self.disaggregate and self.prefill_gpu_or_gpu != self.decode_gpu_or_gpu
 
     @property
     def total_replicas(self) -> int:

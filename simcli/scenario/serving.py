@@ -554,18 +554,32 @@ class CandidateDeployments:
     def __init__(self, model: ModelConfig, space: PlanSpace, slo: SLO, workload: Workload):
         self.model, self.space, self.slo, self.workload = model, space, slo, workload
         catalog = load_catalog()
-        for g in space.gpus:
-            catalog.gpu(g)  # one-line error listing the known ids
-            check_precision(g, space.weight_dtype, space.kv_cache_dtype, gpu_flag="--gpus-types")
-        self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.gpus}
+        pre, dec = space.pool_gpus if space.pool_search else ((), ())
+        for flag, gpus in (
+            ("--gpus-types", space.gpus),
+            ("--prefill-gpu-types", pre),
+            ("--decode-gpu-types", dec),
+        ):
+            for g in gpus:
+                catalog.gpu(g)  # one-line error listing the known ids
+                check_precision(g, space.weight_dtype, space.kv_cache_dtype, gpu_flag=flag)
+        self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.all_gpus}
         self.deployments: dict[Candidate, ServeDeployment] = {}
 
     def usd_per_gpu_hour(self, gpu: str) -> float:
         return self.prices[gpu]
 
-    def options(self, candidate: Candidate, replicas: int) -> ServeOptions:
-        """The ``simcli serve`` flags of ``candidate`` with ``replicas`` replicas."""
+    def options(
+        self, candidate: Candidate, replicas: int, pools: tuple[int, int] | None = None
+    ) -> ServeOptions:
+        """The ``simcli serve`` flags of ``candidate`` with ``replicas`` replicas (split by
+        its ratio), or with explicit ``pools`` (prefill, decode) of a per-pool search."""
         c, sp, w, prices = candidate, self.space, self.workload, self.space.prices
+        per_pool: dict[str, Any] = {}
+        if c.per_pool:
+            per_pool = {"decode_gpu": c.decode_gpu}
+            if pools is not None:
+                per_pool |= {"prefill_replicas": pools[0], "decode_replicas": pools[1]}
         return ServeOptions(
             model=self.model.id,
             gpu=c.gpu,
@@ -574,7 +588,8 @@ class CandidateDeployments:
             scheduler=c.scheduler,  # type: ignore[arg-type]
             chunk_size=c.chunk_size or 512,
             disaggregate=c.pd_ratio is not None,
-            pd_ratio=c.pd_ratio,
+            pd_ratio=c.pd_ratio if pools is None or not c.per_pool else None,
+            **per_pool,
             max_batch_size=sp.max_batch_size,
             block_size=sp.block_size,
             gpu_memory_utilization=sp.gpu_memory_utilization,
@@ -584,7 +599,9 @@ class CandidateDeployments:
             attn_pattern=sp.attn_pattern,
             weight_sparsity=sp.weight_sparsity,
             activation_sparsity=sp.activation_sparsity,
-            price_per_gpu_hour=prices.get(c.gpu, prices.get("*")),
+            # one price for both pools of a per-pool candidate would be wrong: its pools take
+            # their own prices in serve_config
+            price_per_gpu_hour=None if c.per_pool else prices.get(c.gpu, prices.get("*")),
             qps=w.qps,
             num_requests=w.num_requests,
             prompt_len=w.prompt_len,
@@ -605,9 +622,26 @@ class CandidateDeployments:
     def step_model(self, candidate: Candidate) -> Any:
         return self.deployment(candidate).step
 
-    def serve_config(self, candidate: Candidate, replicas: int) -> ServeConfig:
-        hardware = self.deployment(candidate).hardware
-        return serve_config(self.options(candidate, replicas), self.model, hardware)
+    def prefill_step_model(self, candidate: Candidate) -> Any:
+        return self.deployment(candidate).prefill_step
+
+    def serve_config(
+        self, candidate: Candidate, replicas: int, pools: tuple[int, int] | None = None
+    ) -> ServeConfig:
+        dep = self.deployment(candidate)
+        options = self.options(candidate, replicas, pools)
+        config = serve_config(options, self.model, dep.hardware, dep.prefill_hardware)
+        d = config.disaggregation
+        if not candidate.per_pool or d is None:
+            return config
+        # each pool at the search's price of its GPU (--price-per-gpu-hour GPU=USD pairs)
+        d = d.model_copy(
+            update={
+                "prefill_price_per_gpu_hour": self.prices[candidate.gpu],
+                "decode_price_per_gpu_hour": self.prices[candidate.decode_gpu_or_gpu],
+            }
+        )
+        return config.model_copy(update={"disaggregation": d, "price_per_gpu_hour": mean_price(d)})
 
 
 def plan_deployments(

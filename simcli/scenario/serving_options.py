@@ -560,6 +560,18 @@ class ServePlanOptions(CommandConfig):
         description="Prefill:decode pool splits to consider (`simcli serve --disaggregate "
         "--pd-ratio`); none = prefill and decode on every replica.",
     )
+    prefill_gpu_types: str | None = Field(
+        None,
+        description="Per-pool search (Splitwise's heterogeneous pools): GPU ids of the "
+        "prefill pool of the disaggregated configs, comma-separated (default --gpu-types "
+        "when --decode-gpu-types is given); every prefill x decode pair is searched and each "
+        "pool's replica count minimised on its own.",
+    )
+    decode_gpu_types: str | None = Field(
+        None,
+        description="Per-pool search: GPU ids of the decode pool, comma-separated (default "
+        "--gpu-types when --prefill-gpu-types is given).",
+    )
     qps: float = Field(gt=0, description="Target arrival rate, requests/s.")
     prompt_len: str = Field(
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
@@ -630,10 +642,11 @@ class ServePlanOptions(CommandConfig):
     def _dist(cls, v: str) -> str:
         return check_dist(v)
 
-    @field_validator("gpu_types")
+    @field_validator("gpu_types", "prefill_gpu_types", "decode_gpu_types")
     @classmethod
-    def _gpu_list(cls, v: str) -> str:
-        parse_list(v)
+    def _gpu_list(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_list(v)
         return v
 
     @field_validator("tp", "chunk_sizes")
@@ -662,6 +675,13 @@ class ServePlanOptions(CommandConfig):
     @model_validator(mode="after")
     def _some_slo(self) -> ServePlanOptions:
         self.slo()
+        pool_search = self.prefill_gpu_types or self.decode_gpu_types
+        if pool_search and not any(parse_ratios(self.pd_ratios)):
+            raise ValueError(
+                "--prefill-gpu-types/--decode-gpu-types search disaggregated pools, but "
+                f"--pd-ratios {self.pd_ratios} has none; allowed: at least one P:D ratio "
+                "(e.g. none,1:1,1:2)"
+            )
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
         so.check_sparsity_options(self)
         return self
@@ -675,8 +695,11 @@ class ServePlanOptions(CommandConfig):
             # refused one by one in CandidateDeployments)
             catalog = load_catalog()
             gpus = [g for g in gpus if catalog.gpu(g).supports("fp8")]
+        pre, dec = self.prefill_gpu_types, self.decode_gpu_types
         return PlanSpace(
             gpus=gpus,
+            prefill_gpus=parse_list(pre) if pre else None,
+            decode_gpus=parse_list(dec) if dec else None,
             tp=parse_ints(self.tp),
             schedulers=parse_list(self.schedulers),  # type: ignore[arg-type]
             chunk_sizes=parse_ints(self.chunk_sizes),

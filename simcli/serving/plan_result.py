@@ -54,7 +54,7 @@ class Deployment:
 
     @property
     def usd_per_hour(self) -> float:
-        if self.decode_usd_per_gpu_hour is None:
+        if self.decode_usd_per_gpu_hour in (None, self.usd_per_gpu_hour):
             return self.gpus * self.usd_per_gpu_hour
         p, d = self.pool_counts  # type: ignore[misc]
         tp = self.candidate.tp
@@ -63,7 +63,7 @@ class Deployment:
     @property
     def mean_usd_per_gpu_hour(self) -> float:
         """US$ per GPU-hour over the deployment's GPUs (the pools' GPU-weighted mean)."""
-        if self.decode_usd_per_gpu_hour is None:
+        if self.decode_usd_per_gpu_hour in (None, self.usd_per_gpu_hour):
             return self.usd_per_gpu_hour
         return self.usd_per_hour / self.gpus
 
@@ -318,7 +318,7 @@ class PlanResult:
                 gpus = r * c.tp
                 tokens = s.get("output_tokens") or 0
                 usd_h = gpus * price
-                if dec_price is not None and pools is not None:
+                if dec_price not in (None, price) and pools is not None:
                     usd_h = c.tp * (pools[0] * price + pools[1] * dec_price)
                 rank = ranks.get((c, r, explicit))
                 if rank is not None:
@@ -353,7 +353,7 @@ class PlanResult:
                         **pool_columns(c, pools, price, dec_price),
                     }
                 )
-                if dec_price is not None:  # the pools' GPU-weighted mean
+                if dec_price not in (None, price):  # the pools' GPU-weighted mean
                     rows[-1]["usd_per_gpu_hour"] = usd_h / gpus if gpus else math.nan
         return rows
 

@@ -328,6 +328,8 @@ class Planner:
         if not c.per_pool:
             return replicas * c.tp * self.prices[c.gpu]
         p, d = pools or c.pools(replicas)  # type: ignore[misc]
+        if c.decode_gpu == c.gpu:
+            return (p + d) * c.tp * self.prices[c.gpu]
         return c.tp * (p * self.prices[c.gpu] + d * self.prices[c.decode_gpu_or_gpu])
 
     def _prepare(self, st: _State) -> str | None:

@@ -34,6 +34,12 @@ from simcli.scenario.serving_options import (
     ServePlanOptions,
     StepOptions,
 )
+from simcli.scenario.serving_pools import (
+    check_pool_gpus,
+    mean_price,
+    pool_fields,
+    with_pool_prices,
+)
 from simcli.scenario.serving_precision import activation_dtype, check_precision
 from simcli.scenario.sparsity_options import sparsity_fields
 from simcli.serving.disagg import DisaggConfig
@@ -191,7 +197,7 @@ def serve_config(
             kv_transfer=o.kv_transfer or default_kv_transfer(o, hardware.gpus_per_node),
             kv_transfer_overlap=o.kv_transfer_overlap,
             decode_router=o.decode_router or "kv_aware",
-            **pool_prices(o, pools, hardware, prefill_hardware or hardware),
+            **pool_fields(o, price, (prefill_hardware or hardware).usd_per_gpu_hour),
         )
         price = mean_price(disaggregation)
     limit = model_len_limit(model, o.max_model_len)
@@ -222,31 +228,6 @@ def serve_config(
     )
 
 
-def pool_prices(
-    options: ServeOptions, pools: tuple[int, int], decode: Hardware, prefill: Hardware
-) -> dict[str, Any]:
-    """Each pool's GPU id and US$ per GPU-hour (the DisaggConfig fields)."""
-    return {
-        "prefill_gpu": options.prefill_gpu_or_gpu,
-        "decode_gpu": options.decode_gpu_or_gpu,
-        "prefill_price_per_gpu_hour": prefill.usd_per_gpu_hour,
-        "decode_price_per_gpu_hour": decode.usd_per_gpu_hour,
-    }
-
-
-def mean_price(d: DisaggConfig) -> float | None:
-    """The deployment's US$ per GPU-hour: the pools' prices weighted by their GPUs (the
-    price itself when both pools pay the same; None when a pool's price is unknown)."""
-    pp, dp = d.prefill_price_per_gpu_hour, d.decode_price_per_gpu_hour
-    if pp is None or dp is None:
-        return None
-    if pp == dp:
-        return pp
-    pg = d.prefill_replicas * (d.prefill_gpus_per_replica or 1)
-    dg = d.decode_replicas * (d.decode_gpus_per_replica or 1)
-    return (pg * pp + dg * dp) / (pg + dg)
-
-
 def resolve_deployment(
     options: ServeOptions, model: ModelConfig, drafts: tuple[ModelConfig, ...] = ()
 ) -> ServeDeployment:
@@ -255,15 +236,7 @@ def resolve_deployment(
     o = options
     ptp, dtp = o.prefill_tp_or_tp, o.decode_tp_or_tp
     pgpu, dgpu = o.prefill_gpu_or_gpu, o.decode_gpu_or_gpu
-    if o.heterogeneous:  # each pool's GPU must hold the KV cache as the other writes it
-        for pool, flag, gpu in (
-            ("prefill", "--prefill-gpu", pgpu),
-            ("decode", "--decode-gpu", dgpu),
-        ):
-            try:
-                check_precision(gpu, o.weight_dtype, o.kv_cache_dtype)  # type: ignore[arg-type]
-            except ValueError as exc:
-                raise ValueError(f"{pool} pool ({flag} {gpu}): {exc}") from None
+    check_pool_gpus(o)  # each pool's GPU exists and holds the KV cache the other writes
     hardware = serve_hardware(o, dtp, dgpu)
     if o.disaggregate and o.kv_transfer == "intra":
         per_node = hardware.gpus_per_node
@@ -492,14 +465,7 @@ def resolve_serve(options: ServeOptions) -> ServeScenario:
     """``simcli serve``'s options resolved once (see the module docstring)."""
     options.require()
     model = with_moe_imbalance(load_model(options.model), options.moe_imbalance)  # type: ignore[arg-type]
-    catalog = load_catalog()
-    catalog.gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
-    for flag, gpu in (("--prefill-gpu", options.prefill_gpu), ("--decode-gpu", options.decode_gpu)):
-        if gpu is not None:
-            try:
-                catalog.gpu(gpu)
-            except (KeyError, ValueError) as exc:
-                raise ValueError(f"{flag}: {str(exc).strip(chr(39)).splitlines()[0]}") from None
+    load_catalog().gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
     drafts = resolve_drafts(options, model)
     arrivals = resolve_arrivals(options)
     lengths = None
@@ -631,17 +597,11 @@ class CandidateDeployments:
         dep = self.deployment(candidate)
         options = self.options(candidate, replicas, pools)
         config = serve_config(options, self.model, dep.hardware, dep.prefill_hardware)
-        d = config.disaggregation
-        if not candidate.per_pool or d is None:
+        if not candidate.per_pool:
             return config
         # each pool at the search's price of its GPU (--price-per-gpu-hour GPU=USD pairs)
-        d = d.model_copy(
-            update={
-                "prefill_price_per_gpu_hour": self.prices[candidate.gpu],
-                "decode_price_per_gpu_hour": self.prices[candidate.decode_gpu_or_gpu],
-            }
-        )
-        return config.model_copy(update={"disaggregation": d, "price_per_gpu_hour": mean_price(d)})
+        c = candidate
+        return with_pool_prices(config, self.prices[c.gpu], self.prices[c.decode_gpu_or_gpu])
 
 
 def plan_deployments(

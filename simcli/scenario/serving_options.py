@@ -38,6 +38,7 @@ from simcli.scenario.config_base import (
     tokens_field,
 )
 from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
+from simcli.scenario.serving_pools import check_pool_options, default_pool_gpu, two_gpu_types
 from simcli.scenario.serving_precision import (
     KV_CACHE_DTYPE_HELP,
     WEIGHT_DTYPE_HELP,
@@ -72,7 +73,6 @@ PERCENTILE_HELP = (
 # almost all the time and the shape underflows to 0 (serve --burstiness 1e308 divided by it)
 MAX_BURSTINESS = 100.0
 BURSTINESS_WHY = "a CV of 100 already puts nearly every arrival in one burst"
-
 
 class ServeOptions(CommandConfig):
     """``simcli serve``: one deployment (model, GPUs, parallelism, scheduler, engine and the
@@ -214,21 +214,12 @@ class ServeOptions(CommandConfig):
     decode_tp: int | None = count_field(
         None, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Decode TP (default --tp)."
     )
-    prefill_gpu: str | None = Field(
-        None,
-        description="Disaggregation: GPU id of the prefill pool (default --gpu; Splitwise-HA: "
-        "h100-sxm prompt machines).",
-    )
-    decode_gpu: str | None = Field(
-        None,
-        description="Disaggregation: GPU id of the decode pool (default --gpu; Splitwise-HA: "
-        "a100-sxm-80gb token machines).",
-    )
+    prefill_gpu: str | None = Field(None, description="Disaggregation: prefill GPU (--gpu).")
+    decode_gpu: str | None = Field(None, description="Disaggregation: decode GPU (--gpu).")
     kv_transfer: Literal["inter", "intra"] | None = Field(
         None,
         description="KV link: inter (the NICs) | intra (NVLink inside one node); default: "
-        "intra when both pools fit in one node, else inter (the output's kv_transfer); pools "
-        "of two GPU types: inter, at the slower node's NIC.",
+        "intra when both pools fit in one node, else inter (the output's kv_transfer).",
     )
     kv_transfer_overlap: bool = Field(
         False, description="Send KV layer by layer during the prefill."
@@ -326,15 +317,7 @@ class ServeOptions(CommandConfig):
     def _dist(cls, v: str) -> str:
         return check_dist(v)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _pool_gpus(cls, data: object) -> object:
-        """--prefill-gpu X --decode-gpu Y without --gpu: --gpu is X (the output's gpu)."""
-        if isinstance(data, dict) and data.get("gpu") is None:
-            pre, dec = data.get("prefill_gpu"), data.get("decode_gpu")
-            if pre is not None and dec is not None:
-                return {**data, "gpu": pre}
-        return data
+    _pool_gpu = model_validator(mode="before")(default_pool_gpu)
 
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
@@ -368,23 +351,7 @@ class ServeOptions(CommandConfig):
                     "--branches with --disaggregate is not modelled; allowed: one of the two"
                 )
             self.pools()
-            if self.heterogeneous:
-                if self.kv_transfer == "intra":
-                    raise ValueError(
-                        f"--kv-transfer intra with prefill pool {self.prefill_gpu_or_gpu} and "
-                        f"decode pool {self.decode_gpu_or_gpu}: GPUs of two types never share a "
-                        "node; allowed: --kv-transfer inter (the default for them)"
-                    )
-                for flag, value in (
-                    ("--profile", self.profile),
-                    ("--composition", self.composition),
-                ):
-                    if value is not None:
-                        raise ValueError(
-                            f"{flag} fits one GPU type, the pools run {self.prefill_gpu_or_gpu} "
-                            f"and {self.decode_gpu_or_gpu}; allowed: {flag} with one GPU type "
-                            "in both pools"
-                        )
+            check_pool_options(self)
         if spec is not None and self.pp > 1:
             raise ValueError(f"--draft-model with --pp {self.pp}; allowed: --pp 1 (as in vLLM)")
         return self
@@ -407,18 +374,9 @@ class ServeOptions(CommandConfig):
     def decode_tp_or_tp(self) -> int:
         return self.decode_tp or self.tp
 
-    @property
-    def prefill_gpu_or_gpu(self) -> str | None:
-        return self.prefill_gpu or self.gpu
-
-    @property
-    def decode_gpu_or_gpu(self) -> str | None:
-        return self.decode_gpu or self.gpu
-
-    @property
-    def heterogeneous(self) -> bool:
-        """Disaggregated pools on two GPU types (Splitwise-HA)."""
-        return self.disaggregate and self.prefill_gpu_or_gpu != self.decode_gpu_or_gpu
+    prefill_gpu_or_gpu = property(lambda self: self.prefill_gpu or self.gpu)
+    decode_gpu_or_gpu = property(lambda self: self.decode_gpu or self.gpu)
+    heterogeneous = property(two_gpu_types)
 
     @property
     def total_replicas(self) -> int:
@@ -560,18 +518,8 @@ class ServePlanOptions(CommandConfig):
         description="Prefill:decode pool splits to consider (`simcli serve --disaggregate "
         "--pd-ratio`); none = prefill and decode on every replica.",
     )
-    prefill_gpu_types: str | None = Field(
-        None,
-        description="Per-pool search (Splitwise's heterogeneous pools): GPU ids of the "
-        "prefill pool of the disaggregated configs, comma-separated (default --gpu-types "
-        "when --decode-gpu-types is given); every prefill x decode pair is searched and each "
-        "pool's replica count minimised on its own.",
-    )
-    decode_gpu_types: str | None = Field(
-        None,
-        description="Per-pool search: GPU ids of the decode pool, comma-separated (default "
-        "--gpu-types when --prefill-gpu-types is given).",
-    )
+    prefill_gpu_types: str | None = Field(None, description="Per-pool search: prefill GPU ids.")
+    decode_gpu_types: str | None = Field(None, description="Per-pool search: decode GPU ids.")
     qps: float = Field(gt=0, description="Target arrival rate, requests/s.")
     prompt_len: str = Field(
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
@@ -675,13 +623,7 @@ class ServePlanOptions(CommandConfig):
     @model_validator(mode="after")
     def _some_slo(self) -> ServePlanOptions:
         self.slo()
-        pool_search = self.prefill_gpu_types or self.decode_gpu_types
-        if pool_search and not any(parse_ratios(self.pd_ratios)):
-            raise ValueError(
-                "--prefill-gpu-types/--decode-gpu-types search disaggregated pools, but "
-                f"--pd-ratios {self.pd_ratios} has none; allowed: at least one P:D ratio "
-                "(e.g. none,1:1,1:2)"
-            )
+        self.space()  # a per-pool search needs a P:D ratio
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
         so.check_sparsity_options(self)
         return self

@@ -521,16 +521,13 @@ class CandidateDeployments:
         self.model, self.space, self.slo, self.workload = model, space, slo, workload
         catalog = load_catalog()
         pre, dec = space.pool_gpus if space.pool_search else ((), ())
-        for flag, gpus in (
-            ("--gpus-types", space.gpus),
-            ("--prefill-gpu-types", pre),
-            ("--decode-gpu-types", dec),
-        ):
+        flags = ("--gpus-types", "--prefill-gpu-types", "--decode-gpu-types")
+        for flag, gpus in zip(flags, (space.gpus, pre, dec), strict=True):
             for g in gpus:
                 catalog.gpu(g)  # one-line error listing the known ids
                 check_precision(g, space.weight_dtype, space.kv_cache_dtype, gpu_flag=flag)
         self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.all_gpus}
-        self.deployments: dict[Candidate, ServeDeployment] = {}
+        self.deployments: dict[tuple, ServeDeployment] = {}
 
     def usd_per_gpu_hour(self, gpu: str) -> float:
         return self.prices[gpu]
@@ -565,8 +562,7 @@ class CandidateDeployments:
             attn_pattern=sp.attn_pattern,
             weight_sparsity=sp.weight_sparsity,
             activation_sparsity=sp.activation_sparsity,
-            # one price for both pools of a per-pool candidate would be wrong: its pools take
-            # their own prices in serve_config
+            # a per-pool candidate's pools take their own prices (serve_config)
             price_per_gpu_hour=None if c.per_pool else prices.get(c.gpu, prices.get("*")),
             qps=w.qps,
             num_requests=w.num_requests,
@@ -579,10 +575,13 @@ class CandidateDeployments:
         )
 
     def deployment(self, candidate: Candidate) -> ServeDeployment:
-        dep = self.deployments.get(candidate)
+        """Hardware and step models, shared by candidates that differ only in P:D ratio."""
+        c = candidate
+        key = (c.gpu, c.decode_gpu_or_gpu, c.per_pool, c.tp, c.scheduler, c.chunk_size)
+        dep = self.deployments.get(key)
         if dep is None:
             options = self.options(candidate, candidate.min_replicas)
-            dep = self.deployments[candidate] = resolve_deployment(options, self.model)
+            dep = self.deployments[key] = resolve_deployment(options, self.model)
         return dep
 
     def step_model(self, candidate: Candidate) -> Any:

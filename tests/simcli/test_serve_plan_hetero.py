@@ -127,6 +127,19 @@ def test_csv_has_the_pool_columns(run):
         assert k in header
 
 
+def test_table_names_both_pools(planned, run):
+    res = run("serve", "plan", *LOAD, *SLO_ARGS, *SPACE, "--top", "3", "--quiet")
+    assert res.exit_code == 0, res.output
+    top = planned["deployments"][:3]
+    best = top[0]
+    text = " ".join(res.stdout.split())
+    mixed = any(r["decode_gpu"] not in (None, r["gpu"]) for r in top)
+    assert ("decode_g" in text) == mixed  # pool columns (headers wrap in a narrow terminal)
+    if best["decode_gpu"] not in (None, best["gpu"]):
+        want = f"{best['prefill_replicas']} x 1 {best['gpu']} + {best['decode_replicas']} x 1"
+        assert want in text
+
+
 @pytest.mark.parametrize(
     "extra, needle",
     [

@@ -25,6 +25,14 @@ node, else ``inter``). Transfers leaving one prefill replica, or entering one de
 share its links: each replica's link is a FIFO resource, a transfer starts when both ends
 are free.
 
+**Pools of two GPU types** (``DisaggConfig.prefill_gpu``/``decode_gpu``; Splitwise-HA's
+H100 prompt and A100 token machines, Patel et al. ISCA 2024) never share a node, so the
+link is always ``inter``, and each lane is priced by both pools' cost models -- each over
+its own reference node's NIC (DGX A100: 200 Gb/s HDR per GPU; DGX H100: 400 Gb/s NDR) --
+taking the slower (:meth:`KVTransferModel.slowest_of`). Both pools must store the cache
+alike (:func:`check_compatible`: one model, one KV dtype). Each pool's GPUs, price, cost
+and energy are reported on their own (:func:`pool_summary`).
+
 **Layer-by-layer overlap** (``kv_transfer_overlap``; DistServe and Splitwise send each
 layer's KV as soon as it is computed): with ``L`` layers, a prefill of ``c`` seconds and a
 transfer of ``t`` seconds, layer ``i`` is sent after its compute and the previous layer's

@@ -87,9 +87,14 @@ the default attainment 0.9), then by $ per million output tokens over the simula
 last completion; lower when the run drains sooner), then by p99 end-to-end latency.
 Deterministic for a seed: the search order, the requests and the simulator are.
 
-**Simplifications.** One replica shape per deployment (no mixing GPU types; both pools
-of a disaggregated one have the same GPU, TP and scheduler, and their split is searched
-only through the given P:D ratios, not as two free counts); the scheduler's other knobs
+**Per-pool search** (``--prefill-gpu-types/--decode-gpu-types``; Splitwise's pools of two
+GPU types): each disaggregated ratio runs over the prefill x decode GPU cross product,
+bounds use each pool's step model and price, and :meth:`Planner.trim_pools` then
+minimises each pool's count (docs/disaggregation.md).
+
+**Simplifications.** One replica shape per pool (both pools of a disaggregated
+deployment share the TP and scheduler; without the per-pool search they share the GPU
+too and their split is searched only through the given P:D ratios); the scheduler's other knobs
 are ``simcli serve``'s defaults (``max_batch_size`` 256, vLLM's ``max_tokens``, block size
 16, ``gpu_memory_utilization`` 0.9, prefix caching, least-outstanding routing, recompute
 preemption, the vllm engine, no calibration profile), so ``simcli serve`` with the

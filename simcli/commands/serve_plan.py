@@ -48,13 +48,22 @@ TABLE_COLUMNS = (
 )
 
 
+# A per-pool search (--prefill-gpu-types/--decode-gpu-types) adds each pool's GPU and count
+# after ``gpu`` (then the prefill pool's GPU).
+POOL_TABLE_COLUMNS = ("decode_gpu", "prefill_replicas", "decode_replicas")
+
+
 def _table_rows(records: list[dict], slo: dict, percentile: str) -> list[dict]:
     """The table: TABLE_COLUMNS, then each given limit's metric at the SLO's percentile
     (what it is judged on) and at p99."""
     metrics = [k for k in ("ttft_s", "tpot_s", "e2e_s") if slo.get(k) is not None]
+    columns = list(TABLE_COLUMNS)
+    if any(r.get("decode_gpu") not in (None, r.get("gpu")) for r in records):
+        at = columns.index("gpu") + 1
+        columns[at:at] = POOL_TABLE_COLUMNS
     rows = []
     for r in records:
-        row = {c: r.get(c) for c in TABLE_COLUMNS}
+        row = {c: r.get(c) for c in columns}
         row |= {f"{k}_{percentile}": r.get(f"{k}_at_slo_percentile") for k in metrics}
         if percentile != "p99":
             row |= {f"{k}_p99": r.get(f"{k}_p99") for k in metrics}
@@ -118,13 +127,21 @@ def _emit(result: PlanResult, fmt: Format, scenario: ServePlanScenario) -> None:
         f"{scenario.model.id} at {scenario.workload.qps:g} qps: "
         f"{summary['configs_evaluated']} configs, "
         f"{summary['simulations_run']} simulations in {summary['search_seconds']:.2f} s; "
-        f"cheapest {best['replicas']} x {best['tp']} {best['gpu']} "
+        f"cheapest {_where(best)} "
         f"({best['scheduler']}) ${best['usd_per_hour']:.2f}/h; SLO: {scenario.slo.text()}"
     )
     rows = _table_rows(records, summary["slo"], summary["slo_percentile"])
     emit_records(rows, fmt, title=title)
     for note in summary["notes"]:
         typer.echo(f"note: {note}", err=True)
+
+
+def _where(row: dict) -> str:
+    """``3 x 1 h100-sxm``, or per pool ``1 x 1 h100-sxm + 2 x 1 a100-sxm-80gb``."""
+    if row.get("decode_gpu") in (None, row["gpu"]):
+        return f"{row['replicas']} x {row['tp']} {row['gpu']}"
+    pre, dec = row["prefill_replicas"], row["decode_replicas"]
+    return f"{pre} x {row['tp']} {row['gpu']} + {dec} x {row['tp']} {row['decode_gpu']}"
 
 
 @config_options(ServePlanOptions)

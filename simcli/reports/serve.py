@@ -73,6 +73,10 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "datasheet",
     "op_model_expected_error_pct": "expected op-time error of those models (held-out MAPE, or "
     "the documented figure for transferred and datasheet models), percent",
+    "prefill_op_model_provenance": "disaggregated: the prefill pool's op models (its own GPU "
+    "type with --prefill-gpu)",
+    "prefill_op_model_expected_error_pct": "disaggregated: expected op-time error of the "
+    "prefill pool's op models, percent",
     "requests_completed": "requests simulated to completion",
     "requests_rejected_too_long": "requests refused, not simulated: prompt longer than "
     "max_model_len (vLLM rejects them)",
@@ -131,6 +135,18 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "kv_handoff_s_p50": "disaggregated: prefill end to KV on the decode side, median, s",
     "kv_handoff_s_p99": "disaggregated: prefill end to KV on the decode side, p99, s",
     "kv_transfer_bytes": "disaggregated: KV bytes moved",
+    **{
+        f"{pool}_{k}": f"disaggregated: the {pool} pool's {what}"
+        for pool in ("prefill", "decode")
+        for k, what in (
+            ("gpu", "GPU id (--prefill-gpu / --decode-gpu, default --gpu)"),
+            ("gpus", "GPUs"),
+            ("price_per_gpu_hour", "US$ per GPU-hour"),
+            ("gpu_hours", "GPU-hours over the run"),
+            ("cost_usd", "cost, US$"),
+            ("energy_kwh", "energy (its iterations and idle GPUs by its GPU's power model), kWh"),
+        )
+    },
     "spec_k": "speculative decoding: draft tokens per step",
     "spec_drafts": "speculative decoding: draft sequences verified together",
     "spec_expected_accepted": "speculative decoding: expected accepted tokens per step",
@@ -164,7 +180,8 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "answer_accuracy": "multi-branch: fraction of completed requests whose selected answer is "
     "right (branch quality model: --branch-accuracy, --branch-length-correlation, --prm-noise)",
     "finished_branch_accuracy": "multi-branch: fraction of finished branches that are right",
-    "price_per_gpu_hour": "US$ per GPU-hour used for cost",
+    "price_per_gpu_hour": "US$ per GPU-hour used for cost (pools of two GPU types: their "
+    "GPU-weighted mean)",
     "simulation_wall_s": "wall-clock seconds the simulation took",
     "simulated_requests_per_wall_s": "requests simulated per wall-clock second",
 }
@@ -261,6 +278,16 @@ EVALUATED_SCHEMA = {
     "preemptions": SUMMARY_SCHEMA["preemptions"],
     "kv_capacity_tokens_per_replica": SUMMARY_SCHEMA["kv_capacity_tokens_per_replica"],
     "note": "why a config was not simulated",
+    **{
+        f"{pool}_{k}": f"disaggregated: the {pool} pool's {what}"
+        for pool in ("prefill", "decode")
+        for k, what in (
+            ("gpu", "GPU id"),
+            ("tp", "tensor-parallel GPUs per replica"),
+            ("gpus", "GPUs"),
+            ("usd_per_gpu_hour", "US$ per GPU-hour"),
+        )
+    },
 }
 
 DEPLOYMENTS_SCHEMA = {
@@ -291,7 +318,21 @@ DEPLOYMENTS_SCHEMA = {
     "throughput_tokens_per_s": SUMMARY_SCHEMA["throughput_tokens_per_s"],
     "preemptions": SUMMARY_SCHEMA["preemptions"],
     "kv_capacity_tokens_per_replica": SUMMARY_SCHEMA["kv_capacity_tokens_per_replica"],
-    "attainment_one_fewer": "attainment with one replica fewer (upper bound if stopped early)",
+    "attainment_one_fewer": "attainment with one replica fewer (upper bound if stopped early; "
+    "per-pool search: the better of one prefill or one decode replica fewer)",
+    **{
+        f"{pool}_{k}": f"disaggregated: the {pool} pool's {what}"
+        for pool in ("prefill", "decode")
+        for k, what in (
+            ("gpu", "GPU id"),
+            ("tp", "tensor-parallel GPUs per replica"),
+            ("gpus", "GPUs"),
+            ("usd_per_gpu_hour", "US$ per GPU-hour"),
+        )
+    },
+    "attainment_one_fewer_prefill": "per-pool search: attainment with one prefill replica "
+    "fewer (empty: the pool has one)",
+    "attainment_one_fewer_decode": "per-pool search: attainment with one decode replica fewer",
 }
 
 CSV_SCHEMAS: dict[str, dict[str, str]] = {
@@ -514,7 +555,8 @@ def serve_report(
     }  # fmt: skip
     if out.get("disaggregated"):
         setup |= {k: out.get(k) for k in ("prefill_replicas", "decode_replicas", "prefill_tp",
-                                          "decode_tp", "kv_transfer")}  # fmt: skip
+                                          "decode_tp", "prefill_gpu", "decode_gpu",
+                                          "kv_transfer")}  # fmt: skip
     setup["cost model"] = cost_model
     slo_text = ", ".join(f"{k} <= {v:g} s" for k, v in slos.items() if v is not None)
     setup["SLOs"] = slo_text or "none given"

@@ -34,6 +34,12 @@ from simcli.scenario.serving_options import (
     ServePlanOptions,
     StepOptions,
 )
+from simcli.scenario.serving_pools import (
+    check_pool_gpus,
+    mean_price,
+    pool_fields,
+    with_pool_prices,
+)
 from simcli.scenario.serving_precision import activation_dtype, check_precision
 from simcli.scenario.sparsity_options import sparsity_fields
 from simcli.serving.disagg import DisaggConfig
@@ -142,10 +148,11 @@ class ServeDeployment:
         )
 
 
-def serve_hardware(options: ServeOptions, tp: int) -> Hardware:
-    """``--gpu`` x ``tp * --pp`` with ``--profile`` and ``--price-per-gpu-hour``."""
+def serve_hardware(options: ServeOptions, tp: int, gpu: str | None = None) -> Hardware:
+    """``gpu`` (default ``--gpu``; a pool's ``--prefill-gpu``/``--decode-gpu``) x ``tp *
+    --pp`` with ``--profile`` and ``--price-per-gpu-hour``."""
     return resolve_hardware(
-        options.gpu,  # type: ignore[arg-type]
+        gpu or options.gpu,  # type: ignore[arg-type]
         tp * options.pp,
         profile=options.profile,
         price_usd_per_gpu_hour=options.price_per_gpu_hour,
@@ -157,17 +164,26 @@ def default_kv_transfer(options: ServeOptions, gpus_per_node: int) -> str:
     fits in one node, so no transfer leaves it; else ``inter`` (the NICs)."""
     o = options
     pools = o.pools()
-    if pools is None:
+    if pools is None or o.heterogeneous:  # two GPU types: two kinds of node
         return "inter"
     gpus = (pools[0] * o.prefill_tp_or_tp + pools[1] * o.decode_tp_or_tp) * o.pp
     return "intra" if gpus <= gpus_per_node else "inter"
 
 
-def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) -> ServeConfig:
+def serve_config(
+    options: ServeOptions,
+    model: ModelConfig,
+    hardware: Hardware,
+    prefill_hardware: Hardware | None = None,
+) -> ServeConfig:
     """The simulator's config of a deployment: scheduler, memory budget, routing, the
-    optional features, and from ``hardware`` the KV swap rate and the price."""
+    optional features, and from ``hardware`` the KV swap rate and the price (disaggregated:
+    ``hardware`` the decode pool's, ``prefill_hardware`` the prefill pool's, each pool
+    priced by its own GPU; the run's price per GPU-hour is their GPU-weighted mean, so that
+    GPU-hours x price is the sum of the pools' costs)."""
     o = options
     pools = o.pools()
+    price = hardware.usd_per_gpu_hour
     branching = o.branching()
     if branching is not None and o.trace is None:  # extra branches draw the workload's DIST
         branching = branching.model_copy(update={"output_len": parse_dist(o.output_len)})
@@ -181,7 +197,9 @@ def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) 
             kv_transfer=o.kv_transfer or default_kv_transfer(o, hardware.gpus_per_node),
             kv_transfer_overlap=o.kv_transfer_overlap,
             decode_router=o.decode_router or "kv_aware",
+            **pool_fields(o, price, (prefill_hardware or hardware).usd_per_gpu_hour),
         )
+        price = mean_price(disaggregation)
     limit = model_len_limit(model, o.max_model_len)
     return ServeConfig(
         max_model_len=limit,
@@ -206,7 +224,7 @@ def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) 
         swap_bytes_per_s=hardware.host_copy_bytes_per_s,
         slo_ttft_s=o.slo_ttft_s,
         slo_tpot_s=o.slo_tpot_s,
-        price_per_gpu_hour=hardware.usd_per_gpu_hour,
+        price_per_gpu_hour=price,
     )
 
 
@@ -217,7 +235,9 @@ def resolve_deployment(
     (``drafts``: the loaded ``--draft-model`` and ``--spec-hierarchy`` models)."""
     o = options
     ptp, dtp = o.prefill_tp_or_tp, o.decode_tp_or_tp
-    hardware = serve_hardware(o, dtp)
+    pgpu, dgpu = o.prefill_gpu_or_gpu, o.decode_gpu_or_gpu
+    check_pool_gpus(o)  # each pool's GPU exists and holds the KV cache the other writes
+    hardware = serve_hardware(o, dtp, dgpu)
     if o.disaggregate and o.kv_transfer == "intra":
         per_node = hardware.gpus_per_node
         if (ptp + dtp) * o.pp > per_node:
@@ -226,7 +246,9 @@ def resolve_deployment(
                 f"{ptp * o.pp} + {dtp * o.pp} GPUs > {per_node} per {o.gpu} node; allowed: "
                 "--kv-transfer inter, or smaller replicas"
             )
-    config = serve_config(o, model, hardware)
+    same = ptp == dtp and pgpu == dgpu  # one step model serves both pools
+    pre_hw = hardware if not o.disaggregate or same else serve_hardware(o, ptp, pgpu)
+    config = serve_config(o, model, hardware, pre_hw)
     sched = config.scheduler
     kw: dict[str, Any] = dict(
         pp=o.pp,
@@ -239,13 +261,11 @@ def resolve_deployment(
         max_num_batched_tokens=o.chunk_size if o.scheduler == "sarathi" else sched.max_tokens,
         max_num_seqs=o.max_batch_size,
     )
-    pre_hw = hardware
     if o.disaggregate:
-        pre_hw = hardware if ptp == dtp else serve_hardware(o, ptp)
         pre = build_step_model(model, pre_hw, tp=ptp, attn_pattern=o.attn_pattern, **kw)
         step = (
             pre
-            if dtp == ptp
+            if same
             else build_step_model(model, hardware, tp=dtp, attn_pattern=o.attn_pattern, **kw)
         )
     else:
@@ -363,9 +383,10 @@ class ServeScenario:
         o = self.options
         pools = o.pools()
         if pools is not None:
+            pre_gpu = f" {o.prefill_gpu_or_gpu}" if o.heterogeneous else ""
             where = (
-                f"{pools[0]} x {o.prefill_tp_or_tp * o.pp} + {pools[1]} x "
-                f"{o.decode_tp_or_tp * o.pp} {o.gpu} (prefill + decode)"
+                f"{pools[0]} x {o.prefill_tp_or_tp * o.pp}{pre_gpu} + {pools[1]} x "
+                f"{o.decode_tp_or_tp * o.pp} {o.decode_gpu_or_gpu} (prefill + decode)"
             )
         else:
             where = f"{o.replicas} x {o.tp * o.pp} {o.gpu}"
@@ -404,8 +425,13 @@ class ServeScenario:
             "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
             "weight_gib_per_gpu": weight_gib_per_gpu(self.deployment.step),
             **provenance_fields(self.deployment.hardware.cost_model),
+            # the prefill pool's op models (its own GPU type when heterogeneous)
+            **{
+                f"prefill_{k}": v if disaggregated else None
+                for k, v in provenance_fields(self.deployment.prefill_hardware.cost_model).items()
+            },
             **summary,
-            "price_per_gpu_hour": self.deployment.hardware.usd_per_gpu_hour,
+            "price_per_gpu_hour": self.deployment.config.price_per_gpu_hour,
             "simulation_wall_s": wall_s,
             "simulated_requests_per_wall_s": summary["requests_completed"] / wall_s
             if wall_s > 0
@@ -494,18 +520,29 @@ class CandidateDeployments:
     def __init__(self, model: ModelConfig, space: PlanSpace, slo: SLO, workload: Workload):
         self.model, self.space, self.slo, self.workload = model, space, slo, workload
         catalog = load_catalog()
-        for g in space.gpus:
-            catalog.gpu(g)  # one-line error listing the known ids
-            check_precision(g, space.weight_dtype, space.kv_cache_dtype, gpu_flag="--gpus-types")
-        self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.gpus}
-        self.deployments: dict[Candidate, ServeDeployment] = {}
+        pre, dec = space.pool_gpus if space.pool_search else ((), ())
+        flags = ("--gpus-types", "--prefill-gpu-types", "--decode-gpu-types")
+        for flag, gpus in zip(flags, (space.gpus, pre, dec), strict=True):
+            for g in gpus:
+                catalog.gpu(g)  # one-line error listing the known ids
+                check_precision(g, space.weight_dtype, space.kv_cache_dtype, gpu_flag=flag)
+        self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.all_gpus}
+        self.deployments: dict[tuple, ServeDeployment] = {}
 
     def usd_per_gpu_hour(self, gpu: str) -> float:
         return self.prices[gpu]
 
-    def options(self, candidate: Candidate, replicas: int) -> ServeOptions:
-        """The ``simcli serve`` flags of ``candidate`` with ``replicas`` replicas."""
+    def options(
+        self, candidate: Candidate, replicas: int, pools: tuple[int, int] | None = None
+    ) -> ServeOptions:
+        """The ``simcli serve`` flags of ``candidate`` with ``replicas`` replicas (split by
+        its ratio), or with explicit ``pools`` (prefill, decode) of a per-pool search."""
         c, sp, w, prices = candidate, self.space, self.workload, self.space.prices
+        per_pool: dict[str, Any] = {}
+        if c.per_pool:
+            per_pool = {"decode_gpu": c.decode_gpu}
+            if pools is not None:
+                per_pool |= {"prefill_replicas": pools[0], "decode_replicas": pools[1]}
         return ServeOptions(
             model=self.model.id,
             gpu=c.gpu,
@@ -514,7 +551,8 @@ class CandidateDeployments:
             scheduler=c.scheduler,  # type: ignore[arg-type]
             chunk_size=c.chunk_size or 512,
             disaggregate=c.pd_ratio is not None,
-            pd_ratio=c.pd_ratio,
+            pd_ratio=c.pd_ratio if pools is None or not c.per_pool else None,
+            **per_pool,
             max_batch_size=sp.max_batch_size,
             block_size=sp.block_size,
             gpu_memory_utilization=sp.gpu_memory_utilization,
@@ -524,7 +562,8 @@ class CandidateDeployments:
             attn_pattern=sp.attn_pattern,
             weight_sparsity=sp.weight_sparsity,
             activation_sparsity=sp.activation_sparsity,
-            price_per_gpu_hour=prices.get(c.gpu, prices.get("*")),
+            # a per-pool candidate's pools take their own prices (serve_config)
+            price_per_gpu_hour=None if c.per_pool else prices.get(c.gpu, prices.get("*")),
             qps=w.qps,
             num_requests=w.num_requests,
             prompt_len=w.prompt_len,
@@ -536,18 +575,32 @@ class CandidateDeployments:
         )
 
     def deployment(self, candidate: Candidate) -> ServeDeployment:
-        dep = self.deployments.get(candidate)
+        """Hardware and step models, shared by candidates that differ only in P:D ratio."""
+        c = candidate
+        key = (c.gpu, c.decode_gpu_or_gpu, c.per_pool, c.tp, c.scheduler, c.chunk_size)
+        dep = self.deployments.get(key)
         if dep is None:
             options = self.options(candidate, candidate.min_replicas)
-            dep = self.deployments[candidate] = resolve_deployment(options, self.model)
+            dep = self.deployments[key] = resolve_deployment(options, self.model)
         return dep
 
     def step_model(self, candidate: Candidate) -> Any:
         return self.deployment(candidate).step
 
-    def serve_config(self, candidate: Candidate, replicas: int) -> ServeConfig:
-        hardware = self.deployment(candidate).hardware
-        return serve_config(self.options(candidate, replicas), self.model, hardware)
+    def prefill_step_model(self, candidate: Candidate) -> Any:
+        return self.deployment(candidate).prefill_step
+
+    def serve_config(
+        self, candidate: Candidate, replicas: int, pools: tuple[int, int] | None = None
+    ) -> ServeConfig:
+        dep = self.deployment(candidate)
+        options = self.options(candidate, replicas, pools)
+        config = serve_config(options, self.model, dep.hardware, dep.prefill_hardware)
+        if not candidate.per_pool:
+            return config
+        # each pool at the search's price of its GPU (--price-per-gpu-hour GPU=USD pairs)
+        c = candidate
+        return with_pool_prices(config, self.prices[c.gpu], self.prices[c.decode_gpu_or_gpu])
 
 
 def plan_deployments(

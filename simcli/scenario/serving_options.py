@@ -38,6 +38,7 @@ from simcli.scenario.config_base import (
     tokens_field,
 )
 from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
+from simcli.scenario.serving_pools import check_pool_options, default_pool_gpu, two_gpu_types
 from simcli.scenario.serving_precision import (
     KV_CACHE_DTYPE_HELP,
     WEIGHT_DTYPE_HELP,
@@ -213,6 +214,8 @@ class ServeOptions(CommandConfig):
     decode_tp: int | None = count_field(
         None, MAX_GPUS_PER_STAGE, "GPUs per replica", description="Decode TP (default --tp)."
     )
+    prefill_gpu: str | None = Field(None, description="Disaggregation: prefill GPU (--gpu).")
+    decode_gpu: str | None = Field(None, description="Disaggregation: decode GPU (--gpu).")
     kv_transfer: Literal["inter", "intra"] | None = Field(
         None,
         description="KV link: inter (the NICs) | intra (NVLink inside one node); default: "
@@ -314,6 +317,8 @@ class ServeOptions(CommandConfig):
     def _dist(cls, v: str) -> str:
         return check_dist(v)
 
+    _pool_gpu = model_validator(mode="before")(default_pool_gpu)
+
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
@@ -329,6 +334,8 @@ class ServeOptions(CommandConfig):
                 ("--decode-tp", self.decode_tp),
                 ("--kv-transfer", self.kv_transfer),
                 ("--decode-router", self.decode_router),
+                ("--prefill-gpu", self.prefill_gpu),
+                ("--decode-gpu", self.decode_gpu),
             ):
                 if value is not None:
                     raise ValueError(f"{flag} needs --disaggregate")
@@ -344,6 +351,7 @@ class ServeOptions(CommandConfig):
                     "--branches with --disaggregate is not modelled; allowed: one of the two"
                 )
             self.pools()
+            check_pool_options(self)
         if spec is not None and self.pp > 1:
             raise ValueError(f"--draft-model with --pp {self.pp}; allowed: --pp 1 (as in vLLM)")
         return self
@@ -365,6 +373,10 @@ class ServeOptions(CommandConfig):
     @property
     def decode_tp_or_tp(self) -> int:
         return self.decode_tp or self.tp
+
+    prefill_gpu_or_gpu = property(lambda self: self.prefill_gpu or self.gpu)
+    decode_gpu_or_gpu = property(lambda self: self.decode_gpu or self.gpu)
+    heterogeneous = property(two_gpu_types)
 
     @property
     def total_replicas(self) -> int:
@@ -506,6 +518,8 @@ class ServePlanOptions(CommandConfig):
         description="Prefill:decode pool splits to consider (`simcli serve --disaggregate "
         "--pd-ratio`); none = prefill and decode on every replica.",
     )
+    prefill_gpu_types: str | None = Field(None, description="Per-pool search: prefill GPU ids.")
+    decode_gpu_types: str | None = Field(None, description="Per-pool search: decode GPU ids.")
     qps: float = Field(gt=0, description="Target arrival rate, requests/s.")
     prompt_len: str = Field(
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
@@ -576,10 +590,11 @@ class ServePlanOptions(CommandConfig):
     def _dist(cls, v: str) -> str:
         return check_dist(v)
 
-    @field_validator("gpu_types")
+    @field_validator("gpu_types", "prefill_gpu_types", "decode_gpu_types")
     @classmethod
-    def _gpu_list(cls, v: str) -> str:
-        parse_list(v)
+    def _gpu_list(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_list(v)
         return v
 
     @field_validator("tp", "chunk_sizes")
@@ -608,6 +623,7 @@ class ServePlanOptions(CommandConfig):
     @model_validator(mode="after")
     def _some_slo(self) -> ServePlanOptions:
         self.slo()
+        self.space()  # a per-pool search needs a P:D ratio
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
         so.check_sparsity_options(self)
         return self
@@ -621,8 +637,11 @@ class ServePlanOptions(CommandConfig):
             # refused one by one in CandidateDeployments)
             catalog = load_catalog()
             gpus = [g for g in gpus if catalog.gpu(g).supports("fp8")]
+        pre, dec = self.prefill_gpu_types, self.decode_gpu_types
         return PlanSpace(
             gpus=gpus,
+            prefill_gpus=parse_list(pre) if pre else None,
+            decode_gpus=parse_list(dec) if dec else None,
             tp=parse_ints(self.tp),
             schedulers=parse_list(self.schedulers),  # type: ignore[arg-type]
             chunk_sizes=parse_ints(self.chunk_sizes),

@@ -25,6 +25,14 @@ node, else ``inter``). Transfers leaving one prefill replica, or entering one de
 share its links: each replica's link is a FIFO resource, a transfer starts when both ends
 are free.
 
+**Pools of two GPU types** (``DisaggConfig.prefill_gpu``/``decode_gpu``; Splitwise-HA's
+H100 prompt and A100 token machines, Patel et al. ISCA 2024) never share a node, so the
+link is always ``inter``, and each lane is priced by both pools' cost models -- each over
+its own reference node's NIC (DGX A100: 200 Gb/s HDR per GPU; DGX H100: 400 Gb/s NDR) --
+taking the slower (:meth:`KVTransferModel.slowest_of`). Both pools must store the cache
+alike (:func:`check_compatible`: one model, one KV dtype). Each pool's GPUs, price, cost
+and energy are reported on their own (:func:`pool_summary`).
+
 **Layer-by-layer overlap** (``kv_transfer_overlap``; DistServe and Splitwise send each
 layer's KV as soon as it is computed): with ``L`` layers, a prefill of ``c`` seconds and a
 transfer of ``t`` seconds, layer ``i`` is sent after its compute and the previous layer's
@@ -48,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcli.serving.requests import Sequence
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
@@ -73,6 +81,30 @@ class DisaggConfig(BaseModel):
     kv_transfer: Literal["intra", "inter"] = "inter"
     kv_transfer_overlap: bool = False
     decode_router: Literal["round_robin", "least_outstanding", "kv_aware"] = "kv_aware"
+    # Heterogeneous pools (Splitwise-HA: H100 prompt machines, A100 token machines): each
+    # pool's GPU id and US$ per GPU-hour, for the per-pool outputs (None: the run's)
+    prefill_gpu: str | None = None
+    decode_gpu: str | None = None
+    prefill_price_per_gpu_hour: float | None = Field(default=None, ge=0)
+    decode_price_per_gpu_hour: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _link(self) -> DisaggConfig:
+        if self.heterogeneous and self.kv_transfer == "intra":
+            raise ValueError(
+                f"kv_transfer intra between prefill pool {self.prefill_gpu} and decode pool "
+                f"{self.decode_gpu}: GPUs of two types never share a node; allowed: inter"
+            )
+        return self
+
+    @property
+    def heterogeneous(self) -> bool:
+        """The pools run on different GPU types."""
+        return (
+            self.prefill_gpu is not None
+            and self.decode_gpu is not None
+            and self.prefill_gpu != self.decode_gpu
+        )
 
 
 class KVTransferModel:
@@ -126,6 +158,31 @@ class KVTransferModel:
             )
             frame = normalise_frame(frame.reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS]))
             return np.asarray(cost_model.predict_many(frame, validated=True), dtype=float)
+
+        return cls(lane_seconds, bytes_per_token, lanes=lanes, layers=layers, overlap=overlap)
+
+    @classmethod
+    def slowest_of(
+        cls,
+        cost_models: list[Any],
+        bytes_per_token: float,
+        *,
+        lanes: int = 1,
+        layers: int = 1,
+        overlap: bool = False,
+    ) -> KVTransferModel:
+        """Pools on different GPU types (never in one node): each lane is one ``send_recv``
+        between two nodes priced by *each* side's cost model (its reference node's NIC,
+        e.g. DGX A100's 200 Gb/s HDR, DGX H100's 400 Gb/s NDR) and takes the slower: a
+        transfer cannot leave or enter a node faster than that node's NIC."""
+        sides = [
+            cls.from_cost_model(cm, bytes_per_token, inter_node=True, lanes=lanes)
+            for cm in cost_models
+        ]
+
+        def lane_seconds(nbytes: np.ndarray) -> np.ndarray:
+            tokens = nbytes * lanes / bytes_per_token
+            return np.max([[s.seconds(int(round(t))) for t in tokens] for s in sides], axis=0)
 
         return cls(lane_seconds, bytes_per_token, lanes=lanes, layers=layers, overlap=overlap)
 
@@ -289,10 +346,103 @@ class Disaggregation:
         return events
 
 
+def check_compatible(pre: Any, dec: Any) -> None:
+    """The decode pool must read the KV cache the prefill pool wrote: the same model and
+    the same KV element type (a block moves byte for byte; vLLM's disaggregated connectors
+    and Splitwise send the cache as is). One line naming both when not."""
+    pm, dm = getattr(pre, "model", None), getattr(dec, "model", None)
+    if pm is not None and dm is not None and pm.id != dm.id:
+        raise ValueError(
+            f"the prefill pool serves {pm.id}, the decode pool {dm.id}; allowed: one model "
+            "in both pools (the KV cache moves between them)"
+        )
+    pk, dk = getattr(pre, "kv_cache_dtype", None), getattr(dec, "kv_cache_dtype", None)
+    if pk is not None and dk is not None and pk != dk:
+        raise ValueError(
+            f"the prefill pool stores its KV cache in {pk}, the decode pool in {dk}; "
+            "allowed: one KV cache dtype in both pools (--kv-cache-dtype a GPU of each pool "
+            "supports)"
+        )
+
+
+def default_transfer(
+    dis: DisaggConfig, pre: Any, dec: Any, pre_gpus: int, dec_gpus: int
+) -> KVTransferModel:
+    """The KV transfer of ``dis`` priced by the pools' op cost models: ``min(pre_gpus,
+    dec_gpus)`` lanes of ``send_recv`` over the NIC (``inter``) or the node's fabric
+    (``intra``); pools of two GPU types over the slower of their nodes' NICs
+    (:meth:`KVTransferModel.slowest_of`)."""
+    check_compatible(pre, dec)
+    models = [getattr(pre, "cost_model", None)]
+    if dis.heterogeneous:
+        models.append(getattr(dec, "cost_model", None))
+    if any(cm is None for cm in models):
+        raise ValueError(
+            "disaggregation needs a KV transfer model: pass kv_transfer= (the step model has "
+            "no cost_model to price send_recv)"
+        )
+    kw: dict[str, Any] = dict(
+        lanes=min(pre_gpus, dec_gpus),
+        layers=getattr(getattr(pre, "model", None), "num_layers", 1),
+        overlap=dis.kv_transfer_overlap,
+    )
+    # a KV head replicated over TP ranks is moved once: the smaller per-token footprint
+    bytes_per_token = min(float(pre.kv_bytes_per_token), float(dec.kv_bytes_per_token))
+    if dis.heterogeneous:
+        return KVTransferModel.slowest_of(models, bytes_per_token, **kw)
+    return KVTransferModel.from_cost_model(
+        models[0], bytes_per_token, inter_node=dis.kv_transfer == "inter", **kw
+    )
+
+
+def pool_summary(
+    dis: DisaggConfig | None,
+    prefill: list[Replica],
+    decode: list[Replica],
+    duration_s: float,
+    price_per_gpu_hour: float | None,
+) -> dict[str, Any]:
+    """Per-pool keys of a disaggregated run (None when not disaggregated): each pool's GPU
+    type, GPUs, price, GPU-hours, cost, and energy (its iterations by its own power model,
+    its idle GPUs at its own idle power) when the run prices energy."""
+    keys = ("gpu", "gpus", "price_per_gpu_hour", "gpu_hours", "cost_usd", "energy_kwh")
+    out: dict[str, Any] = {f"{p}_{k}": None for p in ("prefill", "decode") for k in keys}
+    if dis is None:
+        return out
+    # a meter both pools share cannot split its joules between them
+    shared = {id(r.energy) for r in prefill} & {id(r.energy) for r in decode}
+    for name, reps, gpu, price in (
+        ("prefill", prefill, dis.prefill_gpu, dis.prefill_price_per_gpu_hour),
+        ("decode", decode, dis.decode_gpu, dis.decode_price_per_gpu_hour),
+    ):
+        price = price if price is not None else price_per_gpu_hour
+        gpus = sum(r.gpus for r in reps)
+        hours = gpus * duration_s / 3600.0
+        meters = {id(r.energy): r.energy for r in reps if r.energy is not None}
+        joules = None
+        if len(meters) == 1 and not shared & set(meters):
+            meter = next(iter(meters.values()))
+            busy_gpu_s = sum(e.busy_s * r.gpus / r.pp for r in reps for e in r.engines)
+            idle = max(gpus * duration_s - busy_gpu_s, 0.0)
+            joules = meter.busy_joules() + idle * meter.idle_w
+        out |= {
+            f"{name}_gpu": gpu,
+            f"{name}_gpus": gpus,
+            f"{name}_price_per_gpu_hour": price,
+            f"{name}_gpu_hours": hours,
+            f"{name}_cost_usd": hours * price if price is not None else None,
+            f"{name}_energy_kwh": joules / 3.6e6 if joules is not None else None,
+        }
+    return out
+
+
 __all__ = [
     "DisaggConfig",
     "Disaggregation",
     "KVTransferModel",
     "TransferDone",
     "TransferStats",
+    "check_compatible",
+    "default_transfer",
+    "pool_summary",
 ]

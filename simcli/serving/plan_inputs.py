@@ -132,6 +132,16 @@ class PlanSpace(BaseModel):
         description="None: prefill and decode on every replica; 'P:D': disaggregated pools "
         "splitting the replicas P:D (as `simcli serve --disaggregate --pd-ratio`)",
     )
+    prefill_gpus: tuple[str, ...] | None = Field(
+        default=None,
+        description="per-pool search (Splitwise's heterogeneous pools): GPU ids of the "
+        "prefill pool of the disaggregated configs (None: gpus, or no per-pool search)",
+    )
+    decode_gpus: tuple[str, ...] | None = Field(
+        default=None,
+        description="per-pool search: GPU ids of the decode pool (None: gpus, or no per-pool "
+        "search)",
+    )
     max_replicas: int = Field(default=64, gt=0)
     max_batch_size: int = Field(default=256, gt=0, description="running sequences per replica")
     block_size: int = Field(default=16, gt=0)
@@ -166,6 +176,39 @@ class PlanSpace(BaseModel):
         if not v:
             raise ValueError("empty list; allowed: at least one value")
         return tuple(dict.fromkeys(v))
+
+    @field_validator("prefill_gpus", "decode_gpus")
+    @classmethod
+    def _pool_gpus(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None and not v:
+            raise ValueError("empty list; allowed: at least one GPU id")
+        return None if v is None else tuple(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _pool_search(self) -> PlanSpace:
+        if self.pool_search and not any(self.pd_ratios):
+            raise ValueError(
+                "--prefill-gpu-types/--decode-gpu-types search disaggregated pools, but "
+                "--pd-ratios has none; allowed: at least one P:D ratio (e.g. none,1:1,1:2)"
+            )
+        return self
+
+    @property
+    def pool_search(self) -> bool:
+        """Disaggregated configs search each pool's GPU type and count (the prefill x
+        decode GPU cross product, trimmed pool by pool)."""
+        return self.prefill_gpus is not None or self.decode_gpus is not None
+
+    @property
+    def pool_gpus(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(prefill, decode) GPU ids of the per-pool search."""
+        return self.prefill_gpus or self.gpus, self.decode_gpus or self.gpus
+
+    @property
+    def all_gpus(self) -> tuple[str, ...]:
+        """Every GPU id the search may price, in first-seen order."""
+        pre, dec = self.pool_gpus if self.pool_search else ((), ())
+        return tuple(dict.fromkeys((*self.gpus, *pre, *dec)))
 
     @field_validator("tp", "chunk_sizes")
     @classmethod
@@ -220,33 +263,47 @@ def split_replicas(replicas: int, ratio: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One point of a :class:`PlanSpace`; its replica count is what the search finds."""
+    """One point of a :class:`PlanSpace`; its replica count is what the search finds.
+    ``decode_gpu`` (per-pool search only): the decode pool's GPU, ``gpu`` then the prefill
+    pool's; such a candidate's counts are searched pool by pool."""
 
     gpu: str
     tp: int
     scheduler: str
     chunk_size: int | None  # sarathi only
     pd_ratio: str | None = None  # disaggregated prefill:decode pools
+    decode_gpu: str | None = None  # per-pool search: the decode pool's GPU
+
+    @property
+    def per_pool(self) -> bool:
+        return self.decode_gpu is not None
+
+    @property
+    def decode_gpu_or_gpu(self) -> str:
+        return self.decode_gpu or self.gpu
 
     @property
     def label(self) -> str:
         chunk = f" chunk={self.chunk_size}" if self.chunk_size else ""
         pd = f" pd={self.pd_ratio}" if self.pd_ratio else ""
-        return f"{self.gpu} tp={self.tp} {self.scheduler}{chunk}{pd}"
+        gpu = f"{self.gpu}->{self.decode_gpu}" if self.per_pool else self.gpu
+        return f"{gpu} tp={self.tp} {self.scheduler}{chunk}{pd}"
 
     @property
     def min_replicas(self) -> int:
         return 2 if self.pd_ratio else 1
 
-    def shape(self, replicas: int) -> tuple:
-        """What is simulated: equal for two ratios that split ``replicas`` alike."""
-        return (
+    def shape(self, replicas: int, pools: tuple[int, int] | None = None) -> tuple:
+        """What is simulated: equal for two ratios that split ``replicas`` alike
+        (``pools``: a per-pool search's explicit (prefill, decode) counts)."""
+        shape = (
             self.gpu,
             self.tp,
             self.scheduler,
             self.chunk_size,
-            self.pools(replicas) or replicas,
+            pools or self.pools(replicas) or replicas,
         )
+        return (*shape, self.decode_gpu) if self.decode_gpu not in (None, self.gpu) else shape
 
     def pools(self, replicas: int) -> tuple[int, int] | None:
         """(prefill, decode) replicas of a disaggregated config, as ``simcli serve

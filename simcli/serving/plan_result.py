@@ -19,6 +19,7 @@ class Probe:
     summary: dict[str, Any] | None  # the simulator's summary of a complete run
     # TTFT, TPOT, E2E at the SLO's percentile (SLO.at_percentile; None when stopped early)
     at_slo: dict[str, float] | None = None
+    pools: tuple[int, int] | None = None  # (prefill, decode) replicas when disaggregated
 
 
 @dataclass
@@ -29,6 +30,23 @@ class Deployment:
     probe: Probe
     fewer: Probe | None  # replicas - 1, simulated and missing the SLO (None: replicas == 1)
     slo: SLO | None = None  # what the deployment meets (for its margin)
+    # per-pool search (Candidate.per_pool): the (prefill, decode) counts found, the decode
+    # pool's price (usd_per_gpu_hour is the prefill pool's), and the probes with one
+    # prefill / one decode replica fewer (None where the pool has one)
+    pools: tuple[int, int] | None = None
+    decode_usd_per_gpu_hour: float | None = None
+    fewer_prefill: Probe | None = None
+    fewer_decode: Probe | None = None
+
+    @property
+    def shape(self) -> tuple:
+        """What was simulated (:meth:`Candidate.shape`)."""
+        return self.candidate.shape(self.replicas, self.pools)
+
+    @property
+    def pool_counts(self) -> tuple[int, int] | None:
+        """(prefill, decode) replicas, or None when colocated."""
+        return self.pools or self.candidate.pools(self.replicas)
 
     @property
     def gpus(self) -> int:
@@ -36,7 +54,18 @@ class Deployment:
 
     @property
     def usd_per_hour(self) -> float:
-        return self.gpus * self.usd_per_gpu_hour
+        if self.decode_usd_per_gpu_hour in (None, self.usd_per_gpu_hour):
+            return self.gpus * self.usd_per_gpu_hour
+        p, d = self.pool_counts  # type: ignore[misc]
+        tp = self.candidate.tp
+        return tp * (p * self.usd_per_gpu_hour + d * self.decode_usd_per_gpu_hour)
+
+    @property
+    def mean_usd_per_gpu_hour(self) -> float:
+        """US$ per GPU-hour over the deployment's GPUs (the pools' GPU-weighted mean)."""
+        if self.decode_usd_per_gpu_hour in (None, self.usd_per_gpu_hour):
+            return self.usd_per_gpu_hour
+        return self.usd_per_hour / self.gpus
 
     @property
     def usd_per_million_output_tokens(self) -> float:
@@ -70,6 +99,8 @@ class Deployment:
             c.scheduler,
             c.chunk_size or 0,
             c.pd_ratio or "",
+            c.decode_gpu or "",
+            self.pool_counts or (),
         )
 
     def record(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -77,7 +108,7 @@ class Deployment:
         (:data:`SETTING_COLUMNS`), the same for every deployment."""
         s = self.probe.summary or {}
         c = self.candidate
-        pools = c.pools(self.replicas)
+        pools = self.pool_counts
         return {
             "gpu": c.gpu,
             "tp": c.tp,
@@ -88,7 +119,7 @@ class Deployment:
             "prefill_replicas": pools[0] if pools else None,
             "decode_replicas": pools[1] if pools else None,
             "gpus": self.gpus,
-            "usd_per_gpu_hour": self.usd_per_gpu_hour,
+            "usd_per_gpu_hour": self.mean_usd_per_gpu_hour,
             "usd_per_hour": self.usd_per_hour,
             "usd_per_million_output_tokens": self.usd_per_million_output_tokens,
             "slo_attainment": self.probe.attainment,
@@ -110,7 +141,39 @@ class Deployment:
             },
             # attainment with one replica fewer (an upper bound when that run stopped early)
             "attainment_one_fewer": self.fewer.attainment if self.fewer else None,
+            **pool_columns(c, pools, self.usd_per_gpu_hour, self.decode_usd_per_gpu_hour),
+            "attainment_one_fewer_prefill": self.fewer_prefill.attainment
+            if self.fewer_prefill
+            else None,
+            "attainment_one_fewer_decode": self.fewer_decode.attainment
+            if self.fewer_decode
+            else None,
         }
+
+
+def pool_columns(
+    c: Candidate,
+    pools: tuple[int, int] | None,
+    usd_per_gpu_hour: float,
+    decode_usd_per_gpu_hour: float | None,
+) -> dict[str, Any]:
+    """Each pool's GPU type, TP, GPUs and price (None when colocated): the flags of
+    ``simcli serve --disaggregate --prefill-gpu --decode-gpu --prefill-replicas
+    --decode-replicas``."""
+    if pools is None:
+        keys = ("gpu", "tp", "gpus", "usd_per_gpu_hour")
+        return {f"{p}_{k}": None for p in ("prefill", "decode") for k in keys}
+    dec_price = usd_per_gpu_hour if decode_usd_per_gpu_hour is None else decode_usd_per_gpu_hour
+    return {
+        "prefill_gpu": c.gpu,
+        "prefill_tp": c.tp,
+        "prefill_gpus": pools[0] * c.tp,
+        "prefill_usd_per_gpu_hour": usd_per_gpu_hour,
+        "decode_gpu": c.decode_gpu_or_gpu,
+        "decode_tp": c.tp,
+        "decode_gpus": pools[1] * c.tp,
+        "decode_usd_per_gpu_hour": dec_price,
+    }
 
 
 def slo_margin(slo: SLO | None, at_slo: dict[str, float] | None) -> float:
@@ -222,11 +285,12 @@ class PlanResult:
         simulated, and one row (``replicas`` None) per config left without a simulation.
         ``status`` is one of :data:`EVALUATED_STATUS`; ``rank`` is set for the returned
         deployments."""
-        ranks = {(d.candidate, d.replicas): i + 1 for i, d in enumerate(self.deployments)}
+        ranks = {(d.candidate, d.replicas, d.pools): i + 1 for i, d in enumerate(self.deployments)}
         prices = {d.candidate.gpu: d.usd_per_gpu_hour for d in self.deployments}
         rows: list[dict[str, Any]] = []
         for c, outcome, note, probes in self.searched:
             price = prices.get(c.gpu, self.prices.get(c.gpu, math.nan))
+            dec_price = self.prices.get(c.decode_gpu_or_gpu, math.nan) if c.per_pool else None
             base = {
                 "config": c.label,
                 "gpu": c.gpu,
@@ -241,14 +305,22 @@ class PlanResult:
                 rows.append({"rank": None, **base, "replicas": None, "status": outcome,
                              "note": note})  # fmt: skip
                 continue
-            for r in sorted(probes):
-                pr = probes[r]
-                pools = c.pools(r)
+            ordered = sorted(probes.values(), key=lambda p: (p.replicas, p.pools or ()))
+            seen: set[int] = set()
+            for pr in ordered:
+                if id(pr) in seen:  # a probe once (a ratio's count and its explicit pools)
+                    continue
+                seen.add(id(pr))
+                r = pr.replicas
+                pools = pr.pools or c.pools(r)
+                explicit = pools if c.per_pool else None
                 s = pr.summary or {}
                 gpus = r * c.tp
                 tokens = s.get("output_tokens") or 0
                 usd_h = gpus * price
-                rank = ranks.get((c, r))
+                if dec_price not in (None, price) and pools is not None:
+                    usd_h = c.tp * (pools[0] * price + pools[1] * dec_price)
+                rank = ranks.get((c, r, explicit))
                 if rank is not None:
                     status = "ranked"
                 elif pr.passed:
@@ -278,8 +350,11 @@ class PlanResult:
                         "status": status,
                         **{k: s.get(k) for k in PROBE_METRICS},
                         "note": "",
+                        **pool_columns(c, pools, price, dec_price),
                     }
                 )
+                if dec_price not in (None, price):  # the pools' GPU-weighted mean
+                    rows[-1]["usd_per_gpu_hour"] = usd_h / gpus if gpus else math.nan
         return rows
 
 

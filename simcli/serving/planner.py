@@ -87,9 +87,14 @@ the default attainment 0.9), then by $ per million output tokens over the simula
 last completion; lower when the run drains sooner), then by p99 end-to-end latency.
 Deterministic for a seed: the search order, the requests and the simulator are.
 
-**Simplifications.** One replica shape per deployment (no mixing GPU types; both pools
-of a disaggregated one have the same GPU, TP and scheduler, and their split is searched
-only through the given P:D ratios, not as two free counts); the scheduler's other knobs
+**Per-pool search** (``--prefill-gpu-types/--decode-gpu-types``; Splitwise's pools of two
+GPU types): each disaggregated ratio runs over the prefill x decode GPU cross product,
+bounds use each pool's step model and price, and :meth:`Planner.trim_pools` then
+minimises each pool's count (docs/disaggregation.md).
+
+**Simplifications.** One replica shape per pool (both pools of a disaggregated
+deployment share the TP and scheduler; without the per-pool search they share the GPU
+too and their split is searched only through the given P:D ratios); the scheduler's other knobs
 are ``simcli serve``'s defaults (``max_batch_size`` 256, vLLM's ``max_tokens``, block size
 16, ``gpu_memory_utilization`` 0.9, prefix caching, least-outstanding routing, recompute
 preemption, the vllm engine, no calibration profile), so ``simcli serve`` with the
@@ -205,18 +210,25 @@ class DeploymentBuilder(Protocol):
 
     def step_model(self, candidate: Candidate) -> StepModelLike: ...
 
-    def serve_config(self, candidate: Candidate, replicas: int) -> ServeConfig: ...
+    def prefill_step_model(self, candidate: Candidate) -> StepModelLike: ...
+
+    def serve_config(
+        self, candidate: Candidate, replicas: int, pools: tuple[int, int] | None = None
+    ) -> ServeConfig: ...
 
 
 @dataclass
 class _State:
     config: Candidate
-    step: Any = None
+    step: Any = None  # every replica's (disaggregated: the decode pool's)
+    pre_step: Any = None  # per-pool search: the prefill pool's
     sched: SchedulerConfig | None = None
-    kv_capacity: int = 0
+    kv_capacity: int = 0  # a (decode) replica's KV tokens
     r_lb: int = 1
     r_est: int = 1
+    pool_lb: tuple[int, int] = (1, 1)  # per-pool search: fewest (prefill, decode) replicas
     probes: dict[int, Probe] = field(default_factory=dict)
+    pool_probes: dict[tuple[int, int], Probe] = field(default_factory=dict)  # explicit pools
     outcome: str = ""  # how the search left the config (see EVALUATED_STATUS)
     note: str = ""
 
@@ -240,7 +252,7 @@ class Planner:
         self.model = model
         self.space, self.slo, self.workload, self.top = space, slo, workload, top
         self.builder = builder
-        self.prices = {g: builder.usd_per_gpu_hour(g) for g in space.gpus}
+        self.prices = {g: builder.usd_per_gpu_hour(g) for g in space.all_gpus}
         # every deployment serves at most the model's max_position_embeddings (what `simcli
         # serve` defaults --max-model-len to): longer prompts are refused, outputs cut, once
         # here for all probes and bounds, as the simulator would for each
@@ -294,24 +306,52 @@ class Planner:
 
     # --- configs -----------------------------------------------------------------------
     def configs(self) -> list[Candidate]:
+        """The space's configs; with a per-pool search every disaggregated ratio runs over
+        the cross product of prefill and decode GPU types."""
+        sp = self.space
         out = []
-        for g in self.space.gpus:
-            for tp in self.space.tp:
-                for s in self.space.schedulers:
-                    chunks = self.space.chunk_sizes if s == "sarathi" else (None,)
-                    for c in chunks:
-                        out.extend(Candidate(g, tp, s, c, r) for r in self.space.pd_ratios)
+        pairs = [(p, d) for p in sp.pool_gpus[0] for d in sp.pool_gpus[1]]
+        for tp in sp.tp:
+            for s in sp.schedulers:
+                chunks = sp.chunk_sizes if s == "sarathi" else (None,)
+                for c in chunks:
+                    for r in sp.pd_ratios:
+                        if r is not None and sp.pool_search:
+                            out.extend(Candidate(p, tp, s, c, r, d) for p, d in pairs)
+                        else:
+                            out.extend(Candidate(g, tp, s, c, r) for g in sp.gpus)
+        if not sp.pool_search:  # the order of earlier releases: by GPU first
+            order = {g: i for i, g in enumerate(sp.gpus)}
+            out.sort(key=lambda c: order[c.gpu])
         return out
+
+    def usd_per_hour(
+        self, c: Candidate, replicas: int, pools: tuple[int, int] | None = None
+    ) -> float:
+        """$/hour of ``c`` at ``replicas`` (a per-pool candidate: each pool at its GPU's
+        price; ``pools`` its explicit counts)."""
+        if not c.per_pool:
+            return replicas * c.tp * self.prices[c.gpu]
+        p, d = pools or c.pools(replicas)  # type: ignore[misc]
+        if c.decode_gpu == c.gpu:
+            return (p + d) * c.tp * self.prices[c.gpu]
+        return c.tp * (p * self.prices[c.gpu] + d * self.prices[c.decode_gpu_or_gpu])
 
     def _prepare(self, st: _State) -> str | None:
         """Build the step model and the bounds; a note when the config is out."""
         c = st.config
         try:
             st.step = self.builder.step_model(c)
+            st.pre_step = self.builder.prefill_step_model(c) if c.per_pool else st.step
             base = self.builder.serve_config(c, c.min_replicas)
-            self.result.cost_model_labels.setdefault(c.gpu, str(getattr(st.step, "label", "")))
+            labels = self.result.cost_model_labels
+            labels.setdefault(c.decode_gpu_or_gpu, str(getattr(st.step, "label", "")))
+            labels.setdefault(c.gpu, str(getattr(st.pre_step, "label", "")))
             st.kv_capacity = int(
                 st.step.kv_capacity_tokens(base.block_size, base.gpu_memory_utilization)
+            )
+            pre_capacity = int(
+                st.pre_step.kv_capacity_tokens(base.block_size, base.gpu_memory_utilization)
             )
         except ValueError as exc:  # StepError / ModelError: the model does not fit
             return str(exc).splitlines()[0]
@@ -328,12 +368,22 @@ class Planner:
         longest = int((self.prompts + self.outputs - 1).max())
         if _held_units(st.step, longest, bs) > _capacity_units(st.step, st.kv_capacity, bs):
             return f"a request needs {longest} tokens of KV cache, a replica holds {st.kv_capacity}"
+        prompt = int(self.prompts.max())
+        if c.per_pool and _held_units(st.pre_step, prompt, bs) > _capacity_units(
+            st.pre_step, pre_capacity, bs
+        ):
+            return (
+                f"a prompt needs {prompt} tokens of KV cache, a {c.gpu} prefill replica holds "
+                f"{pre_capacity}"
+            )
         st.sched = base.scheduler
         return None
 
     def idle_attainment(self, st: _State) -> float:
-        """Fraction of requests meeting the SLO (2% slack) alone on an idle replica."""
-        sm, c = st.step, st.config
+        """Fraction of requests meeting the SLO (2% slack) alone on an idle replica (per-pool
+        search: the prompt on an idle prefill replica, its decode on an idle decode one)."""
+        c = st.config
+        sm = st.pre_step if st.pre_step is not None else st.step
         none = np.zeros(0, np.int64)
         ttft_of: dict[int, float] = {}
         for p in np.unique(self.prompts).tolist():
@@ -348,6 +398,7 @@ class Planner:
             ttft_of[p] = t
         ttft = np.array([ttft_of[p] for p in self.prompts.tolist()])
         ctx = self.prompts + self.outputs // 2
+        sm = st.step
         dec_of = {x: sm.step_s(none, none, np.array([x])) for x in np.unique(ctx).tolist()}
         tpot = np.array([dec_of[x] for x in ctx.tolist()])
         e2e = ttft + (self.outputs - 1) * tpot
@@ -379,7 +430,8 @@ class Planner:
         dec = decodes * (one + per_key * ctx)
         plen = max(1, min(round(float(prompts.mean())), budget))
         k = max(1, budget // plen)
-        tok_s = sm.step_s(np.full(k, plen), np.zeros(k, np.int64), none) / (k * plen)
+        pre_sm = st.pre_step if st.pre_step is not None else sm  # the prefill pool's
+        tok_s = pre_sm.step_s(np.full(k, plen), np.zeros(k, np.int64), none) / (k * plen)
         pre = prompts * tok_s
         t0, t1 = self.arrivals[0], self.arrivals[-1]
         n_all = len(prompts)
@@ -399,6 +451,7 @@ class Planner:
         if c.pd_ratio:  # separate pools: each does its own share of the work
             need_pre = max([least(pre, n_good) / w for w in windows], default=0.0)
             need_dec = least(dec, n_good) / windows[0] if self.slo.e2e_s is not None else 0.0
+            st.pool_lb = (max(1, up(need_pre)), max(1, up(need_dec)))
             r_lb = self._fewest_split(c, up(need_pre), up(need_dec), 2)
             est = self._fewest_split(c, up(pre.sum() / span), up(dec.sum() / span), r_lb)
             return r_lb, est
@@ -434,17 +487,26 @@ class Planner:
         return r
 
     # --- probes ------------------------------------------------------------------------
-    def probe(self, st: _State, replicas: int) -> Probe:
+    def probe(self, st: _State, replicas: int, pools: tuple[int, int] | None = None) -> Probe:
+        """Simulate ``st``'s config at ``replicas`` (split by its ratio), or at explicit
+        ``pools`` (prefill, decode) in a per-pool search; cached by simulated shape."""
         c = st.config
-        shape = c.shape(replicas)
-        hit = st.probes.get(replicas) or self._probes.get(shape)
+        shape = c.shape(replicas, pools)
+        mine = st.probes if pools is None else st.pool_probes
+        key: Any = replicas if pools is None else pools
+        hit = mine.get(key) or self._probes.get(shape)
         if hit is not None:  # two P:D ratios can split a count the same way
-            st.probes[replicas] = hit
+            mine[key] = hit
             return hit
         n = len(self.arrivals)
         judge = _Judge(self.slo, n)
-        cfg = self.builder.serve_config(c, replicas)
-        sim = Simulator(st.step, cfg, kv_capacity_tokens=st.kv_capacity, sink=judge)
+        cfg = self.builder.serve_config(c, replicas, pools)
+        if c.per_pool:  # each pool its own step model and KV capacity
+            sim = Simulator(
+                st.step, cfg, prefill_step_model=st.pre_step, decode_step_model=st.step, sink=judge
+            )
+        else:
+            sim = Simulator(st.step, cfg, kv_capacity_tokens=st.kv_capacity, sink=judge)
         self.result.simulations_run += 1
         try:
             # the compiled loop: its start (~0.7 s) is shared by every probe of the search
@@ -457,8 +519,35 @@ class Planner:
             probe = Probe(
                 replicas, judge.bad <= judge.budget, att, False, dict(summary), judge.at_slo()
             )
-        st.probes[replicas] = self._probes[shape] = probe
+        probe.pools = pools or c.pools(replicas)
+        mine[key] = self._probes[shape] = probe
         return probe
+
+    def trim_pools(self, st: _State, hi: Probe) -> tuple[Probe, Probe | None, Probe | None]:
+        """Per-pool search: from the ratio's fewest passing count, take replicas off one pool
+        at a time while the SLO still holds -- the pool whose replica costs more first --
+        until one replica fewer in either pool (simulated) misses it. Returns (the passing
+        probe, the failing probe with one prefill replica fewer, with one decode replica
+        fewer; None where that pool has one replica)."""
+        c = st.config
+        pools = hi.pools or c.pools(hi.replicas)
+        assert pools is not None
+        dearer_decode = self.prices[c.decode_gpu_or_gpu] > self.prices[c.gpu]
+        order = (1, 0) if dearer_decode else (0, 1)
+        while True:
+            fewer: dict[int, Probe | None] = {0: None, 1: None}
+            progressed = False
+            for which in order:
+                while pools[which] > 1:
+                    trial = (pools[0] - 1, pools[1]) if which == 0 else (pools[0], pools[1] - 1)
+                    p = self.probe(st, sum(trial), trial)
+                    if not p.passed:
+                        fewer[which] = p
+                        break
+                    hi, pools, progressed = p, trial, True
+            if not progressed:  # both neighbours of the final counts simulated and failing
+                break
+        return hi, fewer[0], fewer[1]
 
     def search_replicas(self, st: _State, cap: int) -> tuple[Probe | None, Probe | None]:
         """(the probe of the fewest replicas meeting the SLO, or None within ``cap``; the
@@ -503,7 +592,7 @@ class Planner:
 
     # --- driver ------------------------------------------------------------------------
     def _kth_cost(self) -> float:
-        costs = {d.candidate.shape(d.replicas): d.usd_per_hour for d in self.result.deployments}
+        costs = {d.shape: d.usd_per_hour for d in self.result.deployments}
         if len(costs) < self.top:
             return math.inf
         return sorted(costs.values())[self.top - 1]
@@ -519,7 +608,7 @@ class Planner:
         heap: list[tuple[float, int, int, _State]] = []
         for i, st in enumerate(states):
             c = st.config
-            heapq.heappush(heap, (c.min_replicas * c.tp * self.prices[c.gpu], 0, i, st))
+            heapq.heappush(heap, (self.usd_per_hour(c, c.min_replicas), 0, i, st))
         pruned: list[str] = []
         skipped: dict[tuple[str, int, str], list[str]] = {}  # (gpu, tp, why) -> configs
         while heap:
@@ -548,7 +637,9 @@ class Planner:
                     self._finish(st, "infeasible", f"idle replica: {idle:.1%} meet the SLO")
                     continue
                 st.r_lb, st.r_est = self.replica_bounds(st)
-                heapq.heappush(heap, (st.r_lb * c.tp * price, 1, i, st))
+                # per-pool search: each pool at least its own work bound
+                lb = self.usd_per_hour(c, st.r_lb, st.pool_lb if c.per_pool else None)
+                heapq.heappush(heap, (lb, 1, i, st))
                 continue
             if st.r_lb > self.space.max_replicas:
                 res.configs_infeasible += 1
@@ -563,8 +654,9 @@ class Planner:
             kth = self._kth_cost()
             cap = self.space.max_replicas
             if math.isfinite(kth):
-                cap = min(cap, int(math.floor((kth + 1e-9) / (c.tp * price))))
-            if st.r_lb > cap:
+                cheapest = min(price, self.prices[c.decode_gpu_or_gpu])
+                cap = min(cap, int(math.floor((kth + 1e-9) / (c.tp * cheapest))))
+            if (sum(st.pool_lb) if c.per_pool else st.r_lb) > cap:
                 pruned.append(c.label)
                 self._finish(st, "pruned", "cost bound above the top deployments")
                 continue
@@ -588,8 +680,29 @@ class Planner:
                     )
                     self._finish(st, "infeasible", f"SLO missed with {cap} replicas")
                 continue
-            fewer = st.probes.get(passed.replicas - 1)
-            res.deployments.append(Deployment(c, passed.replicas, price, passed, fewer, self.slo))
+            if c.per_pool:  # fewest replicas pool by pool, each checked one fewer
+                passed, f_pre, f_dec = self.trim_pools(st, passed)
+                fewers = [f for f in (f_pre, f_dec) if f is not None]
+                fewer = max(fewers, key=lambda f: f.attainment) if fewers else None
+                res.deployments.append(
+                    Deployment(
+                        c,
+                        passed.replicas,
+                        price,
+                        passed,
+                        fewer,
+                        self.slo,
+                        pools=passed.pools,
+                        decode_usd_per_gpu_hour=self.prices[c.decode_gpu_or_gpu],
+                        fewer_prefill=f_pre,
+                        fewer_decode=f_dec,
+                    )  # fmt: skip
+                )
+            else:
+                fewer = st.probes.get(passed.replicas - 1)
+                res.deployments.append(
+                    Deployment(c, passed.replicas, price, passed, fewer, self.slo)
+                )
             self._finish(st, "feasible")
         for (gpu, tp, why), labels in skipped.items():
             n = len(labels)
@@ -606,12 +719,14 @@ class Planner:
         seen: set[tuple] = set()
         unique = []
         for d in res.deployments:  # one entry per simulated shape (P:D ratios can coincide)
-            shape = d.candidate.shape(d.replicas)
+            shape = d.shape
             if shape not in seen:
                 seen.add(shape)
                 unique.append(d)
         res.deployments = unique[: self.top]
-        res.searched = [(st.config, st.outcome, st.note, dict(st.probes)) for st in states]
+        res.searched = [
+            (st.config, st.outcome, st.note, {**st.probes, **st.pool_probes}) for st in states
+        ]
         res.search_seconds = time.perf_counter() - t0
         return res
 

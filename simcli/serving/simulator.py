@@ -38,7 +38,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from simcli.serving import fastpath
 from simcli.serving.batch import CappedDecodeBatch, StepModelLike
 from simcli.serving.branches import BranchConfig, BranchState, BranchStats
-from simcli.serving.disagg import DisaggConfig, Disaggregation, KVTransferModel
+from simcli.serving.disagg import (
+    DisaggConfig,
+    Disaggregation,
+    KVTransferModel,
+    check_compatible,
+    default_transfer,
+    pool_summary,
+)
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.replica import Replica
 from simcli.serving.requests import (
@@ -319,8 +326,12 @@ class Simulator:
                 build(dis.prefill_replicas + i, dec_model, dec_cap, dg, dec_meter)
                 for i in range(dis.decode_replicas)
             ]
-            if kv_transfer is None:
-                kv_transfer = _default_transfer(dis, pre_model, dec_model, pg, dg)
+            try:  # the decode pool reads what the prefill pool wrote
+                check_compatible(pre_model, dec_model)
+                if kv_transfer is None:
+                    kv_transfer = default_transfer(dis, pre_model, dec_model, pg, dg)
+            except ValueError as exc:
+                raise SimulationError(str(exc).splitlines()[0]) from None
             self.disagg = Disaggregation(dis, pre, dec, kv_transfer, sched.max_seqs, self.metrics)
             self.replicas = pre + dec
             self.entry = pre
@@ -542,10 +553,20 @@ class Simulator:
         meters = {id(r.energy): r.energy for r in self.replicas if r.energy is not None}
         if m.energy is not None or meters:
             # iterations priced by the power model, idle power for the rest of the run
-            busy_gpu_s = sum(e.busy_s * r.gpus / r.pp for r in self.replicas for e in r.engines)
-            idle_gpu_s = max(gpus * dur - busy_gpu_s, 0.0)
-            idle_w = next(iter(meters.values())).idle_w if meters else m.energy.idle_w  # type: ignore[union-attr]
-            joules = sum(mt.busy_joules() for mt in meters.values()) + idle_gpu_s * idle_w
+            # idle GPUs at their own idle power (pools of two GPU types differ)
+            idle_ws = {mt.idle_w for mt in meters.values()}
+            if len(idle_ws) > 1:
+                idle_j = sum(
+                    max(r.gpus * dur - sum(e.busy_s * r.gpus / r.pp for e in r.engines), 0.0)
+                    * r.energy.idle_w  # type: ignore[union-attr]
+                    for r in self.replicas
+                )
+            else:
+                busy_gpu_s = sum(e.busy_s * r.gpus / r.pp for r in self.replicas for e in r.engines)
+                idle_gpu_s = max(gpus * dur - busy_gpu_s, 0.0)
+                idle_w = next(iter(idle_ws)) if meters else m.energy.idle_w  # type: ignore[union-attr]
+                idle_j = idle_gpu_s * idle_w
+            joules = sum(mt.busy_joules() for mt in meters.values()) + idle_j
             out["energy_kwh"] = joules / 3.6e6
             out["energy_j_per_output_token"] = joules / m.output_tokens if m.output_tokens else None
         else:
@@ -614,6 +635,13 @@ class Simulator:
         out["kv_handoff_s_p50"] = h.quantile(0.5) if h.n else None
         out["kv_handoff_s_p99"] = h.quantile(0.99) if h.n else None
         out["kv_transfer_bytes"] = st.bytes if st is not None else None
+        out |= pool_summary(
+            dis,
+            d.prefill if d is not None else [],
+            d.decode if d is not None else [],
+            self.metrics.duration_s,
+            cfg.price_per_gpu_hour,
+        )
         sp, ss = cfg.speculative, self.spec_stats
         out["spec_k"] = sp.k if sp else None
         out["spec_drafts"] = sp.drafts if sp else None
@@ -690,26 +718,6 @@ def _meter_for(model: StepModelLike, default: EnergyMeter | None) -> EnergyMeter
     if default is None:
         return None
     return EnergyMeter.for_step_model(model) or default
-
-
-def _default_transfer(
-    dis: DisaggConfig, pre: StepModelLike, dec: StepModelLike, pre_gpus: int, dec_gpus: int
-) -> KVTransferModel:
-    cost_model = getattr(pre, "cost_model", None)
-    if cost_model is None:
-        raise SimulationError(
-            "disaggregation needs a KV transfer model: pass kv_transfer= (the step model has "
-            "no cost_model to price send_recv)"
-        )
-    model = getattr(pre, "model", None)
-    return KVTransferModel.from_cost_model(
-        cost_model,
-        min(float(pre.kv_bytes_per_token), float(dec.kv_bytes_per_token)),
-        inter_node=dis.kv_transfer == "inter",
-        lanes=min(pre_gpus, dec_gpus),
-        layers=getattr(model, "num_layers", 1),
-        overlap=dis.kv_transfer_overlap,
-    )
 
 
 def simulate(

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from workloads.lengths import LengthDist
+from workloads.lengths import DatasetLengths, LengthDist
 
 
 class TraceError(ValueError):
@@ -221,6 +221,11 @@ class SyntheticSpec(BaseModel):
     )
     prompt_len: LengthDist | None = None
     output_len: LengthDist | None = None
+    joint: DatasetLengths | None = Field(
+        default=None,
+        description="draw (prompt, output) pairs from this dataset, correlated (instead of "
+        "prompt_len and output_len independently)",
+    )
     shared_prefix_len: int = Field(
         default=0, ge=0, description="tokens of shared prefix prepended to every prompt"
     )
@@ -297,7 +302,11 @@ def synthetic_requests(
 ) -> RequestStream:
     """Requests with Poisson/gamma arrivals; lengths from the spec's distributions, or, with
     ``empirical = (prompts, outputs)``, rows of a trace drawn with replacement."""
-    if empirical is None and (spec.prompt_len is None or spec.output_len is None):
+    if (
+        empirical is None
+        and spec.joint is None
+        and (spec.prompt_len is None or spec.output_len is None)
+    ):
         raise ValueError("synthetic requests need prompt and output length distributions")
     return RequestStream(
         lambda: _synthetic_chunks(spec, empirical), spec.shared_prefix_len > 0, spec.num_requests
@@ -319,7 +328,9 @@ def _synthetic_chunks(
             gaps = rng.exponential(1.0 / spec.qps, n)
         else:
             gaps = rng.gamma(shape, 1.0 / (spec.qps * shape), n)
-        if empirical is None:
+        if empirical is None and spec.joint is not None:
+            prompts, outputs = spec.joint.sample(n, rng)
+        elif empirical is None:
             prompts = spec.prompt_len.sample(n, rng)  # type: ignore[union-attr]
             outputs = spec.output_len.sample(n, rng)  # type: ignore[union-attr]
         else:

@@ -110,8 +110,7 @@ def parse_columns(text: str, unit: str = "s") -> Layout:
     if unit not in TIME_UNITS:
         raise TraceError(f"unknown --trace-time-unit {unit!r}; allowed: {', '.join(TIME_UNITS)}")
     return Layout(
-        "csv", cols.get("arrival"), cols["prompt"], cols["output"], TIME_UNITS[unit],
-        arrival_optional=True,
+        "csv", cols.get("arrival"), cols["prompt"], cols["output"], TIME_UNITS[unit]
     )  # fmt: skip
 
 

@@ -337,7 +337,7 @@ def _time(where: str, line: int, col: str, cell: object, unit_s: float) -> float
         value = math.nan
     if not math.isfinite(value) or value < 0:
         raise TraceError(f"{where} line {line}: {col} {text!r} is invalid; allowed: a time >= 0")
-    return value * unit_s
+    return value * unit_s if unit_s >= 1 else value / round(1.0 / unit_s)  # 1900 ms: 1.9 s
 
 
 def trace_source(

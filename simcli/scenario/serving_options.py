@@ -37,6 +37,7 @@ from simcli.scenario.config_base import (
     option_flag,
     tokens_field,
 )
+from simcli.scenario.load_options import LOAD_FIELDS, QPS_HELP, LoadOptions, TimeUnit, TraceFormat
 from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
 from simcli.scenario.serving_precision import (
     KV_CACHE_DTYPE_HELP,
@@ -57,7 +58,6 @@ from simcli.serving.plan_inputs import (
 )
 from simcli.serving.schedulers import SCHEDULERS
 from simcli.serving.spec import SpecConfig
-from workloads.lengths import DATASETS, dataset
 from workloads.models import moe_imbalance_field
 
 DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
@@ -73,93 +73,9 @@ PERCENTILE_HELP = (
 # almost all the time and the shape underflows to 0 (serve --burstiness 1e308 divided by it)
 MAX_BURSTINESS = 100.0
 BURSTINESS_WHY = "a CV of 100 already puts nearly every arrival in one burst"
-# --gamma-shape k is vLLM's --burstiness (CV = 1 / sqrt(k)): the CV bound above, as a shape
-MIN_GAMMA_SHAPE = 1.0 / MAX_BURSTINESS**2
-# Load as benchmarks generate it (simcli.serving.load, simcli.serving.traces); the fields
-# are shared by serve and serve plan
-QPS_HELP = "Mean arrival rate, requests/s (inf: every request at t = 0, offline)"
-LOAD_FIELDS = {
-    "max_concurrency": lambda: count_field(
-        None,
-        MAX_REQUESTS,
-        "2^31 - 1",
-        description="Closed loop: at most N requests in flight, the next sent when one "
-        "completes (vllm bench serve --max-concurrency; with --qps inf: N clients back to "
-        "back, as genai-perf --concurrency). Latencies count from the send.",
-    ),
-    "gamma_shape": lambda: Field(
-        None,
-        ge=MIN_GAMMA_SHAPE,
-        description="Gamma shape k of the inter-arrival gaps, as vllm bench serve "
-        "--burstiness (1 Poisson, < 1 burstier, > 1 smoother; CV = 1/sqrt(k)); instead "
-        "of --burstiness, which is the CV.",
-        json_schema_extra={"gt_why": BURSTINESS_WHY},
-    ),
-    "dataset": lambda: Field(
-        None,
-        description="Request lengths of a serving benchmark's dataset, input and output "
-        "drawn together (their correlation kept): " + ", ".join(DATASETS) + "; sets "
-        "--prompt-len/--output-len (docs/workloads.md).",
-    ),
-}
 
 
-def load_lengths(cls: type, data: object) -> object:
-    """``--dataset NAME``: both length DISTs of that dataset (one joint draw); an output
-    DIST ``dataset:NAME`` means its output side. Runs before validation."""
-    if not isinstance(data, dict):
-        return data
-    out = dict(data)
-    name = out.get("dataset")
-    if name is not None:
-        dataset(name)  # one line listing the datasets
-        for key in ("prompt_len", "output_len"):
-            given = out.get(key)
-            if given is not None and given != cls.model_fields[key].default:
-                raise ValueError(
-                    f"--dataset {name} sets --{key.replace('_', '-')} (given {given!r}); "
-                    "allowed: one of the two"
-                )
-        out["prompt_len"] = f"dataset:{name.strip().lower()}:input"
-        out["output_len"] = f"dataset:{name.strip().lower()}:output"
-    ol = out.get("output_len")
-    if isinstance(ol, str) and ol.strip().lower().startswith("dataset:") and ol.count(":") == 1:
-        out["output_len"] = ol.strip() + ":output"
-    return out
-
-
-def check_load(o: object) -> None:
-    """The load flags together: one of --burstiness and --gamma-shape."""
-    if getattr(o, "gamma_shape", None) is not None and getattr(o, "burstiness", 1.0) != 1.0:
-        raise ValueError(
-            "--gamma-shape (vLLM's --burstiness) and --burstiness (the CV) say the same "
-            "thing; allowed: one of the two"
-        )
-
-
-def gamma_cv(o: object) -> float:
-    shape = getattr(o, "gamma_shape", None)
-    return 1.0 / math.sqrt(shape) if shape is not None else getattr(o, "burstiness", 1.0)
-
-
-def parse_rates(text: str, flag: str) -> tuple[float, ...]:
-    """``1,2,4,inf`` -> (1.0, 2.0, 4.0, inf): positive rates, requests/s."""
-    out = []
-    for item in text.split(","):
-        try:
-            v = float(item.strip())
-        except ValueError:
-            v = math.nan
-        if not v > 0:
-            raise ValueError(
-                f"{flag} {text!r}: {item.strip()!r} is not a rate; allowed: positive numbers "
-                "or inf, comma-separated (e.g. 1,2,4,inf)"
-            )
-        out.append(v)
-    return tuple(out)
-
-
-class ServeOptions(CommandConfig):
+class ServeOptions(LoadOptions):
     """``simcli serve``: one deployment (model, GPUs, parallelism, scheduler, engine and the
     optional disaggregation, speculative decoding and multi-branch features) and the
     requests it serves. Not to be confused with the simulator's
@@ -194,12 +110,7 @@ class ServeOptions(CommandConfig):
         description=f"{QPS_HELP}; with --trace: resample its lengths.",
         json_schema_extra={"allow_inf": True},
     )
-    qps_sweep: str | None = Field(
-        None,
-        description="Run once per arrival rate, comma-separated requests/s (inf allowed), "
-        "e.g. 1,2,4,8,inf: one row per rate in the output (instead of --qps).",
-    )
-    max_concurrency: int | None = LOAD_FIELDS["max_concurrency"]()
+    qps_sweep: str | None = LOAD_FIELDS["qps_sweep"]()
     burstiness: float = Field(
         1.0,
         gt=0,
@@ -207,28 +118,14 @@ class ServeOptions(CommandConfig):
         description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma).",
         json_schema_extra={"le_why": BURSTINESS_WHY},
     )
-    gamma_shape: float | None = LOAD_FIELDS["gamma_shape"]()
     trace: Path | None = Field(
         None,
         description="CSV arrival_s,prompt_tokens,output_tokens[,prefix_id,prefix_tokens] to "
         "replay (arrival times in seconds), or a public trace (--trace-format).",
     )
-    trace_format: Literal["auto", "simcli", "azure", "mooncake", "burstgpt", "vidur", "csv"] = (
-        Field(
-            "auto",
-            description="--trace layout: auto (by its header) | simcli | azure (Splitwise/"
-            "Azure LLM inference) | mooncake (JSON lines) | burstgpt | vidur | csv "
-            "(--trace-columns).",
-        )
-    )
-    trace_columns: str | None = Field(
-        None,
-        description="--trace-format csv: arrival=COL,prompt=COL,output=COL (arrival may be "
-        "left out with --qps).",
-    )
-    trace_time_unit: Literal["s", "ms", "us", "datetime"] = Field(
-        "s", description="--trace-format csv: unit of the arrival column: s | ms | us | datetime"
-    )
+    trace_format: TraceFormat = LOAD_FIELDS["trace_format"]()
+    trace_columns: str | None = LOAD_FIELDS["trace_columns"]()
+    trace_time_unit: TimeUnit = LOAD_FIELDS["trace_time_unit"]()
     num_requests: int | None = count_field(
         None,
         MAX_REQUESTS,
@@ -239,7 +136,6 @@ class ServeOptions(CommandConfig):
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
-    dataset: str | None = LOAD_FIELDS["dataset"]()
     shared_prefix_len: int = tokens_field(
         0, ge=0, description="Shared prefix prepended to every prompt, tokens."
     )
@@ -420,11 +316,6 @@ class ServeOptions(CommandConfig):
         "prm-best (best PRM score).",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _load_lengths(cls, data: object) -> object:
-        return load_lengths(cls, data)
-
     @field_validator("prompt_len", "output_len")
     @classmethod
     def _dist(cls, v: str) -> str:
@@ -432,19 +323,6 @@ class ServeOptions(CommandConfig):
 
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
-        check_load(self)
-        if self.trace is None:
-            for flag, bad in (
-                ("--trace-format", self.trace_format != "auto"),
-                ("--trace-columns", self.trace_columns is not None),
-                ("--trace-time-unit", self.trace_time_unit != "s"),
-            ):
-                if bad:
-                    raise ValueError(f"{flag} needs --trace FILE")
-        if self.qps_sweep is not None:
-            if self.qps is not None:
-                raise ValueError("--qps-sweep replaces --qps; allowed: one of the two")
-            self.sweep_rates()
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
         so.check_sparsity_options(self)
         spec = self.speculative()
@@ -485,15 +363,6 @@ class ServeOptions(CommandConfig):
                 raise ValueError(f"{flag} is required (or run `simcli serve plan`)")
         if self.qps is None and self.trace is None and self.qps_sweep is None:
             raise ValueError("give --qps X (synthetic arrivals) or --trace FILE (replay), or both")
-
-    def sweep_rates(self) -> tuple[float, ...]:
-        """``--qps-sweep`` as rates, requests/s (``inf`` allowed)."""
-        return parse_rates(self.qps_sweep or "", "--qps-sweep")
-
-    @property
-    def arrival_cv(self) -> float:
-        """CV of the gamma gaps: ``--burstiness``, or ``1/sqrt(--gamma-shape)``."""
-        return gamma_cv(self)
 
     # --- derived ------------------------------------------------------------------------
     @property
@@ -620,7 +489,7 @@ def _schedulers(text: str) -> str:
     return text
 
 
-class ServePlanOptions(CommandConfig):
+class ServePlanOptions(LoadOptions):
     """``simcli serve plan``: the deployments searched, the workload at the target rate and
     the SLOs (see :mod:`simcli.serving.planner`)."""
 
@@ -649,12 +518,10 @@ class ServePlanOptions(CommandConfig):
         description="Target arrival rate, requests/s (inf: every request at t = 0).",
         json_schema_extra={"allow_inf": True},
     )
-    max_concurrency: int | None = LOAD_FIELDS["max_concurrency"]()
     prompt_len: str = Field(
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
-    dataset: str | None = LOAD_FIELDS["dataset"]()
     num_requests: int = count_field(
         1000,
         MAX_REQUESTS,
@@ -668,7 +535,6 @@ class ServePlanOptions(CommandConfig):
         description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma).",
         json_schema_extra={"le_why": BURSTINESS_WHY},
     )
-    gamma_shape: float | None = LOAD_FIELDS["gamma_shape"]()
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of arrivals and lengths.")
     slo_ttft_s: float | None = Field(
         None, gt=0, description=f"TTFT limit, seconds, {PERCENTILE_HELP}."
@@ -750,14 +616,8 @@ class ServePlanOptions(CommandConfig):
         parse_prices(v)
         return v
 
-    @model_validator(mode="before")
-    @classmethod
-    def _load_lengths(cls, data: object) -> object:
-        return load_lengths(cls, data)
-
     @model_validator(mode="after")
     def _some_slo(self) -> ServePlanOptions:
-        check_load(self)
         self.slo()
         check_engine_precision(self.engine, self.weight_dtype, self.kv_cache_dtype)
         so.check_sparsity_options(self)
@@ -796,7 +656,7 @@ class ServePlanOptions(CommandConfig):
             prompt_len=self.prompt_len,
             output_len=self.output_len,
             num_requests=self.num_requests,
-            burstiness=gamma_cv(self),
+            burstiness=self.arrival_cv,
             seed=self.seed,
             max_concurrency=self.max_concurrency,
         )

@@ -48,8 +48,8 @@ from simcli.serving.requests import (
     CHUNK,
     RequestStream,
     TraceError,
-    _line_count,
-    _trace_chunk,
+    line_count,
+    trace_chunk,
     trace_lengths,
     trace_requests,
 )
@@ -182,7 +182,7 @@ class TraceSource:
         """Replay: the first ``num_requests`` rows, :data:`CHUNK` at a time."""
         if self.layout is None:
             return trace_requests(self.path, num_requests)
-        rows = _line_count(self.path) - (self.format != "mooncake")
+        rows = line_count(self.path) - (self.format != "mooncake")
         expected = rows if num_requests is None else min(rows, num_requests)
 
         def chunks() -> Iterator:
@@ -193,11 +193,11 @@ class TraceSource:
                     break
                 batch.append((arrival, prompt, output, -1, 0))
                 if len(batch) == CHUNK:
-                    yield _trace_chunk(rid, batch)
+                    yield trace_chunk(rid, batch)
                     rid += len(batch)
                     batch = []
             if batch:
-                yield _trace_chunk(rid, batch)
+                yield trace_chunk(rid, batch)
 
         return RequestStream(chunks, False, max(expected, 0))
 

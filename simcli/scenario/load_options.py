@@ -22,6 +22,17 @@ TraceFormat = Literal["auto", "simcli", "azure", "mooncake", "burstgpt", "vidur"
 TimeUnit = Literal["s", "ms", "us", "datetime"]
 
 LOAD_FIELDS: dict[str, Any] = {
+    "serve_qps": lambda: Field(
+        None,
+        gt=0,
+        description=f"{QPS_HELP}; with --trace: resample its lengths.",
+        json_schema_extra={"allow_inf": True},
+    ),
+    "plan_qps": lambda: Field(
+        gt=0,
+        description="Target arrival rate, requests/s (inf: every request at t = 0).",
+        json_schema_extra={"allow_inf": True},
+    ),
     "qps_sweep": lambda: Field(
         None,
         description="Run once per arrival rate, comma-separated requests/s (inf allowed), "
@@ -135,12 +146,9 @@ def parse_rates(text: str, flag: str) -> tuple[float, ...]:
 
 
 class LoadOptions(CommandConfig):
-    """The load fields ``serve`` and ``serve plan`` share (before their own in ``--help``),
-    with the checks and derived values of all the load flags."""
-
-    max_concurrency: int | None = LOAD_FIELDS["max_concurrency"]()
-    gamma_shape: float | None = LOAD_FIELDS["gamma_shape"]()
-    dataset: str | None = LOAD_FIELDS["dataset"]()
+    """The base of ``serve``'s and ``serve plan``'s options: the checks and derived values
+    of the load flags (the fields are declared in each, from :data:`LOAD_FIELDS`, so that
+    ``--help`` lists them beside their neighbours)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -37,7 +37,7 @@ from simcli.scenario.config_base import (
     option_flag,
     tokens_field,
 )
-from simcli.scenario.load_options import LOAD_FIELDS, QPS_HELP, LoadOptions, TimeUnit, TraceFormat
+from simcli.scenario.load_options import LOAD_FIELDS, LoadOptions, TimeUnit, TraceFormat
 from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
 from simcli.scenario.serving_precision import (
     KV_CACHE_DTYPE_HELP,
@@ -104,13 +104,9 @@ class ServeOptions(LoadOptions):
         "least_outstanding",
         description="Request routing: round_robin | least_outstanding | kv_aware",
     )
-    qps: float | None = Field(
-        None,
-        gt=0,
-        description=f"{QPS_HELP}; with --trace: resample its lengths.",
-        json_schema_extra={"allow_inf": True},
-    )
+    qps: float | None = LOAD_FIELDS["serve_qps"]()
     qps_sweep: str | None = LOAD_FIELDS["qps_sweep"]()
+    max_concurrency: int | None = LOAD_FIELDS["max_concurrency"]()
     burstiness: float = Field(
         1.0,
         gt=0,
@@ -118,6 +114,7 @@ class ServeOptions(LoadOptions):
         description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma).",
         json_schema_extra={"le_why": BURSTINESS_WHY},
     )
+    gamma_shape: float | None = LOAD_FIELDS["gamma_shape"]()
     trace: Path | None = Field(
         None,
         description="CSV arrival_s,prompt_tokens,output_tokens[,prefix_id,prefix_tokens] to "
@@ -136,6 +133,7 @@ class ServeOptions(LoadOptions):
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
+    dataset: str | None = LOAD_FIELDS["dataset"]()
     shared_prefix_len: int = tokens_field(
         0, ge=0, description="Shared prefix prepended to every prompt, tokens."
     )
@@ -513,15 +511,13 @@ class ServePlanOptions(LoadOptions):
         description="Prefill:decode pool splits to consider (`simcli serve --disaggregate "
         "--pd-ratio`); none = prefill and decode on every replica.",
     )
-    qps: float = Field(
-        gt=0,
-        description="Target arrival rate, requests/s (inf: every request at t = 0).",
-        json_schema_extra={"allow_inf": True},
-    )
+    qps: float = LOAD_FIELDS["plan_qps"]()
+    max_concurrency: int | None = LOAD_FIELDS["max_concurrency"]()
     prompt_len: str = Field(
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
+    dataset: str | None = LOAD_FIELDS["dataset"]()
     num_requests: int = count_field(
         1000,
         MAX_REQUESTS,
@@ -535,6 +531,7 @@ class ServePlanOptions(LoadOptions):
         description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma).",
         json_schema_extra={"le_why": BURSTINESS_WHY},
     )
+    gamma_shape: float | None = LOAD_FIELDS["gamma_shape"]()
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of arrivals and lengths.")
     slo_ttft_s: float | None = Field(
         None, gt=0, description=f"TTFT limit, seconds, {PERCENTILE_HELP}."

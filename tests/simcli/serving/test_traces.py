@@ -131,3 +131,23 @@ def test_replay_is_streamed_and_capped(tmp_path):
     assert [len(c.arrival_s) for c in chunks] == [4096, 1904]  # read 4096 rows at a time
     assert chunks[1].first_id == 4096 and chunks[1].arrival_s[0] == pytest.approx(40.96)
     assert src.requests().expected == n
+
+
+def test_csv_date_times(tmp_path):
+    path = tmp_path / "dt.csv"
+    path.write_text("when,p,o\n2025-01-01 10:00:00,5,6\n2025-01-01 10:00:01.5,7,8\n")
+    src = trace_source(path, "csv", columns="arrival=when,prompt=p,output=o", unit="datetime")
+    assert [(r.arrival_s, r.prompt_tokens) for r in src.requests()] == [(0.0, 5), (1.5, 7)]
+
+
+def test_public_trace_replays_take_the_compiled_loop():
+    from simcli.scenario.serving import resolve_serve
+    from simcli.scenario.serving_options import ServeOptions
+    from simcli.serving import fastpath
+
+    o = ServeOptions(model="llama3-8b", gpu="h100-sxm", trace=EXAMPLES / "burstgpt.csv")
+    sc = resolve_serve(o)
+    reqs = sc.arrivals.requests()
+    assert sc.arrivals.source is not None and sc.arrivals.source.format == "burstgpt"
+    assert fastpath.eligible(sc.simulator(), reqs) == fastpath.HAVE_NUMBA
+    assert sc.simulator().run(reqs, compiled=True).summary["requests_completed"] == 6

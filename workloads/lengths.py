@@ -380,6 +380,11 @@ _VIDUR = (
     "microsoft/vidur data/processed_traces/{} at commit 7d47513363ec447a741ac5e47241580b47724fbf"
 )
 
+_SARATHI = (
+    "microsoft/sarathi-serve data/processed_traces/sharegpt_8k_filtered_stats_llama2_tokenizer"
+    ".csv at commit 72339db5b120614033b317880ad3a05a5e4c9415"
+)
+
 # Percentiles p0, p1, p5, p10, p25, p50, p75, p90, p95, p99, p100 of the input (prompt) and
 # output tokens, and their Spearman rank correlation, computed by us from the public files
 # named in each source (the data is not copied here; docs/workloads.md has the command).
@@ -412,6 +417,19 @@ DATASETS: dict[str, DatasetLengths] = {
         (5, 36, 60, 78, 115, 167, 242, 372, 736, 3271, 4056),
         -0.1138,
         _VIDUR.format("arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"),
+    ),
+    # ShareGPT4 conversations (openchat's cleaned GPT-4 ShareGPT set: whole multi-turn
+    # histories as prompts) tokenised with Llama-2's tokenizer and kept to 8k tokens, as
+    # Sarathi-Serve (Agrawal et al., OSDI 2024) benchmarks it ("openchat_sharegpt4"; its
+    # paper's medians 1730 / 415 and P90 5696 / 834 are this file's). Not vLLM's ShareGPT
+    # benchmark, which takes first turns only (docs/workloads.md).
+    "sharegpt4-8k": _measured(
+        "sharegpt4-8k",
+        30731,
+        (1, 12, 29, 74, 580, 1730, 3734, 5696, 6563, 7434, 8141),
+        (2, 6, 44, 84, 228, 415, 628, 834, 920, 998, 1024),
+        0.0506,
+        _SARATHI,
     ),
     # vLLM's benchmark generators at their defaults (vllm/benchmarks/datasets.py):
     # RandomDataset input 1024, output 128, range ratio 0 (every request the same) ...

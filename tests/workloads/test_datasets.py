@@ -53,6 +53,14 @@ def test_splitwise_medians_match_the_paper():
     assert (conv.input.values[5], conv.output.values[5]) == (1020, 129)
 
 
+def test_sharegpt4_matches_sarathi_serves_table():
+    # Sarathi-Serve (OSDI 2024), openchat_sharegpt4: median / P90 prompt 1730 / 5696,
+    # output 415 / 834 tokens
+    d = DATASETS["sharegpt4-8k"]
+    assert (d.input.values[5], d.input.values[7]) == (1730, 5696)
+    assert (d.output.values[5], d.output.values[7]) == (415, 834)
+
+
 def test_dist_syntax():
     d = DATASETS["arxiv-summarization-4k"]
     assert parse_dist("dataset:arxiv-summarization-4k") == d.input

@@ -108,6 +108,11 @@ def check_load(o: Any) -> None:
             "--gamma-shape (vLLM's --burstiness) and --burstiness (the CV) say the same "
             "thing; allowed: one of the two"
         )
+    if getattr(o, "trace", None) is not None and getattr(o, "dataset", None) is not None:
+        raise ValueError(
+            f"--dataset {o.dataset} with --trace: the trace's own lengths are used; allowed: "
+            "one of the two"
+        )
     if hasattr(o, "trace") and o.trace is None:
         for flag, bad in (
             ("--trace-format", o.trace_format != "auto"),

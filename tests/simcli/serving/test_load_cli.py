@@ -143,6 +143,8 @@ def test_trace_formats_from_the_cli():
         (("--qps", "1", "--dataset", "sharegptx"), "unknown dataset 'sharegptx'"),
         (("--qps", "1", "--dataset", "random", "--prompt-len", "64"), "--dataset random sets"),
         (("--qps", "1", "--trace-format", "azure"), "--trace-format needs --trace FILE"),
+        (("--qps", "1", "--dataset", "random", "--trace", str(EXAMPLES / "burstgpt.csv")),
+         "the trace's own lengths are used"),
         (("--qps", "nan"), "--qps nan is invalid"),
         (("--trace", str(EXAMPLES / "vidur_lengths.csv")), "no column 'arrived_at'"),
         (("--trace", str(EXAMPLES / "custom.csv")), "no known format"),

@@ -21,6 +21,8 @@ Optional features, each off by default and each a field of :class:`ServeConfig`:
 - ``speculative`` (:mod:`simcli.serving.spec`): a draft model on every replica's GPUs.
 - ``branching`` (:mod:`simcli.serving.branches`): N branches per request, early stopping
   at M, SART-style pruning.
+- ``max_concurrency`` (:mod:`simcli.serving.load`): a closed loop, at most N requests in
+  flight (completions release the next sends, so it runs on this loop, never the kernel).
 """
 
 from __future__ import annotations

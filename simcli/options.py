@@ -173,8 +173,9 @@ def check_value(name: str, field: FieldInfo, value: Any) -> None:
     lo, lo_open, hi, hi_open = _bounds(field)
     low = lo is not None and (value <= lo if lo_open else value < lo)
     high = hi is not None and (value >= hi if hi_open else value > hi)
-    if low or high or not math.isfinite(value):
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    inf_ok = value == math.inf and extra.get("allow_inf")  # e.g. --qps inf: offline
+    if low or high or not (math.isfinite(value) or inf_ok):
         why = extra.get("le_why" if high else "gt_why") if (low or high) else None
         because = f" ({why})" if why else ""
         raise ValueError(f"{flag} {value} is invalid; allowed: {allowed}{because}")

@@ -16,6 +16,14 @@ DIST strings:
   ``[MIN, MAX + 1)`` and flooring.
 - ``csv:PATH`` -- a histogram file, see :func:`load_histogram_csv`.
 - a corpus name from :data:`CORPORA` (``longtail-128k``, ``longtail-256k``, ``chat-8k``).
+- ``dataset:NAME[:input|:output]`` -- the prompt (input, the default) or output lengths of a
+  serving benchmark's dataset from :data:`DATASETS` (see below and ``docs/workloads.md``).
+
+The datasets (:class:`DatasetLengths`) are what serving benchmarks draw requests from. Each
+keeps its input and output marginals as quantile tables (:class:`QuantileDist`: the
+published or measured percentiles, log-linear between them) and their dependence as a
+Gaussian copula of the rank correlation, so ``DatasetLengths.sample`` draws correlated
+(prompt, output) pairs; ``docs/workloads.md`` lists every number with its source.
 
 The corpora are **synthetic shapes, not measured data**. They mimic the qualitative picture
 of the length-distribution figures in ByteScale (Ge et al. 2025, "ByteScale: Efficient
@@ -42,7 +50,10 @@ class LengthError(ValueError):
     """A bad distribution string or histogram file; the message is one line."""
 
 
-SYNTAX = "N, fixed:N, uniform:A:B, lognormal:MEDIAN:SIGMA[:MAX], zipf:THETA:MIN:MAX, csv:PATH"
+SYNTAX = (
+    "N, fixed:N, uniform:A:B, lognormal:MEDIAN:SIGMA[:MAX], zipf:THETA:MIN:MAX, csv:PATH, "
+    "dataset:NAME[:input|:output]"
+)
 
 
 class _Dist(BaseModel):
@@ -231,6 +242,44 @@ class HistogramDist(_Dist):
         return rng.integers(lo, hi + 1)
 
 
+class QuantileDist(_Dist):
+    """A length distribution given by its quantiles: ``values[i]`` at cumulative probability
+    ``probs[i]`` (``probs`` from 0 to 1: the minimum and maximum), drawn by inverting the
+    CDF, linear in log length between the knots, then rounded."""
+
+    kind: Literal["quantiles"] = "quantiles"
+    name: str = Field(min_length=1, description="the DIST string that names it")
+    probs: tuple[float, ...]
+    values: tuple[float, ...]
+
+    @model_validator(mode="after")
+    def _check(self) -> QuantileDist:
+        p, v = self.probs, self.values
+        if len(p) < 2 or len(p) != len(v) or p[0] != 0.0 or p[-1] != 1.0:
+            raise ValueError("quantiles need >= 2 knots, probabilities from 0 to 1")
+        if any(b <= a for a, b in zip(p, p[1:], strict=False)):
+            raise ValueError("quantile probabilities must increase")
+        if v[0] < 1 or any(b < a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError("quantile values must be >= 1 and non-decreasing")
+        return self
+
+    @property
+    def max_length(self) -> int:
+        return int(math.floor(self.values[-1]))
+
+    @property
+    def spec(self) -> str:
+        return self.name
+
+    def from_uniform(self, u: np.ndarray) -> np.ndarray:
+        """Lengths at cumulative probabilities ``u`` (the copula's draws)."""
+        x = np.exp(np.interp(u, self.probs, np.log(np.asarray(self.values, dtype=float))))
+        return np.clip(np.rint(x), 1, self.max_length)
+
+    def _draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return self.from_uniform(rng.random(n))
+
+
 Component = Annotated[
     FixedDist | UniformDist | LogNormalDist | ZipfDist | HistogramDist,
     Field(discriminator="kind"),
@@ -276,9 +325,130 @@ class MixtureDist(_Dist):
 
 
 LengthDist = Annotated[
-    FixedDist | UniformDist | LogNormalDist | ZipfDist | HistogramDist | MixtureDist,
+    FixedDist | UniformDist | LogNormalDist | ZipfDist | HistogramDist | MixtureDist | QuantileDist,
     Field(discriminator="kind"),
 ]
+
+_PROBS = (0.0, 0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99, 1.0)
+
+
+class DatasetLengths(BaseModel):
+    """A serving benchmark dataset's request lengths: input and output marginals and the
+    Gaussian-copula correlation ``rho`` between them (``rho = 2 sin(pi r_s / 6)`` of the
+    Spearman rank correlation ``r_s``, the normal copula's identity; Kruskal 1958)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    input: FixedDist | QuantileDist
+    output: FixedDist | QuantileDist
+    rho: float = Field(0.0, ge=-1, le=1)
+    source: str = Field(min_length=1)
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` (prompt, output) pairs, correlated through the copula."""
+        if isinstance(self.input, FixedDist) or isinstance(self.output, FixedDist):
+            return self.input.sample(n, rng), self.output.sample(n, rng)
+        from scipy.special import ndtr  # scipy loads where used (CLI start-up)
+
+        z = rng.standard_normal((2, n))
+        z2 = self.rho * z[0] + math.sqrt(1.0 - self.rho**2) * z[1]
+        p = self.input.from_uniform(ndtr(z[0])).astype(np.int64)
+        o = self.output.from_uniform(ndtr(z2)).astype(np.int64)
+        return np.maximum(p, 1), np.maximum(o, 1)
+
+
+def _quantiles(name: str, side: str, values: tuple[int, ...]) -> QuantileDist:
+    return QuantileDist(name=f"dataset:{name}:{side}", probs=_PROBS, values=values)
+
+
+def _measured(
+    name: str, rows: int, ins: tuple, outs: tuple, r_s: float, src: str
+) -> DatasetLengths:
+    rho = 2.0 * math.sin(math.pi * r_s / 6.0)
+    return DatasetLengths(
+        name=name,
+        input=_quantiles(name, "input", ins),
+        output=_quantiles(name, "output", outs),
+        rho=round(rho, 4),
+        source=f"{src}: {rows} rows; percentiles p0,1,5,10,25,50,75,90,95,99,100 and the "
+        f"Spearman correlation {r_s} computed by us (docs/workloads.md)",
+    )
+
+
+_VIDUR = (
+    "microsoft/vidur data/processed_traces/{} at commit 7d47513363ec447a741ac5e47241580b47724fbf"
+)
+
+_SARATHI = (
+    "microsoft/sarathi-serve data/processed_traces/sharegpt_8k_filtered_stats_llama2_tokenizer"
+    ".csv at commit 72339db5b120614033b317880ad3a05a5e4c9415"
+)
+
+# Percentiles p0, p1, p5, p10, p25, p50, p75, p90, p95, p99, p100 of the input (prompt) and
+# output tokens, and their Spearman rank correlation, computed by us from the public files
+# named in each source (the data is not copied here; docs/workloads.md has the command).
+DATASETS: dict[str, DatasetLengths] = {
+    # Splitwise (Patel et al., ISCA 2024) Azure LLM inference trace, coding service, as
+    # Vidur's processed file; the paper's medians: 1500 prompt / 13 output tokens
+    "splitwise-code": _measured(
+        "splitwise-code",
+        8819,
+        (3, 17, 75, 147, 578, 1469, 2744, 5188, 7303, 7436, 7437),
+        (6, 6, 6, 7, 9, 13, 24, 55, 90, 251, 1899),
+        -0.0215,
+        _VIDUR.format("splitwise_code.csv"),
+    ),
+    # Splitwise conversation service; the paper's medians: 1020 prompt / 129 output tokens
+    "splitwise-conv": _measured(
+        "splitwise-conv",
+        19366,
+        (2, 29, 181, 207, 396, 1020, 1189, 2734, 4083, 4142, 14050),
+        (7, 16, 41, 54, 85, 129, 395, 424, 451, 601, 1000),
+        0.0728,
+        _VIDUR.format("splitwise_conv.csv"),
+    ),
+    # arXiv summarization (Cohan et al. 2018) tokenised with Llama-2's tokenizer and kept to
+    # 4k tokens in all, as Vidur's (Agrawal et al., MLSys 2024) "Arxiv-Summarization-4K"
+    "arxiv-summarization-4k": _measured(
+        "arxiv-summarization-4k",
+        28257,
+        (1, 73, 749, 1242, 1986, 2730, 3370, 3702, 3813, 3933, 4054),
+        (5, 36, 60, 78, 115, 167, 242, 372, 736, 3271, 4056),
+        -0.1138,
+        _VIDUR.format("arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"),
+    ),
+    # ShareGPT4 conversations (openchat's cleaned GPT-4 ShareGPT set: whole multi-turn
+    # histories as prompts) tokenised with Llama-2's tokenizer and kept to 8k tokens, as
+    # Sarathi-Serve (Agrawal et al., OSDI 2024) benchmarks it ("openchat_sharegpt4"; its
+    # paper's medians 1730 / 415 and P90 5696 / 834 are this file's). Not vLLM's ShareGPT
+    # benchmark, which takes first turns only (docs/workloads.md).
+    "sharegpt4-8k": _measured(
+        "sharegpt4-8k",
+        30731,
+        (1, 12, 29, 74, 580, 1730, 3734, 5696, 6563, 7434, 8141),
+        (2, 6, 44, 84, 228, 415, 628, 834, 920, 998, 1024),
+        0.0506,
+        _SARATHI,
+    ),
+    # vLLM's benchmark generators at their defaults (vllm/benchmarks/datasets.py):
+    # RandomDataset input 1024, output 128, range ratio 0 (every request the same) ...
+    "random": DatasetLengths(
+        name="random",
+        input=FixedDist(length=1024),
+        output=FixedDist(length=128),
+        source="vLLM benchmarks/datasets.py RandomDataset defaults (DEFAULT_INPUT_LEN 1024, "
+        "DEFAULT_OUTPUT_LEN 128, DEFAULT_RANGE_RATIO 0.0)",
+    ),
+    # ... and SonnetDataset: prompts of ~550 tokens of sonnet lines, 150 output tokens
+    "sonnet": DatasetLengths(
+        name="sonnet",
+        input=FixedDist(length=550),
+        output=FixedDist(length=150),
+        source="vLLM benchmarks/datasets.py SonnetDataset defaults (DEFAULT_INPUT_LEN 550, "
+        "DEFAULT_OUTPUT_LEN 150; the prompt is whole lines, so its length is approximate)",
+    ),
+}
 
 _SHAPE_NOTE = (
     "synthetic shape (not measured data) mimicking the long-tail length figures of "
@@ -330,7 +500,39 @@ def _num(x: float) -> str:
 
 
 def _allowed() -> str:
-    return f"{SYNTAX}, or a corpus ({', '.join(CORPORA)})"
+    return f"{SYNTAX}, or a corpus ({', '.join(CORPORA)}); datasets: {', '.join(DATASETS)}"
+
+
+def dataset(name: str) -> DatasetLengths:
+    """A built-in dataset by name; an unknown one is one :class:`LengthError` line."""
+    key = name.strip().lower()
+    if key not in DATASETS:
+        raise LengthError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+    return DATASETS[key]
+
+
+def joint_dataset(prompt_len: str, output_len: str) -> DatasetLengths | None:
+    """The dataset to draw (prompt, output) pairs from, correlated: when the prompt DIST is
+    ``dataset:X[:input]`` and the output DIST ``dataset:X[:output]`` of the same X; else
+    None (the two drawn independently)."""
+    a, b = dataset_of(prompt_len), dataset_of(output_len)
+    if a is None or a != b:
+        return None
+    pa = prompt_len.strip().lower().split(":")
+    pb = output_len.strip().lower().split(":")
+    if pa[2:] not in ([], ["input"]) or pb[2:] not in ([], ["output"]):
+        return None
+    return DATASETS[a]
+
+
+def dataset_of(text: str) -> str | None:
+    """The dataset a DIST string names (``dataset:NAME[:side]``, checked), or None."""
+    raw = text.strip()
+    if not raw.lower().startswith("dataset:"):
+        return None
+    name = raw[len("dataset:") :].partition(":")[0].strip().lower()
+    dataset(name)
+    return name
 
 
 def _build(cls: type[_Dist], text: str, **fields: object) -> _Dist:
@@ -377,13 +579,25 @@ _ARGS: dict[str, tuple[tuple[str, ...], int]] = {
 }
 
 
-def parse_dist(text: str) -> LengthDist:
-    """Parse a DIST string (see the module docstring); any problem is one :class:`LengthError`."""
+def parse_dist(text: str, side: Literal["input", "output"] = "input") -> LengthDist:
+    """Parse a DIST string (see the module docstring); any problem is one :class:`LengthError`.
+    ``side``: which lengths a ``dataset:NAME`` without ``:input``/``:output`` means (the
+    serving options pass "output" for ``--output-len``)."""
     if not isinstance(text, str) or not text.strip():
         raise LengthError(f"empty length distribution; allowed: {_allowed()}")
     raw = text.strip()
     if raw in CORPORA:
         return CORPORA[raw]
+    if raw.lower().startswith("dataset:"):
+        name, _, which = raw[len("dataset:") :].partition(":")
+        which = (which or side).strip().lower()
+        if which not in ("input", "output"):
+            raise LengthError(
+                f"bad length distribution {raw!r}: side {which!r}; allowed: "
+                "dataset:NAME, dataset:NAME:input, dataset:NAME:output"
+            )
+        d = dataset(name)
+        return d.input if which == "input" else d.output  # type: ignore[return-value]
     if raw.lstrip("+").isdigit():
         return _build(FixedDist, raw, length=_int_arg(raw, "N", raw))  # type: ignore[return-value]
     kind, sep, rest = raw.partition(":")
@@ -501,6 +715,12 @@ def token_share_above(lengths: np.ndarray, threshold: int) -> float:
 
 __all__ = [
     "CORPORA",
+    "DATASETS",
+    "DatasetLengths",
+    "QuantileDist",
+    "dataset",
+    "dataset_of",
+    "joint_dataset",
     "FixedDist",
     "HistogramDist",
     "LengthDist",

@@ -226,6 +226,9 @@ def serve(
 
     set_quiet(quiet)
     with user_errors():
+        if config.qps_sweep is not None:
+            _qps_sweep_runs(config, output, trace_output, fmt)
+            return
         bundle_dir = _check_outputs(output, trace_output)
         _check_positive("--trace-max-steps", trace_max_steps)
         _check_positive("--report-requests", report_requests)
@@ -263,6 +266,61 @@ def serve(
             )
         out = _json_result(run) if fmt == Format.json else dict(run.output)
         emit_object(out, fmt, title=scenario.title)
+
+
+# --qps-sweep in the table format: the columns a rate sweep is read by (JSON/CSV: all keys)
+SWEEP_TABLE_KEYS = (
+    "qps", "requests_completed", "duration_s", "ttft_s_p50", "ttft_s_p99", "tpot_s_p50",
+    "tpot_s_p99", "e2e_s_p50", "e2e_s_p99", "throughput_requests_per_s",
+    "throughput_tokens_per_s", "total_tokens_per_s", "goodput_requests_per_s",
+)  # fmt: skip
+
+
+def _qps_sweep_runs(
+    config: ServeOptions, output: Path | None, trace_output: Path | None, fmt: Format
+) -> None:
+    """``--qps-sweep R1,R2,...``: the deployment resolved once, then one full run per rate
+    (same seed, lengths and --max-concurrency); one row per rate, the keys of a single
+    run's object after ``qps``. ``--output NAME.csv|.json`` gets the rows."""
+    import dataclasses
+
+    from simcli.output import atomic_write_csv, atomic_write_text, emit_records
+    from simcli.scenario.serving import resolve_arrivals, resolve_serve, run_serve
+
+    if trace_output is not None or (output is not None and output_is_dir(output)):
+        raise fail(
+            "--qps-sweep writes its rows to --output NAME.csv or NAME.json; allowed: no "
+            "report folder or --trace-output with a sweep"
+        )
+    if output is not None:
+        check_output_path(output, "--output", kind="file")
+    rates = config.sweep_rates()
+    first = config.model_copy(update={"qps": rates[0], "qps_sweep": None})
+    scenario = resolve_serve(first)
+    rows = []
+    with progress_bar("QPS sweep", total=len(rates)) as advance:
+        for i, rate in enumerate(rates):
+            opts = config.model_copy(update={"qps": rate, "qps_sweep": None})
+            sc = dataclasses.replace(scenario, options=opts, arrivals=resolve_arrivals(opts))
+            label = rate if rate != float("inf") else "inf"  # JSON has no infinity
+            rows.append({"qps": label, **run_serve(sc).output})
+            advance(i + 1, len(rates))
+    wrapper = {
+        "model": scenario.model.id,
+        "gpu": config.gpu,
+        "qps_sweep": [r["qps"] for r in rows],
+    }
+    if output is not None:
+        import pandas as pd
+
+        if output.suffix.lower() == ".json":
+            atomic_write_text(output, json.dumps(jsonable({**wrapper, "runs": rows}), indent=2))
+        else:
+            atomic_write_csv(pd.DataFrame(rows), output)
+    if fmt == Format.table:
+        rows = [{k: r.get(k) for k in SWEEP_TABLE_KEYS} for r in rows]
+    title = f"{scenario.title}: QPS sweep"
+    emit_records(rows, fmt, title=title, json_wrapper=wrapper, json_key="runs")
 
 
 def _json_result(run: ServeRun) -> dict[str, Any]:

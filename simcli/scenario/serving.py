@@ -51,15 +51,15 @@ from simcli.serving.requests import (
     Request,
     SyntheticSpec,
     synthetic_requests,
-    trace_lengths,
     trace_requests,
 )
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, ServeResult, Simulator
 from simcli.serving.spec import RetrievalDraft, StreamingDraft
 from simcli.serving.timeline import StepRecorder
+from simcli.serving.traces import TraceSource, trace_source
 from workloads.decompose.quant import kv_storage_dtype
-from workloads.lengths import parse_dist
+from workloads.lengths import joint_dataset, parse_dist
 from workloads.models import ModelConfig, load_model, with_moe_imbalance
 
 # --------------------------------------------------------------------------- deployments
@@ -186,7 +186,7 @@ def serve_config(
     price = hardware.usd_per_gpu_hour
     branching = o.branching()
     if branching is not None and o.trace is None:  # extra branches draw the workload's DIST
-        branching = branching.model_copy(update={"output_len": parse_dist(o.output_len)})
+        branching = branching.model_copy(update={"output_len": parse_dist(o.output_len, "output")})
     disaggregation = None
     if pools is not None:
         disaggregation = DisaggConfig(
@@ -225,6 +225,7 @@ def serve_config(
         slo_ttft_s=o.slo_ttft_s,
         slo_tpot_s=o.slo_tpot_s,
         price_per_gpu_hour=price,
+        max_concurrency=o.max_concurrency,
     )
 
 
@@ -296,6 +297,8 @@ class Arrivals:
     num_requests: int | None
     synthetic: SyntheticSpec | None
     empirical: tuple[np.ndarray, np.ndarray] | None = None
+    source: TraceSource | None = None  # how --trace is read (--trace-format)
+    max_concurrency: int | None = None  # closed loop (the label says so)
 
     @property
     def replay(self) -> bool:
@@ -308,11 +311,19 @@ class Arrivals:
 
     @property
     def label(self) -> str:
-        return "trace" if self.synthetic is None else f"qps {self.synthetic.qps:g}"
+        base = "trace" if self.synthetic is None else f"qps {self.synthetic.qps:g}"
+        if self.max_concurrency is not None:
+            base += f", max concurrency {self.max_concurrency}"
+        return base
+
+    def _replay(self, n: int | None) -> Iterable[Request]:
+        if self.source is not None:
+            return self.source.requests(n)
+        return trace_requests(self.trace, n)  # type: ignore[arg-type]
 
     def requests(self) -> Iterator[Request]:
         if self.synthetic is None:
-            return trace_requests(self.trace, self.num_requests)
+            return self._replay(self.num_requests)  # type: ignore[return-value]
         return synthetic_requests(self.synthetic, self.empirical)
 
     def at_rates(self, n: int) -> tuple[Callable[[float], Iterable[Request]], float | None, str]:
@@ -320,6 +331,8 @@ class Arrivals:
         why there is none): synthetic arrivals re-drawn at ``m x --qps`` with the same seed
         and lengths; a replayed trace's first ``n`` rows with arrival times divided by ``m``."""
         syn = self.synthetic
+        if syn is not None and not np.isfinite(syn.qps):
+            return (lambda m: iter(())), None, "every request arrives at t = 0 (--qps inf)"
         if syn is not None:
 
             def synthetic_at(m: float) -> Iterable[Request]:
@@ -327,13 +340,13 @@ class Arrivals:
                 return synthetic_requests(spec, self.empirical)
 
             return synthetic_at, syn.qps, ""
-        arrivals = [r.arrival_s for r in trace_requests(self.trace, n)]
+        arrivals = [r.arrival_s for r in self._replay(n)]
         span = arrivals[-1] - arrivals[0] if arrivals else 0.0
         if len(arrivals) < 2 or not span > 0:
             return (lambda m: iter(())), None, "the trace's arrivals span no time"
 
         def replay_at(m: float) -> Iterable[Request]:
-            for r in trace_requests(self.trace, n):
+            for r in self._replay(n):
                 yield Request(
                     r.id, r.arrival_s / m, r.prompt_tokens, r.output_tokens, r.prefix_key,
                     r.prefix_tokens,
@@ -347,21 +360,26 @@ def resolve_arrivals(options: ServeOptions) -> Arrivals:
     ``--trace``'s rows when given, else from the DISTs). A bad trace header or first row
     fails here, before anything is simulated."""
     o = options
-    if o.trace is not None and o.qps is None:
-        next(iter(trace_requests(o.trace, 1)), None)
-        return Arrivals(o.trace, o.num_requests, None)
-    empirical = trace_lengths(o.trace) if o.trace is not None else None
+    src = None
+    if o.trace is not None:
+        src = trace_source(o.trace, o.trace_format, o.trace_columns, o.trace_time_unit)
+    mc = o.max_concurrency
+    if src is not None and o.qps is None:
+        src.check(need_arrivals=True)
+        return Arrivals(o.trace, o.num_requests, None, source=src, max_concurrency=mc)
+    empirical = src.lengths() if src is not None else None
     spec = SyntheticSpec(
         qps=o.qps,  # type: ignore[arg-type]
         num_requests=o.num_requests or 1000,
-        burstiness=o.burstiness,
+        burstiness=o.arrival_cv,
         prompt_len=parse_dist(o.prompt_len) if empirical is None else None,
-        output_len=parse_dist(o.output_len) if empirical is None else None,
+        output_len=parse_dist(o.output_len, "output") if empirical is None else None,
+        joint=joint_dataset(o.prompt_len, o.output_len) if empirical is None else None,
         shared_prefix_len=o.shared_prefix_len,
         prefix_groups=o.prefix_groups,
         seed=o.seed,
     )
-    return Arrivals(o.trace, o.num_requests, spec, empirical)
+    return Arrivals(o.trace, o.num_requests, spec, empirical, src, mc)
 
 
 # --------------------------------------------------------------------------- simcli serve
@@ -469,8 +487,8 @@ def resolve_serve(options: ServeOptions) -> ServeScenario:
     drafts = resolve_drafts(options, model)
     arrivals = resolve_arrivals(options)
     lengths = None
-    if options.branches > 1 and options.trace is not None:  # branches resample its outputs
-        lengths = trace_lengths(options.trace)[1]
+    if options.branches > 1 and arrivals.source is not None:  # branches resample its outputs
+        lengths = arrivals.source.lengths()[1]
     deployment = resolve_deployment(options, model, drafts)
     return ServeScenario(options, model, drafts, deployment, arrivals, lengths)
 
@@ -570,6 +588,7 @@ class CandidateDeployments:
             output_len=w.output_len,
             burstiness=w.burstiness,
             seed=w.seed,
+            max_concurrency=w.max_concurrency,
             slo_ttft_s=self.slo.ttft_s,
             slo_tpot_s=self.slo.tpot_s,
         )

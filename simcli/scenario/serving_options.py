@@ -37,6 +37,7 @@ from simcli.scenario.config_base import (
     option_flag,
     tokens_field,
 )
+from simcli.scenario.load_options import LOAD_FIELDS, LoadOptions, TimeUnit, TraceFormat
 from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
 from simcli.scenario.serving_pools import check_pool_options, default_pool_gpu, two_gpu_types
 from simcli.scenario.serving_precision import (
@@ -74,7 +75,8 @@ PERCENTILE_HELP = (
 MAX_BURSTINESS = 100.0
 BURSTINESS_WHY = "a CV of 100 already puts nearly every arrival in one burst"
 
-class ServeOptions(CommandConfig):
+
+class ServeOptions(LoadOptions):
     """``simcli serve``: one deployment (model, GPUs, parallelism, scheduler, engine and the
     optional disaggregation, speculative decoding and multi-branch features) and the
     requests it serves. Not to be confused with the simulator's
@@ -103,11 +105,9 @@ class ServeOptions(CommandConfig):
         "least_outstanding",
         description="Request routing: round_robin | least_outstanding | kv_aware",
     )
-    qps: float | None = Field(
-        None,
-        gt=0,
-        description="Mean arrival rate, requests/s; with --trace: resample its lengths.",
-    )
+    qps: float | None = LOAD_FIELDS["serve_qps"]()
+    qps_sweep: str | None = LOAD_FIELDS["qps_sweep"]()
+    max_concurrency: int | None = LOAD_FIELDS["max_concurrency"]()
     burstiness: float = Field(
         1.0,
         gt=0,
@@ -115,11 +115,15 @@ class ServeOptions(CommandConfig):
         description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma).",
         json_schema_extra={"le_why": BURSTINESS_WHY},
     )
+    gamma_shape: float | None = LOAD_FIELDS["gamma_shape"]()
     trace: Path | None = Field(
         None,
         description="CSV arrival_s,prompt_tokens,output_tokens[,prefix_id,prefix_tokens] to "
-        "replay (arrival times in seconds).",
+        "replay (arrival times in seconds), or a public trace (--trace-format).",
     )
+    trace_format: TraceFormat = LOAD_FIELDS["trace_format"]()
+    trace_columns: str | None = LOAD_FIELDS["trace_columns"]()
+    trace_time_unit: TimeUnit = LOAD_FIELDS["trace_time_unit"]()
     num_requests: int | None = count_field(
         None,
         MAX_REQUESTS,
@@ -130,6 +134,7 @@ class ServeOptions(CommandConfig):
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
+    dataset: str | None = LOAD_FIELDS["dataset"]()
     shared_prefix_len: int = tokens_field(
         0, ge=0, description="Shared prefix prepended to every prompt, tokens."
     )
@@ -362,7 +367,7 @@ class ServeOptions(CommandConfig):
         for flag, value in (("--model", self.model), ("--gpu", self.gpu)):
             if value is None:
                 raise ValueError(f"{flag} is required (or run `simcli serve plan`)")
-        if self.qps is None and self.trace is None:
+        if self.qps is None and self.trace is None and self.qps_sweep is None:
             raise ValueError("give --qps X (synthetic arrivals) or --trace FILE (replay), or both")
 
     # --- derived ------------------------------------------------------------------------
@@ -494,7 +499,7 @@ def _schedulers(text: str) -> str:
     return text
 
 
-class ServePlanOptions(CommandConfig):
+class ServePlanOptions(LoadOptions):
     """``simcli serve plan``: the deployments searched, the workload at the target rate and
     the SLOs (see :mod:`simcli.serving.planner`)."""
 
@@ -520,11 +525,13 @@ class ServePlanOptions(CommandConfig):
     )
     prefill_gpu_types: str | None = Field(None, description="Per-pool search: prefill GPU ids.")
     decode_gpu_types: str | None = Field(None, description="Per-pool search: decode GPU ids.")
-    qps: float = Field(gt=0, description="Target arrival rate, requests/s.")
+    qps: float = LOAD_FIELDS["plan_qps"]()
+    max_concurrency: int | None = LOAD_FIELDS["max_concurrency"]()
     prompt_len: str = Field(
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
+    dataset: str | None = LOAD_FIELDS["dataset"]()
     num_requests: int = count_field(
         1000,
         MAX_REQUESTS,
@@ -538,6 +545,7 @@ class ServePlanOptions(CommandConfig):
         description="CV of inter-arrival gaps: 1 Poisson, >1 bursty (gamma).",
         json_schema_extra={"le_why": BURSTINESS_WHY},
     )
+    gamma_shape: float | None = LOAD_FIELDS["gamma_shape"]()
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of arrivals and lengths.")
     slo_ttft_s: float | None = Field(
         None, gt=0, description=f"TTFT limit, seconds, {PERCENTILE_HELP}."
@@ -664,8 +672,9 @@ class ServePlanOptions(CommandConfig):
             prompt_len=self.prompt_len,
             output_len=self.output_len,
             num_requests=self.num_requests,
-            burstiness=self.burstiness,
+            burstiness=self.arrival_cv,
             seed=self.seed,
+            max_concurrency=self.max_concurrency,
         )
 
     def slo(self) -> SLO:

@@ -71,6 +71,7 @@ def eligible(sim: Any, requests: object) -> bool:
         and cfg.speculative is None
         and sim.branching is None
         and cfg.pp == 1
+        and cfg.max_concurrency is None  # closed loop: completions feed arrivals (load.py)
         and cfg.scheduler.preemption == "recompute"
         and sim._capped_layout is None
         and sim.metrics.recorder is None

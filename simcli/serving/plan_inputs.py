@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from simcli.serving.requests import SyntheticSpec
-from workloads.lengths import parse_dist
+from workloads.lengths import joint_dataset, parse_dist
 from workloads.sparsity import parse_pattern
 
 DEFAULT_GPUS = ("h100-sxm", "h200-sxm", "a100-sxm-80gb")
@@ -99,6 +99,11 @@ class Workload(BaseModel):
     num_requests: int = Field(default=1000, gt=0, description="requests simulated per probe")
     burstiness: float = Field(default=1.0, gt=0, description="CV of inter-arrival gaps")
     seed: int = 0
+    max_concurrency: int | None = Field(
+        default=None,
+        gt=0,
+        description="closed loop: at most this many requests in flight (simcli.serving.load)",
+    )
 
     @field_validator("prompt_len", "output_len")
     @classmethod
@@ -112,7 +117,8 @@ class Workload(BaseModel):
             num_requests=self.num_requests,
             burstiness=self.burstiness,
             prompt_len=parse_dist(self.prompt_len),
-            output_len=parse_dist(self.output_len),
+            output_len=parse_dist(self.output_len, "output"),
+            joint=joint_dataset(self.prompt_len, self.output_len),
             seed=self.seed,
         )
 

@@ -262,6 +262,12 @@ class PlanResult:
             "output_len": self.workload.output_len,
             "num_requests": self.workload.num_requests,
             "seed": self.workload.seed,
+            # closed loop only (an open-loop plan's output is unchanged)
+            **(
+                {"max_concurrency": self.workload.max_concurrency}
+                if self.workload.max_concurrency is not None
+                else {}
+            ),
             "slo": self.slo.model_dump(),
             "slo_percentile": self.slo.percentile,
             **self.settings,

@@ -100,7 +100,9 @@ are ``simcli serve``'s defaults (``max_batch_size`` 256, vLLM's ``max_tokens``, 
 preemption, the vllm engine, no calibration profile), so ``simcli serve`` with the
 reported flags and the same workload reproduces a deployment's figures exactly; no
 pipeline parallelism; all requests count towards attainment (no warm-up trimming);
-minimality is checked against ``R - 1`` only.
+minimality is checked against ``R - 1`` only. A closed-loop workload (``--max-concurrency``,
+:mod:`simcli.serving.load`) keeps the idle bound (latency counts from the send) but not the
+work bound (sends come later than the arrival times), and runs on the event loop.
 """
 
 from __future__ import annotations
@@ -637,6 +639,12 @@ class Planner:
                     self._finish(st, "infeasible", f"idle replica: {idle:.1%} meet the SLO")
                     continue
                 st.r_lb, st.r_est = self.replica_bounds(st)
+                if self.workload.max_concurrency is not None:
+                    # closed loop: requests are sent later than their arrival times (a
+                    # client waits for a slot), so the work bound's window does not hold
+                    st.r_lb = c.min_replicas
+                    st.r_est = max(st.r_lb, min(st.r_est, self.space.max_replicas))
+                    st.pool_lb = (1, 1)
                 # per-pool search: each pool at least its own work bound
                 lb = self.usd_per_hour(c, st.r_lb, st.pool_lb if c.per_pool else None)
                 heapq.heappush(heap, (lb, 1, i, st))

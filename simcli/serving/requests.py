@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from workloads.lengths import LengthDist
+from workloads.lengths import DatasetLengths, LengthDist
 
 
 class TraceError(ValueError):
@@ -221,6 +221,11 @@ class SyntheticSpec(BaseModel):
     )
     prompt_len: LengthDist | None = None
     output_len: LengthDist | None = None
+    joint: DatasetLengths | None = Field(
+        default=None,
+        description="draw (prompt, output) pairs from this dataset, correlated (instead of "
+        "prompt_len and output_len independently)",
+    )
     shared_prefix_len: int = Field(
         default=0, ge=0, description="tokens of shared prefix prepended to every prompt"
     )
@@ -297,7 +302,11 @@ def synthetic_requests(
 ) -> RequestStream:
     """Requests with Poisson/gamma arrivals; lengths from the spec's distributions, or, with
     ``empirical = (prompts, outputs)``, rows of a trace drawn with replacement."""
-    if empirical is None and (spec.prompt_len is None or spec.output_len is None):
+    if (
+        empirical is None
+        and spec.joint is None
+        and (spec.prompt_len is None or spec.output_len is None)
+    ):
         raise ValueError("synthetic requests need prompt and output length distributions")
     return RequestStream(
         lambda: _synthetic_chunks(spec, empirical), spec.shared_prefix_len > 0, spec.num_requests
@@ -319,7 +328,9 @@ def _synthetic_chunks(
             gaps = rng.exponential(1.0 / spec.qps, n)
         else:
             gaps = rng.gamma(shape, 1.0 / (spec.qps * shape), n)
-        if empirical is None:
+        if empirical is None and spec.joint is not None:
+            prompts, outputs = spec.joint.sample(n, rng)
+        elif empirical is None:
             prompts = spec.prompt_len.sample(n, rng)  # type: ignore[union-attr]
             outputs = spec.output_len.sample(n, rng)  # type: ignore[union-attr]
         else:
@@ -463,14 +474,14 @@ def trace_requests(path: str | Path, num_requests: int | None = None) -> Request
     path = Path(path)
     _, col, fh = _open_trace(path)  # a missing or malformed header fails now
     fh.close()  # type: ignore[attr-defined]
-    rows = _line_count(path) - 1  # about the rows: a blank last line counts too
+    rows = line_count(path) - 1  # about the rows: a blank last line counts too
     expected = rows if num_requests is None else min(rows, num_requests)
     return RequestStream(
         lambda: _trace_chunks(path, num_requests), "prefix_id" in col, max(expected, 0)
     )
 
 
-def _line_count(path: Path) -> int:
+def line_count(path: Path) -> int:
     """Lines of a file, counted in 1 MiB blocks (a 1M-row trace in ~50 ms)."""
     n = 0
     last = b"\n"
@@ -489,14 +500,14 @@ def _trace_chunks(path: Path, num_requests: int | None) -> Iterator[RequestChunk
             break
         rows.append((arrival, prompt, output, -1 if key is None else key, ptoks))
         if len(rows) == CHUNK:
-            yield _trace_chunk(rid, rows)
+            yield trace_chunk(rid, rows)
             rid += len(rows)
             rows = []
     if rows:
-        yield _trace_chunk(rid, rows)
+        yield trace_chunk(rid, rows)
 
 
-def _trace_chunk(first_id: int, rows: list[tuple[float, int, int, int, int]]) -> RequestChunk:
+def trace_chunk(first_id: int, rows: list[tuple[float, int, int, int, int]]) -> RequestChunk:
     a, p, o, g, t = zip(*rows, strict=True)
     i64 = np.int64
     return RequestChunk(

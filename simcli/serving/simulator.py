@@ -21,6 +21,8 @@ Optional features, each off by default and each a field of :class:`ServeConfig`:
 - ``speculative`` (:mod:`simcli.serving.spec`): a draft model on every replica's GPUs.
 - ``branching`` (:mod:`simcli.serving.branches`): N branches per request, early stopping
   at M, SART-style pruning.
+- ``max_concurrency`` (:mod:`simcli.serving.load`): a closed loop, at most N requests in
+  flight (completions release the next sends, so it runs on this loop, never the kernel).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from simcli.serving.disagg import (
     default_transfer,
     pool_summary,
 )
+from simcli.serving.load import ClientArrival, ClientPool
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.replica import Replica
 from simcli.serving.requests import (
@@ -100,6 +103,13 @@ class ServeConfig(BaseModel):
         gt=0,
         description="longest prompt + output served (vLLM's max_model_len): longer prompts "
         "are refused, longer outputs cut (requests.output_within_model_len); None: no limit",
+    )
+    max_concurrency: int | None = Field(
+        default=None,
+        gt=0,
+        description="closed loop: at most this many requests in flight, the next one sent "
+        "when one completes (vllm bench serve --max-concurrency; simcli.serving.load); "
+        "None: open loop, every request sent at its arrival time",
     )
 
     @model_validator(mode="after")
@@ -355,6 +365,18 @@ class Simulator:
         self.output_capped = 0  # requests whose output (or a branch's) was cut to fit
         self._stream: Iterator[Request] | None = None
         self._last_arrival_s = 0.0
+        # closed loop (simcli.serving.load): arrivals wait for a client slot; completions
+        # free slots through Release events that run() pushes after the current event
+        self.clients = ClientPool(config.max_concurrency) if config.max_concurrency else None
+        if self.clients is not None:
+            user_sink, pool = self.metrics.sink, self.clients
+
+            def sink(req: Request) -> None:
+                pool.request_done(req)
+                if user_sink is not None:
+                    user_sink(req)
+
+            self.metrics.sink = sink
 
     # --- events -----------------------------------------------------------------------------
     def arrive(self, req: Request, now_s: float) -> list:
@@ -362,7 +384,7 @@ class Simulator:
         out = output_within_model_len(req.prompt_tokens, req.output_tokens, limit)
         if out == 0:  # vLLM refuses the prompt: counted, never routed
             self.rejected_too_long += 1
-            nxt = self._next_arrival()
+            nxt = self._next_arrival(now_s)
             return [nxt] if nxt is not None else []
         capped = out != req.output_tokens
         if capped:
@@ -394,7 +416,7 @@ class Simulator:
         self.arrived += 1
         replica = self.router.choose(self.entry, req)
         events = replica.add_request(req, now_s)
-        nxt = self._next_arrival()
+        nxt = self._next_arrival(now_s)
         if nxt is not None:
             events.append(nxt)
         return events
@@ -457,7 +479,10 @@ class Simulator:
             self.prefill_engine_capacity_tokens, bs
         )
 
-    def _next_arrival(self) -> Arrival | None:
+    def _next_arrival(self, now_s: float = 0.0) -> Arrival | ClientArrival | None:
+        """The stream's next request as an event: an :class:`Arrival` at its time, or in
+        a closed loop a :class:`~simcli.serving.load.ClientArrival` no earlier than
+        ``now_s`` (the stream is read when the previous request was sent)."""
         assert self._stream is not None
         req = next(self._stream, None)
         if req is None:
@@ -468,6 +493,8 @@ class Simulator:
         if err is not None:
             raise err
         self._last_arrival_s = req.arrival_s
+        if self.clients is not None:
+            return ClientArrival(req, max(req.arrival_s, now_s))
         return Arrival(req)
 
     # --- the loop ---------------------------------------------------------------------------
@@ -491,6 +518,7 @@ class Simulator:
         push, pop = heapq.heappush, heapq.heappop
         now = 0.0
         check = self.check
+        released = self.clients.released if self.clients is not None else []
         while heap:
             t, _, ev = pop(heap)
             if t < now:
@@ -498,6 +526,10 @@ class Simulator:
             now = t
             for nxt in ev.handle(self):
                 push(heap, (nxt.time_s, next(counter), nxt))
+            if released:  # closed loop: client slots freed by this event's completions
+                for nxt in released:
+                    push(heap, (nxt.time_s, next(counter), nxt))
+                released.clear()
             if check:
                 self.now_s = now
                 for r in self.replicas:
@@ -574,6 +606,8 @@ class Simulator:
             out["energy_j_per_output_token"] = None
         out |= self._feature_summary()
         out |= self._kv_layout_summary()
+        if self.clients is not None:  # closed loop only (open-loop output unchanged)
+            out |= self.clients.summary(self.arrived)
         per = []
         for r in self.replicas:
             per.append(

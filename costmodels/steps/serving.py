@@ -88,6 +88,7 @@ import pandas as pd
 
 from costmodels.ops.select import get_cost_model
 from costmodels.steps.composition import Composition, shipped_composition
+from costmodels.steps.engines import ENGINE_IDS, EngineError, load_engine, padded_size
 from costmodels.steps.serving_grid import (
     Pricer,
     StepError,
@@ -116,7 +117,7 @@ from workloads.decompose.sparsity import linear_sparsity, sparsify_templates
 from workloads.models import ModelConfig, load_model
 from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
 
-ENGINES = ("vllm", "pytorch-eager")
+ENGINES = ENGINE_IDS  # the engine profiles shipped (costmodels/data/engines)
 
 # --- launch costs -------------------------------------------------------------------------
 # The cost model's op times come from microbenchmarks timed one call at a time with CUDA
@@ -194,6 +195,8 @@ class _Grids:
     dec_b: np.ndarray
     dec_kv: np.ndarray
     wdec: np.ndarray  # [b, kv] decode attention work seconds
+    tok_kern: list = field(default_factory=list)  # [n_tok_x] kernels per step
+    seq_kern: list = field(default_factory=list)  # [n_seq_x]
     lists: dict[str, Any] = field(default_factory=dict)
 
 
@@ -215,6 +218,7 @@ class StepModel(VllmMemory, SummaryPricing):
     """
 
     _graph_floor_s = GRAPH_KERNEL_FLOOR_S  # a graph-replayed kernel's floor (summary_tables)
+    _stream_floor_s = STREAM_KERNEL_FLOOR_S  # a host-launched kernel's floor (summary_tables)
 
     def __init__(
         self,
@@ -237,8 +241,10 @@ class StepModel(VllmMemory, SummaryPricing):
         composition: Composition | None | str = "shipped",
     ) -> None:
         self.model = model if isinstance(model, ModelConfig) else load_model(model)
-        if engine not in ENGINES:
-            raise StepError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
+        try:
+            self.profile = load_engine(engine)
+        except EngineError as exc:
+            raise StepError(str(exc)) from None
         for name, v in (
             ("pp", pp),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -293,7 +299,6 @@ class StepModel(VllmMemory, SummaryPricing):
         self.engine, self.tp, self.pp, self.dtype = engine, tp, pp, dtype
         self.weight_dtype, self.kv_cache_dtype = weight_dtype, kv_dt
         self.gemm_dtype = fmt.gemm_dtype or dtype  # what the quantised GEMMs compute in
-        self.attn_backend = attn_backend or ("cudnn" if engine == "pytorch-eager" else "flash")
         self.max_num_batched_tokens, self.max_num_seqs = max_num_batched_tokens, max_num_seqs
         self.gpu_id = gpu_id
         if composition == "shipped":
@@ -304,6 +309,13 @@ class StepModel(VllmMemory, SummaryPricing):
         self.cost_model = cost_model
         system = cost_model.system
         self.gpu = system.gpu
+        # the engine's kernels on this architecture (one op backend each for prefill and
+        # decode attention); --attn-backend overrides both
+        kernels = self.profile.kernels_for(self.gpu.architecture)
+        self.prefill_backend = attn_backend or kernels.prefill_backend
+        self.decode_backend = attn_backend or kernels.decode_backend
+        self.attn_backend = self.prefill_backend
+        self._graph_setup(max_num_seqs)
         self.sparsity = linear_sparsity(
             weight_sparsity, activation_sparsity, model=m, gpu=self.gpu, weight_dtype=weight_dtype
         )  # fmt: skip
@@ -334,11 +346,12 @@ class StepModel(VllmMemory, SummaryPricing):
         )
         self._attn_dims = {p: attention_dims(m, shard, p) for p in ("prefill", "decode")}
         params = getattr(getattr(cost_model, "base", cost_model), "params", None)
-        self._launch = launch_costs(params, self.attn_backend)
+        self._launch = launch_costs(params, self.prefill_backend)
+        launch_costs(params, self.decode_backend)  # one line for an unknown backend
         self.label = getattr(cost_model, "label", type(cost_model).__name__)
         self._check_weights_fit()
         tpls = serving_templates(
-            m, shard, engine, dtype, pp=pp, tp_nodes=self.shape.tp_nodes,
+            m, shard, self.profile.decompose, dtype, pp=pp, tp_nodes=self.shape.tp_nodes,
             pp_nodes=self.shape.pp_nodes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dt,
         )  # fmt: skip
         tpls["layer"] = sparsify_templates(tpls["layer"], self.sparsity)
@@ -366,16 +379,64 @@ class StepModel(VllmMemory, SummaryPricing):
         self._attn_f: dict[bool, tuple[float, float]] = {}
 
     # --- construction ----------------------------------------------------------------
+    def _graph_setup(self, max_num_seqs: int) -> None:
+        """The engine's CUDA-graph capture sizes on this GPU and its host work
+        (:class:`costmodels.steps.engines.EngineProfile`)."""
+        prof = self.profile
+        g = prof.cuda_graphs
+        self._caps = list(prof.capture_sizes(
+            self.gpu_id, self.gpu.memory_gib, self.tp, max_num_seqs))  # fmt: skip
+        self._cap_max = self._caps[-1] if self._caps else 0
+        self._decode_graph = g.decode != "none"
+        self._decode_attn_stream = g.decode == "piecewise"
+        self._mixed_graph = g.mixed == "piecewise"
+        self._host = prof.host
+        self._overlap = prof.host.overlap
+        self._launch_s = prof.host.launch_s_per_kernel
+
+    def _plan(self, n_pre: int, T: int) -> tuple[str, int, bool]:
+        """How an iteration of ``T`` tokens (``n_pre`` prefill chunks) launches: (context,
+        tokens its token-linear kernels run on, attention launched from the host). A
+        decode-only batch within the capture sizes replays a graph padded up to the next
+        size (GEMMs on the padded rows, attention over the real sequences); a mixed batch
+        does in piecewise mode (attention outside the graph); the rest launch from the
+        host. The eager engine replays decode graphs at the exact batch."""
+        if self.engine == "pytorch-eager":
+            return ("stream", T, True) if n_pre else ("graph", T, False)
+        if n_pre == 0 and self._decode_graph and self._cap_max >= T:
+            return "graph", padded_size(self._caps, T), self._decode_attn_stream  # type: ignore[return-value]
+        if n_pre and self._mixed_graph and self._cap_max >= T:
+            return "graph", padded_size(self._caps, T), True  # type: ignore[return-value]
+        return "stream", T, True
+
+    def _kernels(self, T: int, S: int, n_pre: int, n_dec: int) -> float:
+        """Kernels one iteration launches (its attention launches included)."""
+        g = self._grids
+        i, w = bracket(g.lists["tok_x"], T)
+        a = g.tok_kern
+        k = a[i] + w * (a[i + 1] - a[i])
+        i, w = bracket(g.lists["seq_x"], S)
+        b = g.seq_kern
+        k = k + (b[i] + w * (b[i + 1] - b[i]))
+        return k + self.model.num_layers * ((n_pre > 0) + (n_dec > 0))
+
+    def _finish(self, gpu: float, ctx: str, T: int, S: int, n_pre: int, n_dec: int) -> float:
+        """The iteration's price from its GPU time: a step launched from the host takes at
+        least its kernels x the host's seconds per launch; then the engine's host work is
+        added (serial) or overlapped (``max``)."""
+        if ctx == "stream" and self._launch_s and self.engine != "pytorch-eager":
+            gpu = max(gpu, self._kernels(T, S, n_pre, n_dec) * self._launch_s)
+        h = self._host.step_s(S, T)
+        return max(gpu, h) if self._overlap else gpu + h
+
     def _per_step(self, tpls: Sequence[OpTemplate]) -> np.ndarray:
         layers = self.model.num_layers
         return np.array([t.count * (layers if t.per_layer else 1) for t in tpls], dtype=float)
 
     def _contexts(self) -> dict[str, float]:
-        """Launch contexts and their per-kernel floor: graph replay (vllm, eager decode)
-        and eager stream launch (the eager engine's prefill)."""
-        if self.engine == "pytorch-eager":
-            return {"graph": GRAPH_KERNEL_FLOOR_S, "stream": STREAM_KERNEL_FLOOR_S}
-        return {"graph": GRAPH_KERNEL_FLOOR_S}
+        """Launch contexts and their per-kernel floor: graph replay and launch from the host
+        (a step outside the engine's CUDA graphs, the eager engine's prefill)."""
+        return {"graph": GRAPH_KERNEL_FLOOR_S, "stream": STREAM_KERNEL_FLOOR_S}
 
     def _composition_key(self, ctx: str) -> str:
         """The composition's engine key of a launch context (``pytorch-eager/graph``...)."""
@@ -407,7 +468,8 @@ class StepModel(VllmMemory, SummaryPricing):
             self.tp,
             self.pp,
             self.engine,
-            self.attn_backend,
+            self.prefill_backend,
+            self.decode_backend,
             self.dtype,
             self.weight_dtype,
             self.kv_cache_dtype,
@@ -436,7 +498,13 @@ class StepModel(VllmMemory, SummaryPricing):
             np.repeat(dec_b, len(dec_kv)), np.tile(dec_kv, len(dec_b))
         ).reshape(len(dec_b), len(dec_kv))
         wdec = monotone(wdec, 0, 1)
+        # kernels launched per step (instances x count x layers), for the launch-bound
+        # floor of a step outside CUDA graphs
+        tok_kern = (total_instances(self._layer_tpls, tok_x) * w_tok).sum(axis=0)
+        seq_kern = (total_instances(self._tpls["seq"], seq_x) * w_seq).sum(axis=0)
         g = _Grids(
+            tok_kern=tok_kern.tolist(),
+            seq_kern=seq_kern.tolist(),
             tok_x=tok_x,
             seq_x=seq_x,
             tok=tok,
@@ -482,7 +550,7 @@ class StepModel(VllmMemory, SummaryPricing):
                     "heads_kv": np.full(size, self._attn_dims["prefill"]["heads_kv"]),
                     "head_dim": np.full(size, self._attn_dims["prefill"]["head_dim"]),
                     "causal": np.ones(size, dtype=bool),
-                    "backend": self.attn_backend,
+                    "backend": self.prefill_backend,
                 }
             ).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
         )
@@ -541,7 +609,7 @@ class StepModel(VllmMemory, SummaryPricing):
                     "heads_q": np.full(size, self._attn_dims["decode"]["heads_q"]),
                     "heads_kv": np.full(size, self._attn_dims["decode"]["heads_kv"]),
                     "head_dim": np.full(size, self._attn_dims["decode"]["head_dim"]),
-                    "backend": self.attn_backend,
+                    "backend": self.decode_backend,
                 }
             ).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
         )
@@ -661,7 +729,26 @@ class StepModel(VllmMemory, SummaryPricing):
                 out[t.label] = out.get(t.label, 0.0) + float(v)
         if ev.eager:
             out["host_stall"] = max(0.0, ev.total - sum(out.values()))
+        elif ev.total > sum(out.values()):
+            # the engine's host work not hidden behind the GPU (serial, or what exceeds the
+            # GPU when overlapped) and a host-launched step's launch-bound wait
+            out["host"] = ev.total - sum(out.values())
         return out
+
+    def launch_plan(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> dict:
+        """How the iteration launches: ``cuda_graph`` (graph replay or host launches),
+        ``padded_tokens`` (what the graph's kernels run on), ``host_s`` (the engine's host
+        work), ``host_overlapped``."""
+        pn, _, dc = self._args(prefill_new, prefill_past, decode_ctx)
+        T = int(pn.sum()) + int(dc.size)
+        ctx, Tg, _ = self._plan(int(pn.size), T)
+        mode = self.profile.cuda_graphs.decode if not pn.size else self.profile.cuda_graphs.mixed
+        return {
+            "cuda_graph": mode if ctx == "graph" else "none",
+            "padded_tokens": int(Tg),
+            "host_s": self._host.step_s(int(pn.size) + int(dc.size), T),
+            "host_overlapped": self._overlap,
+        }
 
     def stage_s(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:
         """The slowest pipeline stage of the iteration (its layers, the embedding on the
@@ -708,21 +795,23 @@ class StepModel(VllmMemory, SummaryPricing):
         S = logits_rows if logits_rows is not None else n_pre + n_dec
         g = self._grids
         eager = self.engine == "pytorch-eager" and n_pre > 0
-        ctx = "stream" if eager else "graph"
+        ctx, Tg, attn_stream = self._plan(n_pre, T)
         pre, dec, attn_in_grid = self._attention(pn, pp, n_dec, ctx_sum, exact)
-        in_grid = attn_in_grid and g.tok_x[-1] >= T and g.seq_x[-1] >= S
-        attn = self._attn_layer_s(pre, dec, eager)
+        in_grid = attn_in_grid and g.tok_x[-1] >= Tg and g.seq_x[-1] >= S
+        attn = self._attn_layer_s(pre, dec, attn_stream)
         layers = self.model.num_layers
         if not (vectors or eager) and in_grid:
-            return _Eval(self._grid_total_s(T, S, n_dec > 0) + layers * attn, attn)
-        tok_v, seq_v = self._vectors(T, S, ctx, in_grid)
+            gpu = self._grid_total_s(Tg, S, n_dec > 0, ctx) + layers * attn
+            return _Eval(self._finish(gpu, ctx, T, S, n_pre, n_dec), attn)
+        tok_v, seq_v = self._vectors(Tg, S, ctx, in_grid)
         keep = self._seq_keep_dec if n_dec else self._seq_keep
         seq_v = np.where(keep, seq_v * self._per_seq, 0.0)
         if eager:
             total = self._launch_queue(tok_v, seq_v[keep], attn, EAGER_HOST_DISPATCH_S)
         else:
-            total = float((tok_v * self._per_tok).sum() + seq_v.sum()) + layers * attn
-        return _Eval(total, attn, tok_v, seq_v, eager)
+            gpu = float((tok_v * self._per_tok).sum() + seq_v.sum()) + layers * attn
+            total = self._finish(gpu, ctx, T, S, n_pre, n_dec)
+        return _Eval(total, attn, tok_v, seq_v, eager, ctx, Tg, self._host.step_s(S, T))
 
     def _launch_queue(
         self, tok_v: np.ndarray, tail: np.ndarray, attn: float, host_s: float
@@ -782,6 +871,9 @@ class _Eval:
     tok: np.ndarray | None = None  # per-instance seconds of the token templates
     seq: np.ndarray | None = None  # per-step seconds of the sequence templates
     eager: bool = False
+    ctx: str = "graph"  # launch context (graph replay or from the host)
+    tokens: int = 0  # tokens the token-linear kernels ran on (padded to a graph's size)
+    host: float = 0.0  # the engine's host seconds of the iteration
 
 
 @lru_cache(maxsize=16)

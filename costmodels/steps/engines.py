@@ -29,6 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "engines"
 #: the engine ids shipped, one YAML file each (sorted; ``vllm`` is vLLM V1)
 ENGINE_IDS: tuple[str, ...] = tuple(sorted(p.stem for p in DATA_DIR.glob("*.yaml")))
+#: the type of an engine id field (``--engine``): one of :data:`ENGINE_IDS`
+EngineId = Literal[ENGINE_IDS]  # type: ignore[valid-type]
 #: architectures a kernel table may name (hardware_specs.schema.GpuSpec.architecture)
 ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell", "cdna3")
 #: the op cost model's attention backends (costmodels/profiles/*.json: attention.backends)
@@ -305,6 +307,7 @@ def load_engine(engine_id: str) -> EngineProfile:
 
 __all__ = [
     "ENGINE_IDS",
+    "EngineId",
     "EngineDefaults",
     "EngineError",
     "EngineProfile",

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from hardware_specs.registry import load_catalog
+from costmodels.steps.engines import ENGINE_IDS, EngineId, load_engine
+from hardware_specs.registry import SpecError, load_catalog
 from simcli.scenario import sparsity_options as so
 from simcli.scenario.config_base import (
     MAX_GPUS_PER_STAGE,
@@ -65,6 +66,57 @@ PERCENTILE_HELP = (
 )
 
 
+ENGINE_HELP = (
+    f"Engine profile ({' | '.join(ENGINE_IDS)}; vllm = the V1 engine): its kernels per GPU, "
+    "CUDA graphs, host work and defaults (costmodels/data/engines, docs/engines.md)."
+)
+
+
+def engine_field(help_text: str = ENGINE_HELP) -> Any:
+    """``--engine``: one of the shipped engine profiles (the one registry of ids)."""
+    return Field("vllm", description=help_text)
+
+
+def attn_backend_field() -> Any:
+    """``--attn-backend``: the op backend of prefill and decode attention."""
+    return Field(
+        None,
+        description="Attention kernels: flash | cudnn | flex | efficient (default: the "
+        "engine's per GPU architecture).",
+    )
+
+
+def hardware_field() -> Any:
+    """``--hardware``: an extra hardware spec file (as on ``train`` and ``predict``)."""
+    return Field(None, description="Extra hardware spec file (YAML/JSON).")
+
+
+def fill_engine_defaults(data: Any, fields: dict[str, str]) -> Any:
+    """``data`` (a command's raw values) with each of ``fields`` (field -> the engine
+    default it takes: max_num_seqs, block_size, simulator_scheduler, max_num_batched_tokens)
+    that is missing or None set from ``--engine``'s profile on ``--gpu`` (its memory tier);
+    a bad engine or GPU is left for the field checks to report."""
+    if not isinstance(data, dict):
+        return data
+    engine = data.get("engine") or "vllm"
+    if engine not in ENGINE_IDS or all(data.get(k) is not None for k in fields):
+        return data
+    profile = load_engine(engine)
+    gpu_id, memory_gib = str(data.get("gpu") or ""), 0.0
+    try:
+        if gpu_id:
+            memory_gib = load_catalog(data.get("hardware")).gpu(gpu_id).memory_gib
+    except (SpecError, OSError, ValueError):
+        pass
+    tp = data.get("tp") if isinstance(data.get("tp"), int) else 1
+    d = profile.defaults_for(gpu_id, memory_gib, tp)
+    out = dict(data)
+    for name, key in fields.items():
+        if out.get(name) is None:
+            out[name] = getattr(d, key)
+    return out
+
+
 # --------------------------------------------------------------------------- simcli serve
 
 
@@ -72,6 +124,7 @@ PERCENTILE_HELP = (
 # almost all the time and the shape underflows to 0 (serve --burstiness 1e308 divided by it)
 MAX_BURSTINESS = 100.0
 BURSTINESS_WHY = "a CV of 100 already puts nearly every arrival in one burst"
+
 
 class ServeOptions(CommandConfig):
     """``simcli serve``: one deployment (model, GPUs, parallelism, scheduler, engine and the
@@ -96,7 +149,7 @@ class ServeOptions(CommandConfig):
         1, MAX_REPLICAS, REPLICAS_WHY, description="Model replicas behind the router."
     )
     scheduler: Literal["vllm", "orca", "sarathi"] = Field(
-        "vllm", description="Replica scheduler: vllm | orca | sarathi"
+        None, description="Replica scheduler: vllm | orca | sarathi (default: the engine's)."
     )
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = Field(
         "least_outstanding",
@@ -138,17 +191,23 @@ class ServeOptions(CommandConfig):
     preemption: Literal["recompute", "swap"] = Field(
         "recompute", description="What a preempted sequence loses: recompute | swap"
     )
-    chunk_size: int = tokens_field(512, description="Sarathi token budget per iteration, tokens.")
+    chunk_size: int = tokens_field(
+        None,
+        description="Sarathi token budget per iteration, tokens (default: the engine's "
+        "max_num_batched_tokens, else 512).",
+    )
     max_batch_size: int = count_field(
-        256,
+        None,
         MAX_SEQS,
         SEQS_WHY,
-        description="Running sequences per replica (max_num_seqs).",
+        description="Running sequences per replica (max_num_seqs; default: the engine's).",
     )
     max_tokens: int | None = tokens_field(
         None, description="Tokens per iteration, vllm/orca (default max(model context, 2048))."
     )
-    block_size: int = tokens_field(16, description="KV block size, tokens.")
+    block_size: int = tokens_field(
+        None, description="KV block size, tokens (default: the engine's)."
+    )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
     )
@@ -167,9 +226,9 @@ class ServeOptions(CommandConfig):
     price_per_gpu_hour: float | None = Field(
         None, gt=0, description="US$ per GPU-hour (default: the price table)."
     )
-    engine: Literal["vllm", "pytorch-eager"] = Field(
-        "vllm", description="Step-time engine: vllm (CUDA graphs) | pytorch-eager."
-    )
+    engine: EngineId = engine_field()
+    attn_backend: str | None = attn_backend_field()
+    hardware: Path | None = hardware_field()
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
     weight_sparsity: so.WeightSparsity = so.weight_sparsity_field()
@@ -313,6 +372,18 @@ class ServeOptions(CommandConfig):
     @classmethod
     def _dist(cls, v: str) -> str:
         return check_dist(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, data: Any) -> Any:
+        data = fill_engine_defaults(data, {"scheduler": "simulator_scheduler",
+                                           "max_batch_size": "max_num_seqs",
+                                           "block_size": "block_size"})  # fmt: skip
+        if isinstance(data, dict) and data.get("chunk_size") is None:
+            data = fill_engine_defaults(data, {"chunk_size": "max_num_batched_tokens"})
+            if data.get("chunk_size") is None:
+                data["chunk_size"] = 512  # Sarathi-Serve's budget where the engine has none
+        return data
 
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
@@ -544,12 +615,16 @@ class ServePlanOptions(CommandConfig):
     max_replicas: int = count_field(
         64, MAX_REPLICAS, REPLICAS_WHY, description="Most replicas to consider."
     )
-    max_batch_size: int = count_field(
-        256, MAX_SEQS, SEQS_WHY, description="Running sequences per replica (max_num_seqs)."
+    max_batch_size: int | None = count_field(
+        None,
+        MAX_SEQS,
+        SEQS_WHY,
+        description="Running sequences per replica (max_num_seqs; default: the engine's on "
+        "each GPU).",
     )
-    engine: Literal["vllm", "pytorch-eager"] = Field(
-        "vllm", description="Step-time engine of every deployment: vllm | pytorch-eager."
-    )
+    engine: EngineId = engine_field()
+    attn_backend: str | None = attn_backend_field()
+    hardware: Path | None = hardware_field()
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
     )
@@ -631,6 +706,8 @@ class ServePlanOptions(CommandConfig):
             max_batch_size=self.max_batch_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
             engine=self.engine,
+            attn_backend=self.attn_backend,
+            hardware=self.hardware,
             weight_dtype=self.weight_dtype,
             kv_cache_dtype=self.kv_cache_dtype,
             prices=parse_prices(self.price),
@@ -695,13 +772,9 @@ class StepOptions(CommandConfig):
         0, ge=0, description="prefill/mixed: prompt tokens already cached (earlier chunks)."
     )
     prefills: int = Field(1, gt=0, description="mixed: prefill chunks in the batch.")
-    engine: Literal["vllm", "pytorch-eager"] = Field(
-        "vllm", description="Step-time engine: vllm | pytorch-eager"
-    )
-    attn_backend: str | None = Field(
-        None,
-        description="Attention kernels: flash | cudnn | flex | efficient (default per engine).",
-    )
+    engine: EngineId = engine_field()
+    attn_backend: str | None = attn_backend_field()
+    hardware: Path | None = hardware_field()
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
     weight_sparsity: so.WeightSparsity = so.weight_sparsity_field()
@@ -709,7 +782,15 @@ class StepOptions(CommandConfig):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
-    block_size: int = tokens_field(16, description="KV-cache block, tokens.")
+    block_size: int = tokens_field(
+        None, description="KV-cache block, tokens (default: the engine's)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, data: Any) -> Any:
+        return fill_engine_defaults(data, {"block_size": "block_size"})
+
     max_model_len: int | None = tokens_field(
         None,
         description="Longest sequence (prompt + generated) the engine accepts, as vLLM's "

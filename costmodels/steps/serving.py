@@ -14,20 +14,18 @@ one row per sequence. Every op is priced by the calibrated cost model
 (:func:`costmodels.ops.select.get_cost_model`); this module only decides which ops run, how
 they are launched, and adds them up.
 
-**Engines.**
-
-- ``vllm`` (the target engine): fused kernels as in vLLM's Llama (fused residual-add +
-  RMSNorm, fused QKV and gate-up GEMMs, in-place rotary, ``reshape_and_cache``,
-  ``silu_and_mul``), flash attention over a paged KV cache, every step replayed from CUDA
-  graphs: no host time, but each kernel costs at least :data:`GRAPH_KERNEL_FLOOR_S`.
-- ``pytorch-eager``: the plain PyTorch model measured by ``calibrate/steps/serve_step.py``
-  (Llama-style, one GPU): RMSNorm, RoPE and SiLU-mul as the eager kernels the script runs
-  (each an HBM pass priced as a ``copy`` of its traffic, like
-  :func:`costmodels.steps.training.eager_extra_ops` but forward-only with bf16 weights), cuDNN
-  attention (what SDPA picked on the H100). Decode is replayed from a CUDA graph; prefill
-  runs eagerly, so each of its ~1,260 torch calls costs the host
-  :data:`EAGER_HOST_DISPATCH_S` and host and GPU are combined by a launch-queue recurrence
-  (see :func:`launch_queue_s`).
+**Engines.** ``engine`` names a profile (:mod:`costmodels.steps.engines`, docs/engines.md):
+its attention backends per GPU architecture, its CUDA graphs (capture sizes, padding, what
+launches from the host) and host work per iteration
+(:class:`~costmodels.steps.serving_launch.EngineLaunch`), its defaults. ``vllm``, ``vllm-v0``,
+``sglang``, ``trtllm`` run vLLM's fused kernels (fused residual-add + RMSNorm, fused QKV and
+gate-up GEMMs, in-place rotary, ``reshape_and_cache``, ``silu_and_mul``); a kernel replayed
+from a graph costs at least :data:`GRAPH_KERNEL_FLOOR_S`, one launched from the host
+:data:`STREAM_KERNEL_FLOOR_S`. ``pytorch-eager`` is the plain PyTorch model measured by
+``calibrate/steps/serve_step.py`` (one GPU): RMSNorm, RoPE and SiLU-mul as its eager kernels
+(each an HBM pass priced as a ``copy``), cuDNN attention; decode replayed from a graph,
+prefill eager through the launch-queue recurrence (:func:`launch_queue_s`, host
+:data:`EAGER_HOST_DISPATCH_S` per torch call).
 
 **Speed.** Everything is priced once, at construction, with a few vectorised
 ``predict_many`` calls on grids: token counts (every integer to 256, then both sides of
@@ -63,12 +61,10 @@ is read as bf16 too, an overestimate of its bytes with an fp8 cache).
   the longest sequence alone; decodes are a second launch priced at their mean context
   (their KV traffic is exact, the split-KV walk of the longest sequence is not). vLLM V1
   runs both in one varlen call.
-- ``vllm``: no host or scheduler time and every kernel in a graph (V1 runs attention
-  outside its piecewise graphs; kernels of large steps are long enough to hide launches);
-  routed experts as ``fused_moe``'s grouped GEMMs, one launch per projection reading only
-  the touched experts' weights (:mod:`workloads.decompose.moe`; skew: the model's
-  ``moe_imbalance``); sampling is one softmax over the vocabulary per sequence; MLA as in
-  :mod:`workloads.decompose.mla`.
+- Fused engines: routed experts as ``fused_moe``'s grouped GEMMs reading only the touched
+  experts' weights (:mod:`workloads.decompose.moe`; skew: ``moe_imbalance``); sampling one
+  softmax over the vocabulary per sequence; MLA as in :mod:`workloads.decompose.mla`; the
+  LM head and sampler at the graph floor (V1 runs them outside its graphs).
 - ``pytorch-eager``: Llama-style dense models on one GPU only; its host constant is a
   property of the measuring VM's CPU and PyTorch version.
 - Memory: the non-torch, graph-pool and activation terms follow vLLM's profile of
@@ -88,10 +84,11 @@ import pandas as pd
 
 from costmodels.ops.select import get_cost_model
 from costmodels.steps.composition import Composition, shipped_composition
-from costmodels.steps.engines import ENGINE_IDS, EngineError, load_engine, padded_size
+from costmodels.steps.engines import ENGINE_IDS, EngineError, load_engine
 from costmodels.steps.serving_grid import (
     Pricer,
     StepError,
+    attention_frame,
     attn_axis,
     bilinear,
     bracket,
@@ -102,6 +99,9 @@ from costmodels.steps.serving_grid import (
     monotone,
     strided_scale,
 )
+from costmodels.steps.serving_launch import EngineLaunch
+from costmodels.steps.serving_launch import IterationCost as _Eval
+from costmodels.steps.serving_launch import decode_summary as _decodes
 from costmodels.steps.serving_memory import (
     DEFAULT_MAX_BATCHED_TOKENS,
     DEFAULT_MAX_SEQS,
@@ -115,7 +115,6 @@ from workloads.decompose.quant import KV_CACHE_DTYPES, WEIGHT_FORMATS, kv_storag
 from workloads.decompose.serving import total_instances
 from workloads.decompose.sparsity import linear_sparsity, sparsify_templates
 from workloads.models import ModelConfig, load_model
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
 
 ENGINES = ENGINE_IDS  # the engine profiles shipped (costmodels/data/engines)
 
@@ -315,7 +314,8 @@ class StepModel(VllmMemory, SummaryPricing):
         self.prefill_backend = attn_backend or kernels.prefill_backend
         self.decode_backend = attn_backend or kernels.decode_backend
         self.attn_backend = self.prefill_backend
-        self._graph_setup(max_num_seqs)
+        self.launch = EngineLaunch.of(
+            self.profile, gpu_id, self.gpu.memory_gib, tp, max_num_seqs)  # fmt: skip
         self.sparsity = linear_sparsity(
             weight_sparsity, activation_sparsity, model=m, gpu=self.gpu, weight_dtype=weight_dtype
         )  # fmt: skip
@@ -379,36 +379,6 @@ class StepModel(VllmMemory, SummaryPricing):
         self._attn_f: dict[bool, tuple[float, float]] = {}
 
     # --- construction ----------------------------------------------------------------
-    def _graph_setup(self, max_num_seqs: int) -> None:
-        """The engine's CUDA-graph capture sizes on this GPU and its host work
-        (:class:`costmodels.steps.engines.EngineProfile`)."""
-        prof = self.profile
-        g = prof.cuda_graphs
-        self._caps = list(prof.capture_sizes(
-            self.gpu_id, self.gpu.memory_gib, self.tp, max_num_seqs))  # fmt: skip
-        self._cap_max = self._caps[-1] if self._caps else 0
-        self._decode_graph = g.decode != "none"
-        self._decode_attn_stream = g.decode == "piecewise"
-        self._mixed_graph = g.mixed == "piecewise"
-        self._host = prof.host
-        self._overlap = prof.host.overlap
-        self._launch_s = prof.host.launch_s_per_kernel
-
-    def _plan(self, n_pre: int, T: int) -> tuple[str, int, bool]:
-        """How an iteration of ``T`` tokens (``n_pre`` prefill chunks) launches: (context,
-        tokens its token-linear kernels run on, attention launched from the host). A
-        decode-only batch within the capture sizes replays a graph padded up to the next
-        size (GEMMs on the padded rows, attention over the real sequences); a mixed batch
-        does in piecewise mode (attention outside the graph); the rest launch from the
-        host. The eager engine replays decode graphs at the exact batch."""
-        if self.engine == "pytorch-eager":
-            return ("stream", T, True) if n_pre else ("graph", T, False)
-        if n_pre == 0 and self._decode_graph and self._cap_max >= T:
-            return "graph", padded_size(self._caps, T), self._decode_attn_stream  # type: ignore[return-value]
-        if n_pre and self._mixed_graph and self._cap_max >= T:
-            return "graph", padded_size(self._caps, T), True  # type: ignore[return-value]
-        return "stream", T, True
-
     def _kernels(self, T: int, S: int, n_pre: int, n_dec: int) -> float:
         """Kernels one iteration launches (its attention launches included)."""
         g = self._grids
@@ -422,12 +392,12 @@ class StepModel(VllmMemory, SummaryPricing):
 
     def _finish(self, gpu: float, ctx: str, T: int, S: int, n_pre: int, n_dec: int) -> float:
         """The iteration's price from its GPU time: a step launched from the host takes at
-        least its kernels x the host's seconds per launch; then the engine's host work is
-        added (serial) or overlapped (``max``)."""
-        if ctx == "stream" and self._launch_s and self.engine != "pytorch-eager":
-            gpu = max(gpu, self._kernels(T, S, n_pre, n_dec) * self._launch_s)
-        h = self._host.step_s(S, T)
-        return max(gpu, h) if self._overlap else gpu + h
+        least its kernels x the host's seconds per launch; the engine's host work is then
+        added or overlapped (:class:`~costmodels.steps.serving_launch.EngineLaunch`)."""
+        launch_s = self.launch.launch_s
+        if ctx == "stream" and launch_s:
+            gpu = max(gpu, self._kernels(T, S, n_pre, n_dec) * launch_s)
+        return self.launch.combine(gpu, S, T)
 
     def _per_step(self, tpls: Sequence[OpTemplate]) -> np.ndarray:
         layers = self.model.num_layers
@@ -537,23 +507,8 @@ class StepModel(VllmMemory, SummaryPricing):
         return g
 
     def _attn_rows(self, batch: np.ndarray, n: np.ndarray, p: np.ndarray) -> pd.DataFrame:
-        size = len(n)
-        return normalise_frame(
-            pd.DataFrame(
-                {
-                    "op": "attn_fwd",
-                    "dtype": self.dtype,
-                    "batch": batch.astype(np.int64),
-                    "seq_q": n.astype(np.int64),
-                    "seq_kv": (n + p).astype(np.int64),
-                    "heads_q": np.full(size, self._attn_dims["prefill"]["heads_q"]),
-                    "heads_kv": np.full(size, self._attn_dims["prefill"]["heads_kv"]),
-                    "head_dim": np.full(size, self._attn_dims["prefill"]["head_dim"]),
-                    "causal": np.ones(size, dtype=bool),
-                    "backend": self.prefill_backend,
-                }
-            ).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
-        )
+        dims = self._attn_dims["prefill"]
+        return attention_frame("attn_fwd", self.dtype, dims, self.prefill_backend, batch, n, n + p)
 
     def _fill_batch(self, n: np.ndarray) -> np.ndarray:
         """Sequences of n new tokens whose CTAs fill FILL_WAVES waves of the GPU."""
@@ -597,22 +552,9 @@ class StepModel(VllmMemory, SummaryPricing):
         return self._pricer.work(frame, launch, fp8)
 
     def _decode_frame(self, batch: np.ndarray, kv: np.ndarray, dtype: str) -> pd.DataFrame:
-        size = len(batch)
-        return normalise_frame(
-            pd.DataFrame(
-                {
-                    "op": "attn_decode",
-                    "dtype": dtype,
-                    "batch": np.asarray(batch, dtype=np.int64),
-                    "seq_q": np.ones(size, dtype=np.int64),
-                    "seq_kv": np.asarray(kv, dtype=np.int64),
-                    "heads_q": np.full(size, self._attn_dims["decode"]["heads_q"]),
-                    "heads_kv": np.full(size, self._attn_dims["decode"]["heads_kv"]),
-                    "head_dim": np.full(size, self._attn_dims["decode"]["head_dim"]),
-                    "backend": self.decode_backend,
-                }
-            ).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
-        )
+        ones = np.ones(len(batch))
+        dims = self._attn_dims["decode"]
+        return attention_frame("attn_decode", dtype, dims, self.decode_backend, batch, ones, kv)
 
     # --- time ------------------------------------------------------------------------
     def _args(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any):
@@ -736,19 +678,10 @@ class StepModel(VllmMemory, SummaryPricing):
         return out
 
     def launch_plan(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> dict:
-        """How the iteration launches: ``cuda_graph`` (graph replay or host launches),
-        ``padded_tokens`` (what the graph's kernels run on), ``host_s`` (the engine's host
-        work), ``host_overlapped``."""
+        """How the iteration launches (:meth:`EngineLaunch.describe`)."""
         pn, _, dc = self._args(prefill_new, prefill_past, decode_ctx)
-        T = int(pn.sum()) + int(dc.size)
-        ctx, Tg, _ = self._plan(int(pn.size), T)
-        mode = self.profile.cuda_graphs.decode if not pn.size else self.profile.cuda_graphs.mixed
-        return {
-            "cuda_graph": mode if ctx == "graph" else "none",
-            "padded_tokens": int(Tg),
-            "host_s": self._host.step_s(int(pn.size) + int(dc.size), T),
-            "host_overlapped": self._overlap,
-        }
+        n = int(pn.size) + int(dc.size)
+        return self.launch.describe(self.profile, int(pn.size), n, int(pn.sum()) + int(dc.size))
 
     def stage_s(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:
         """The slowest pipeline stage of the iteration (its layers, the embedding on the
@@ -795,7 +728,7 @@ class StepModel(VllmMemory, SummaryPricing):
         S = logits_rows if logits_rows is not None else n_pre + n_dec
         g = self._grids
         eager = self.engine == "pytorch-eager" and n_pre > 0
-        ctx, Tg, attn_stream = self._plan(n_pre, T)
+        ctx, Tg, attn_stream = self.launch.plan(n_pre, T)
         pre, dec, attn_in_grid = self._attention(pn, pp, n_dec, ctx_sum, exact)
         in_grid = attn_in_grid and g.tok_x[-1] >= Tg and g.seq_x[-1] >= S
         attn = self._attn_layer_s(pre, dec, attn_stream)
@@ -811,7 +744,7 @@ class StepModel(VllmMemory, SummaryPricing):
         else:
             gpu = float((tok_v * self._per_tok).sum() + seq_v.sum()) + layers * attn
             total = self._finish(gpu, ctx, T, S, n_pre, n_dec)
-        return _Eval(total, attn, tok_v, seq_v, eager, ctx, Tg, self._host.step_s(S, T))
+        return _Eval(total, attn, tok_v, seq_v, eager)
 
     def _launch_queue(
         self, tok_v: np.ndarray, tail: np.ndarray, attn: float, host_s: float
@@ -859,25 +792,6 @@ class StepModel(VllmMemory, SummaryPricing):
         return tok, seq
 
 
-def _decodes(dc: np.ndarray) -> tuple[int, int]:
-    """(count, context sum) of the decodes: all a step's price needs of them."""
-    return int(dc.size), int(dc.sum())
-
-
-@dataclass
-class _Eval:
-    total: float
-    attn: float  # one layer's attention, seconds
-    tok: np.ndarray | None = None  # per-instance seconds of the token templates
-    seq: np.ndarray | None = None  # per-step seconds of the sequence templates
-    eager: bool = False
-    ctx: str = "graph"  # launch context (graph replay or from the host)
-    tokens: int = 0  # tokens the token-linear kernels ran on (padded to a graph's size)
-    host: float = 0.0  # the engine's host seconds of the iteration
-
-
 @lru_cache(maxsize=16)
 def _default_cost_model(gpu_id: str, profile: str | None, num_gpus: int) -> Any:
     return get_cost_model(gpu_id, profile=profile, num_gpus=num_gpus)
-
-

@@ -3,8 +3,9 @@ iteration priced from its summary (prefill chunks as lists, decodes as their cou
 context sum) on the step model's interpolation grids, in scalars.
 
 :class:`SummaryPricing` is mixed into ``StepModel``, which holds what it reads (``_grids``,
-``model``, ``engine``, ``composition``, ``_decode_memo``, ``_attn_f``, ``_summary_fast``,
-``_summary_tabled``, ``_graph_floor_s``,
+``model``, ``engine``, ``launch``, ``composition``, ``_decode_memo``, ``_attn_f``,
+``_summary_fast``, ``_summary_tabled``, ``_graph_floor_s``, ``_finish``,
+``_kernels``,
 ``_decode_attn``, ``_attn_layer_s``, ``_evaluate``). The values equal ``step_s``'s bit for
 bit (the same operations in the same order); a serving run calls it millions of times, so
 it avoids numpy and memoises a decode-only step's share by batch size.
@@ -115,7 +116,7 @@ class SummaryPricing:
             g = self._grids
             priced = pre is not None and (dec is not None or not n_decode)
             k = len(prefill_new)
-            ctx, Tg, attn_stream = self._plan(k, T)
+            ctx, Tg, attn_stream = self.launch.plan(k, T)
             if priced and g.tok_x[-1] >= Tg and g.seq_x[-1] >= S:
                 attn = self._attn_layer_s(pre, dec, attn_stream)
                 gpu = self._grid_total_s(Tg, S, n_decode > 0, ctx) + self.model.num_layers * attn
@@ -141,7 +142,7 @@ class SummaryPricing:
                 gpu = base + layers * (f * dec + idle_floor)  # _finish, its terms fixed
                 if launch_floor:
                     gpu = max(gpu, launch_floor)
-                return max(gpu, host) if self._overlap else gpu + host
+                return max(gpu, host) if self.launch.overlap else gpu + host
         empty = np.zeros(0, dtype=np.int64)
         return self._evaluate(empty, empty, n_decode, decode_ctx_sum).total
 
@@ -177,14 +178,14 @@ class SummaryPricing:
         totals = (g.tok_total["graph"], g.seq_total["graph"], g.seq_total_dec["graph"])
         stream = (g.tok_total["stream"], g.seq_total["stream"], g.seq_total_dec["stream"])
         grids = [L["n"], L["p"], L["tok_x"], totals[0], L["seq_x"], *totals[1:], L["dec_b"],
-                 L["dec_kv"], *stream, g.tok_kern, g.seq_kern, self._caps]  # fmt: skip
+                 L["dec_kv"], *stream, g.tok_kern, g.seq_kern, self.launch.caps]  # fmt: skip
         starts = np.cumsum([0] + [len(x) for x in grids])
         flags = [tabled and self.engine != "pytorch-eager", self.model.num_layers, top,
-                 self._mixed_graph, self._cap_max, self._overlap]  # fmt: skip
+                 self.launch.mixed_graph, self.launch.cap_max, self.launch.overlap]  # fmt: skip
         PI = np.array(flags + starts.tolist(), dtype=np.int64)
         fs, idles = self._attn_factors(True)
-        launch = self._launch_s if self.engine != "pytorch-eager" else 0.0
-        h = self._host
+        launch = self.launch.launch_s
+        h = self.launch.host
         PF = np.array([f, idle, self._graph_floor_s, self._attn_layer_s(None, 0.0, False), fs,
                        idles, self._stream_floor_s, launch, h.per_step_s, h.per_seq_s,
                        h.per_token_s])  # fmt: skip
@@ -200,7 +201,7 @@ class SummaryPricing:
         L = g.lists
         if not self._summary_fast or n > L["dec_b"][-1] or g.tok_x[-1] < n or g.seq_x[-1] < n:
             return False
-        ctx, Tg, attn_stream = self._plan(0, n)
+        ctx, Tg, attn_stream = self.launch.plan(0, n)
         if g.tok_x[-1] < Tg:
             return False
         i, wi = bracket(L["dec_b"], n)
@@ -209,9 +210,9 @@ class SummaryPricing:
         base = self._grid_total_s(Tg, n, True, ctx)
         layers = self.model.num_layers
         launch_floor = 0.0
-        if ctx == "stream" and self._launch_s and self.engine != "pytorch-eager":
-            launch_floor = self._kernels(n, n, 0, n) * self._launch_s
-        host = self._host.step_s(n, n)
+        if ctx == "stream" and self.launch.launch_s:
+            launch_floor = self._kernels(n, n, 0, n) * self.launch.launch_s
+        host = self.launch.host.step_s(n, n)
         return (base, wi, L["wdec"][i], L["wdec"][i + 1], f, idle_floor, L["dec_kv"], layers,
                 launch_floor, host)  # fmt: skip
 

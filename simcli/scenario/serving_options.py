@@ -20,8 +20,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from costmodels.steps.engines import ENGINE_IDS, EngineId, load_engine
-from hardware_specs.registry import SpecError, load_catalog
+from costmodels.steps.engines import EngineId
+from hardware_specs.registry import load_catalog
 from simcli.scenario import sparsity_options as so
 from simcli.scenario.config_base import (
     MAX_GPUS_PER_STAGE,
@@ -37,6 +37,16 @@ from simcli.scenario.config_base import (
     count_field,
     option_flag,
     tokens_field,
+)
+from simcli.scenario.serving_engine_options import (
+    BLOCK_HELP,
+    CHUNK_HELP,
+    SEQS_HELP,
+    attn_backend_field,
+    engine_field,
+    fill_engine_defaults,
+    hardware_field,
+    serve_engine_defaults,
 )
 from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
 from simcli.scenario.serving_precision import (
@@ -64,57 +74,6 @@ DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
 PERCENTILE_HELP = (
     "met by --attainment of the requests: a p90 target by default (--attainment 0.99: p99)"
 )
-
-
-ENGINE_HELP = (
-    f"Engine profile ({' | '.join(ENGINE_IDS)}; vllm = the V1 engine): its kernels per GPU, "
-    "CUDA graphs, host work and defaults (costmodels/data/engines, docs/engines.md)."
-)
-
-
-def engine_field(help_text: str = ENGINE_HELP) -> Any:
-    """``--engine``: one of the shipped engine profiles (the one registry of ids)."""
-    return Field("vllm", description=help_text)
-
-
-def attn_backend_field() -> Any:
-    """``--attn-backend``: the op backend of prefill and decode attention."""
-    return Field(
-        None,
-        description="Attention kernels: flash | cudnn | flex | efficient (default: the "
-        "engine's per GPU architecture).",
-    )
-
-
-def hardware_field() -> Any:
-    """``--hardware``: an extra hardware spec file (as on ``train`` and ``predict``)."""
-    return Field(None, description="Extra hardware spec file (YAML/JSON).")
-
-
-def fill_engine_defaults(data: Any, fields: dict[str, str]) -> Any:
-    """``data`` (a command's raw values) with each of ``fields`` (field -> the engine
-    default it takes: max_num_seqs, block_size, simulator_scheduler, max_num_batched_tokens)
-    that is missing or None set from ``--engine``'s profile on ``--gpu`` (its memory tier);
-    a bad engine or GPU is left for the field checks to report."""
-    if not isinstance(data, dict):
-        return data
-    engine = data.get("engine") or "vllm"
-    if engine not in ENGINE_IDS or all(data.get(k) is not None for k in fields):
-        return data
-    profile = load_engine(engine)
-    gpu_id, memory_gib = str(data.get("gpu") or ""), 0.0
-    try:
-        if gpu_id:
-            memory_gib = load_catalog(data.get("hardware")).gpu(gpu_id).memory_gib
-    except (SpecError, OSError, ValueError):
-        pass
-    tp = data.get("tp") if isinstance(data.get("tp"), int) else 1
-    d = profile.defaults_for(gpu_id, memory_gib, tp)
-    out = dict(data)
-    for name, key in fields.items():
-        if out.get(name) is None:
-            out[name] = getattr(d, key)
-    return out
 
 
 # --------------------------------------------------------------------------- simcli serve
@@ -191,23 +150,12 @@ class ServeOptions(CommandConfig):
     preemption: Literal["recompute", "swap"] = Field(
         "recompute", description="What a preempted sequence loses: recompute | swap"
     )
-    chunk_size: int = tokens_field(
-        None,
-        description="Sarathi token budget per iteration, tokens (default: the engine's "
-        "max_num_batched_tokens, else 512).",
-    )
-    max_batch_size: int = count_field(
-        None,
-        MAX_SEQS,
-        SEQS_WHY,
-        description="Running sequences per replica (max_num_seqs; default: the engine's).",
-    )
+    chunk_size: int = tokens_field(None, description=CHUNK_HELP)
+    max_batch_size: int = count_field(None, MAX_SEQS, SEQS_WHY, description=SEQS_HELP)
     max_tokens: int | None = tokens_field(
         None, description="Tokens per iteration, vllm/orca (default max(model context, 2048))."
     )
-    block_size: int = tokens_field(
-        None, description="KV block size, tokens (default: the engine's)."
-    )
+    block_size: int = tokens_field(None, description=BLOCK_HELP)
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
     )
@@ -376,14 +324,7 @@ class ServeOptions(CommandConfig):
     @model_validator(mode="before")
     @classmethod
     def _engine_defaults(cls, data: Any) -> Any:
-        data = fill_engine_defaults(data, {"scheduler": "simulator_scheduler",
-                                           "max_batch_size": "max_num_seqs",
-                                           "block_size": "block_size"})  # fmt: skip
-        if isinstance(data, dict) and data.get("chunk_size") is None:
-            data = fill_engine_defaults(data, {"chunk_size": "max_num_batched_tokens"})
-            if data.get("chunk_size") is None:
-                data["chunk_size"] = 512  # Sarathi-Serve's budget where the engine has none
-        return data
+        return serve_engine_defaults(data)
 
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
@@ -615,13 +556,7 @@ class ServePlanOptions(CommandConfig):
     max_replicas: int = count_field(
         64, MAX_REPLICAS, REPLICAS_WHY, description="Most replicas to consider."
     )
-    max_batch_size: int | None = count_field(
-        None,
-        MAX_SEQS,
-        SEQS_WHY,
-        description="Running sequences per replica (max_num_seqs; default: the engine's on "
-        "each GPU).",
-    )
+    max_batch_size: int | None = count_field(None, MAX_SEQS, SEQS_WHY, description=SEQS_HELP)
     engine: EngineId = engine_field()
     attn_backend: str | None = attn_backend_field()
     hardware: Path | None = hardware_field()
@@ -782,9 +717,7 @@ class StepOptions(CommandConfig):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
-    block_size: int = tokens_field(
-        None, description="KV-cache block, tokens (default: the engine's)."
-    )
+    block_size: int = tokens_field(None, description=BLOCK_HELP)
 
     @model_validator(mode="before")
     @classmethod

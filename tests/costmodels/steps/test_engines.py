@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -72,10 +74,12 @@ def test_host_time_adds_serially_or_overlaps():
     assert sum(parts.values()) == pytest.approx(serial, rel=1e-12)
     gpu = serial - host
     # the same engine with its host work overlapped: max(gpu, host)
-    sm._overlap = True
+    overlapped = sm.launch.host.model_copy(update={"overlap": True})
+    sm.launch = dataclasses.replace(sm.launch, host=overlapped)
     sm._decode_memo.clear()
     assert sm.step_s(NONE, NONE, dc) == pytest.approx(gpu, rel=1e-12)
-    sm._host = sm._host.model_copy(update={"per_step_s": 1.0})
+    slow = overlapped.model_copy(update={"per_step_s": 1.0})
+    sm.launch = dataclasses.replace(sm.launch, host=slow)
     sm._decode_memo.clear()
     assert sm.step_s(NONE, NONE, dc) == pytest.approx(1.0 + 64 * 1e-5)
 

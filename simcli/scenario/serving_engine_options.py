@@ -82,3 +82,9 @@ def serve_engine_defaults(data: Any) -> Any:
         if data.get("chunk_size") is None:
             data["chunk_size"] = 512
     return data
+
+
+def engine_inputs(options: Any) -> dict[str, Any]:
+    """The options a run took from its engine's defaults, resolved (for ``config.json``)."""
+    names = ("scheduler", "max_batch_size", "block_size", "chunk_size")
+    return {n: getattr(options, n) for n in names if hasattr(options, n)}

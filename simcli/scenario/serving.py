@@ -83,7 +83,7 @@ def build_step_model(
     activations in fp16, every other in bf16 (:mod:`workloads.decompose.quant`);
     ``weight_sparsity``/``activation_sparsity``: sparse linear layers
     (:mod:`workloads.decompose.sparsity`)."""
-    check_precision(hardware.gpu_id, weight_dtype, kv_cache_dtype)
+    check_precision(hardware.gpu_id, weight_dtype, kv_cache_dtype, catalog=hardware.catalog)
     kw: dict[str, Any] = dict(
         tp=tp,
         pp=pp,
@@ -442,7 +442,7 @@ def resolve_serve(options: ServeOptions) -> ServeScenario:
     """``simcli serve``'s options resolved once (see the module docstring)."""
     options.require()
     model = with_moe_imbalance(load_model(options.model), options.moe_imbalance)  # type: ignore[arg-type]
-    load_catalog().gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
+    load_catalog(options.hardware).gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
     drafts = resolve_drafts(options, model)
     arrivals = resolve_arrivals(options)
     lengths = None
@@ -499,7 +499,10 @@ class CandidateDeployments:
         catalog = load_catalog(space.hardware)
         for g in space.gpus:
             catalog.gpu(g)  # one-line error listing the known ids
-            check_precision(g, space.weight_dtype, space.kv_cache_dtype, gpu_flag="--gpus-types")
+            check_precision(
+                g, space.weight_dtype, space.kv_cache_dtype, gpu_flag="--gpus-types",
+                catalog=catalog,
+            )  # fmt: skip
         self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.gpus}
         self.deployments: dict[Candidate, ServeDeployment] = {}
 

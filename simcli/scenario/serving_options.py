@@ -629,7 +629,7 @@ class ServePlanOptions(CommandConfig):
         ):
             # the default list: only the GPUs that run fp8 (named GPUs are checked and
             # refused one by one in CandidateDeployments)
-            catalog = load_catalog()
+            catalog = load_catalog(self.hardware)
             gpus = [g for g in gpus if catalog.gpu(g).supports("fp8")]
         return PlanSpace(
             gpus=gpus,

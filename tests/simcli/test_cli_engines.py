@@ -61,3 +61,19 @@ def test_serve_and_plan_take_a_hardware_file(tmp_path):
     assert out["engine"] == "vllm-v0" and out["engine_version_family"].startswith("vllm 0.5")
     res = runner.invoke(app, [*plan, "--attn-backend", "nonsense"])
     assert res.exit_code != 0 and "allowed" in res.output
+
+
+def test_a_gpu_from_the_hardware_file_serves_with_its_engine_defaults(tmp_path):
+    from hardware_specs.registry import load_catalog
+
+    gpu = load_catalog().gpu("h100-sxm").model_dump(mode="json")
+    gpu.update(id="h100-custom", name="H100 with 141 GB", memory_gib=141.0)
+    node = load_catalog().node("dgx-h100").model_dump(mode="json")
+    node.update(id="custom-node", gpu="h100-custom")
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps({"gpus": [gpu], "nodes": [node]}))
+    hw = ["--gpu", "h100-custom", "--hardware", str(path)]
+    step = _json([*STEP[:3], *STEP[5:], *hw, "--engine", "sglang"])
+    assert step["gpu"] == "h100-custom" and step["attn_backend_decode"] == "cudnn"  # Hopper
+    serve = _json([*SERVE[:3], *SERVE[5:], *hw])
+    assert serve["gpu"] == "h100-custom" and serve["scheduler"] == "sarathi"

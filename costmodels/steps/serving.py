@@ -207,11 +207,11 @@ _SUMMARY_PATH = ("step_s_summary", "step_s_decode", "_prefill_attn_lists", "_gri
 class StepModel(VllmMemory, SummaryPricing):
     """Seconds of one engine iteration on one replica (see the module docstring).
 
-    ``model``: a :class:`ModelConfig`, a built-in id or a config.json path. ``engine``:
-    ``vllm`` or ``pytorch-eager``. ``attn_backend``: the attention kernels (default
-    ``flash`` for vllm, ``cudnn`` for pytorch-eager, what PyTorch's SDPA picked on the
-    H100). ``max_num_batched_tokens`` / ``max_num_seqs`` size the activation workspace of
-    :meth:`kv_capacity_tokens`. ``dtype``: the activations' (bf16 | fp16); ``weight_dtype``
+    ``model``: a :class:`ModelConfig`, a built-in id or a config.json path. ``engine``: an
+    engine profile id (:data:`ENGINES`). ``attn_backend``: the op backend of prefill and
+    decode attention (default: the engine's on the GPU's architecture).
+    ``max_num_batched_tokens`` / ``max_num_seqs`` size the activation workspace of
+    :meth:`kv_capacity_tokens` (and ``max_num_seqs`` caps vLLM's capture sizes). ``dtype``: the activations' (bf16 | fp16); ``weight_dtype``
     (default ``dtype``; fp8, int8, int4 quantised) and ``kv_cache_dtype`` (default
     ``dtype``) as in the module docstring.
     """

@@ -211,7 +211,8 @@ class StepModel(VllmMemory, SummaryPricing):
     engine profile id (:data:`ENGINES`). ``attn_backend``: the op backend of prefill and
     decode attention (default: the engine's on the GPU's architecture).
     ``max_num_batched_tokens`` / ``max_num_seqs`` size the activation workspace of
-    :meth:`kv_capacity_tokens` (and ``max_num_seqs`` caps vLLM's capture sizes). ``dtype``: the activations' (bf16 | fp16); ``weight_dtype``
+    :meth:`kv_capacity_tokens` (and ``max_num_seqs`` caps vLLM's capture sizes).
+    ``dtype``: the activations' (bf16 | fp16); ``weight_dtype``
     (default ``dtype``; fp8, int8, int4 quantised) and ``kv_cache_dtype`` (default
     ``dtype``) as in the module docstring.
     """

@@ -77,3 +77,18 @@ def test_a_gpu_from_the_hardware_file_serves_with_its_engine_defaults(tmp_path):
     assert step["gpu"] == "h100-custom" and step["attn_backend_decode"] == "cudnn"  # Hopper
     serve = _json([*SERVE[:3], *SERVE[5:], *hw])
     assert serve["gpu"] == "h100-custom" and serve["scheduler"] == "sarathi"
+
+
+def test_serve_plan_candidates_take_their_gpus_engine_defaults():
+    """vLLM V1 seats 1024 sequences on an H100, 256 on an A100 (arg_utils' tiers)."""
+    from simcli.scenario.serving import CandidateDeployments
+    from simcli.serving.plan_inputs import SLO, Candidate, PlanSpace, Workload
+    from workloads.models import load_model
+
+    space = PlanSpace(gpus=("h100-sxm", "a100-sxm-80gb"), tp=(1,), pd_ratios=(None,))
+    work = Workload(qps=1, num_requests=10, prompt_len="fixed:100", output_len="fixed:10")
+    b = CandidateDeployments(load_model("llama3-8b"), space, SLO(ttft_s=1.0), work)
+    h100 = b.options(Candidate("h100-sxm", 1, "sarathi", 512), 1)
+    a100 = b.options(Candidate("a100-sxm-80gb", 1, "vllm", None), 1)
+    assert (h100.max_batch_size, h100.chunk_size, h100.block_size) == (1024, 512, 16)
+    assert (a100.max_batch_size, a100.scheduler) == (256, "vllm")

@@ -5,8 +5,9 @@ Run: python benchmarks/validate_serving_step.py
 The measurements (calibrate/data/steps-h100, calibrate/steps/serve_step.py) are a plain
 PyTorch Llama-3-8B-shaped model on one H100: eager prefill (batch 1-16 x 512-8192 tokens)
 and decode steps replayed from CUDA graphs (batch 1-256 x context 1024-8192), predicted
-with engine pytorch-eager (the measured engine); the vllm column is the fused, all-graph
-engine on the same steps, for comparison. The eager (not graph) decode rows are the ones
+with engine pytorch-eager (the measured engine); the vllm column is the vLLM V1 engine
+profile (fused kernels, CUDA graphs, host work; docs/engines.md) on the same steps, for
+comparison. The eager (not graph) decode rows are the ones
 the host dispatch constant was derived from; they are listed, not validated.
 """
 

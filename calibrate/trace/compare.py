@@ -290,12 +290,15 @@ def predict_serving(
     args = w.step_batch()
     breakdown = sm.breakdown(*args)
     host = breakdown.pop("host_stall", None)
+    engine_host = breakdown.pop("host", None)  # the engine profile's host work: no kernel
+    if engine_host is not None:
+        host = (host or 0.0) + engine_host
     step = sm.step_s(*args)
     eager_decode = w.engine == "pytorch-eager" and w.phase == "decode" and w.cuda_graphs is False
     if eager_decode:
         step = sm.eager_stream_s(*args)
         host = max(0.0, step - sum(breakdown.values()))
-    tpls = serving_templates(w.model, tp_shard(w.model, w.tp), w.engine, w.dtype)
+    tpls = serving_templates(w.model, tp_shard(w.model, w.tp), sm.profile.decompose, w.dtype)
     by_label: dict[str, list[tuple[str, str, float]]] = {}
     for t in (x for part in tpls.values() for x in part):
         if not t.op or (t.decode_only and w.phase != "decode"):

@@ -8,8 +8,10 @@ one decomposition (:mod:`workloads.decompose`) with the op models of :mod:`costm
 - :mod:`.varlen`: price tables of variable-length (packed-document) micro-batches.
 - :mod:`.memory`: training memory (ZeRO, precision, activations by recompute/SP/TP/CP,
   in-flight micro-batches, framework buffers), scalar and vectorised over plans.
-- :mod:`.serving` (with :mod:`.serving_grid`): one serving-engine iteration (prefill,
-  decode, mixed; vllm and pytorch-eager engines, launch floors, host dispatch).
+- :mod:`.serving` (with :mod:`.serving_grid`, :mod:`.serving_launch`): one serving-engine
+  iteration (prefill, decode, mixed; launch floors, CUDA-graph padding, host work).
+- :mod:`.engines`: engine profiles (vllm, vllm-v0, sglang, trtllm, pytorch-eager): kernels
+  per GPU, CUDA graphs, host and API-server work, defaults, every number with its source.
 - :mod:`.serving_memory`: a serving replica's memory and KV-cache capacity.
 - :mod:`.sparse`: sparse attention patterns inside training and serving steps.
 """

@@ -14,20 +14,18 @@ one row per sequence. Every op is priced by the calibrated cost model
 (:func:`costmodels.ops.select.get_cost_model`); this module only decides which ops run, how
 they are launched, and adds them up.
 
-**Engines.**
-
-- ``vllm`` (the target engine): fused kernels as in vLLM's Llama (fused residual-add +
-  RMSNorm, fused QKV and gate-up GEMMs, in-place rotary, ``reshape_and_cache``,
-  ``silu_and_mul``), flash attention over a paged KV cache, every step replayed from CUDA
-  graphs: no host time, but each kernel costs at least :data:`GRAPH_KERNEL_FLOOR_S`.
-- ``pytorch-eager``: the plain PyTorch model measured by ``calibrate/steps/serve_step.py``
-  (Llama-style, one GPU): RMSNorm, RoPE and SiLU-mul as the eager kernels the script runs
-  (each an HBM pass priced as a ``copy`` of its traffic, like
-  :func:`costmodels.steps.training.eager_extra_ops` but forward-only with bf16 weights), cuDNN
-  attention (what SDPA picked on the H100). Decode is replayed from a CUDA graph; prefill
-  runs eagerly, so each of its ~1,260 torch calls costs the host
-  :data:`EAGER_HOST_DISPATCH_S` and host and GPU are combined by a launch-queue recurrence
-  (see :func:`launch_queue_s`).
+**Engines.** ``engine`` names a profile (:mod:`costmodels.steps.engines`, docs/engines.md):
+its attention backends per GPU architecture, its CUDA graphs (capture sizes, padding, what
+launches from the host) and host work per iteration
+(:class:`~costmodels.steps.serving_launch.EngineLaunch`), its defaults. ``vllm``, ``vllm-v0``,
+``sglang``, ``trtllm`` run vLLM's fused kernels (fused residual-add + RMSNorm, fused QKV and
+gate-up GEMMs, in-place rotary, ``reshape_and_cache``, ``silu_and_mul``); a kernel replayed
+from a graph costs at least :data:`GRAPH_KERNEL_FLOOR_S`, one launched from the host
+:data:`STREAM_KERNEL_FLOOR_S`. ``pytorch-eager`` is the plain PyTorch model measured by
+``calibrate/steps/serve_step.py`` (one GPU): RMSNorm, RoPE and SiLU-mul as its eager kernels
+(each an HBM pass priced as a ``copy``), cuDNN attention; decode replayed from a graph,
+prefill eager through the launch-queue recurrence (:func:`launch_queue_s`, host
+:data:`EAGER_HOST_DISPATCH_S` per torch call).
 
 **Speed.** Everything is priced once, at construction, with a few vectorised
 ``predict_many`` calls on grids: token counts (every integer to 256, then both sides of
@@ -63,12 +61,10 @@ is read as bf16 too, an overestimate of its bytes with an fp8 cache).
   the longest sequence alone; decodes are a second launch priced at their mean context
   (their KV traffic is exact, the split-KV walk of the longest sequence is not). vLLM V1
   runs both in one varlen call.
-- ``vllm``: no host or scheduler time and every kernel in a graph (V1 runs attention
-  outside its piecewise graphs; kernels of large steps are long enough to hide launches);
-  routed experts as ``fused_moe``'s grouped GEMMs, one launch per projection reading only
-  the touched experts' weights (:mod:`workloads.decompose.moe`; skew: the model's
-  ``moe_imbalance``); sampling is one softmax over the vocabulary per sequence; MLA as in
-  :mod:`workloads.decompose.mla`.
+- Fused engines: routed experts as ``fused_moe``'s grouped GEMMs reading only the touched
+  experts' weights (:mod:`workloads.decompose.moe`; skew: ``moe_imbalance``); sampling one
+  softmax over the vocabulary per sequence; MLA as in :mod:`workloads.decompose.mla`; the
+  LM head and sampler at the graph floor (V1 runs them outside its graphs).
 - ``pytorch-eager``: Llama-style dense models on one GPU only; its host constant is a
   property of the measuring VM's CPU and PyTorch version.
 - Memory: the non-torch, graph-pool and activation terms follow vLLM's profile of
@@ -88,9 +84,11 @@ import pandas as pd
 
 from costmodels.ops.select import get_cost_model
 from costmodels.steps.composition import Composition, shipped_composition
+from costmodels.steps.engines import ENGINE_IDS, EngineError, load_engine
 from costmodels.steps.serving_grid import (
     Pricer,
     StepError,
+    attention_frame,
     attn_axis,
     bilinear,
     bracket,
@@ -101,6 +99,9 @@ from costmodels.steps.serving_grid import (
     monotone,
     strided_scale,
 )
+from costmodels.steps.serving_launch import EngineLaunch
+from costmodels.steps.serving_launch import IterationCost as _Eval
+from costmodels.steps.serving_launch import decode_summary as _decodes
 from costmodels.steps.serving_memory import (
     DEFAULT_MAX_BATCHED_TOKENS,
     DEFAULT_MAX_SEQS,
@@ -114,9 +115,8 @@ from workloads.decompose.quant import KV_CACHE_DTYPES, WEIGHT_FORMATS, kv_storag
 from workloads.decompose.serving import total_instances
 from workloads.decompose.sparsity import linear_sparsity, sparsify_templates
 from workloads.models import ModelConfig, load_model
-from workloads.ops import CSV_COLUMNS, EXTRA_COLUMNS, normalise_frame
 
-ENGINES = ("vllm", "pytorch-eager")
+ENGINES = ENGINE_IDS  # the engine profiles shipped (costmodels/data/engines)
 
 # --- launch costs -------------------------------------------------------------------------
 # The cost model's op times come from microbenchmarks timed one call at a time with CUDA
@@ -194,6 +194,8 @@ class _Grids:
     dec_b: np.ndarray
     dec_kv: np.ndarray
     wdec: np.ndarray  # [b, kv] decode attention work seconds
+    tok_kern: list = field(default_factory=list)  # [n_tok_x] kernels per step
+    seq_kern: list = field(default_factory=list)  # [n_seq_x]
     lists: dict[str, Any] = field(default_factory=dict)
 
 
@@ -205,16 +207,18 @@ _SUMMARY_PATH = ("step_s_summary", "step_s_decode", "_prefill_attn_lists", "_gri
 class StepModel(VllmMemory, SummaryPricing):
     """Seconds of one engine iteration on one replica (see the module docstring).
 
-    ``model``: a :class:`ModelConfig`, a built-in id or a config.json path. ``engine``:
-    ``vllm`` or ``pytorch-eager``. ``attn_backend``: the attention kernels (default
-    ``flash`` for vllm, ``cudnn`` for pytorch-eager, what PyTorch's SDPA picked on the
-    H100). ``max_num_batched_tokens`` / ``max_num_seqs`` size the activation workspace of
-    :meth:`kv_capacity_tokens`. ``dtype``: the activations' (bf16 | fp16); ``weight_dtype``
+    ``model``: a :class:`ModelConfig`, a built-in id or a config.json path. ``engine``: an
+    engine profile id (:data:`ENGINES`). ``attn_backend``: the op backend of prefill and
+    decode attention (default: the engine's on the GPU's architecture).
+    ``max_num_batched_tokens`` / ``max_num_seqs`` size the activation workspace of
+    :meth:`kv_capacity_tokens` (and ``max_num_seqs`` caps vLLM's capture sizes).
+    ``dtype``: the activations' (bf16 | fp16); ``weight_dtype``
     (default ``dtype``; fp8, int8, int4 quantised) and ``kv_cache_dtype`` (default
     ``dtype``) as in the module docstring.
     """
 
     _graph_floor_s = GRAPH_KERNEL_FLOOR_S  # a graph-replayed kernel's floor (summary_tables)
+    _stream_floor_s = STREAM_KERNEL_FLOOR_S  # a host-launched kernel's floor (summary_tables)
 
     def __init__(
         self,
@@ -237,8 +241,10 @@ class StepModel(VllmMemory, SummaryPricing):
         composition: Composition | None | str = "shipped",
     ) -> None:
         self.model = model if isinstance(model, ModelConfig) else load_model(model)
-        if engine not in ENGINES:
-            raise StepError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
+        try:
+            self.profile = load_engine(engine)
+        except EngineError as exc:
+            raise StepError(str(exc)) from None
         for name, v in (
             ("pp", pp),
             ("max_num_batched_tokens", max_num_batched_tokens),
@@ -293,7 +299,6 @@ class StepModel(VllmMemory, SummaryPricing):
         self.engine, self.tp, self.pp, self.dtype = engine, tp, pp, dtype
         self.weight_dtype, self.kv_cache_dtype = weight_dtype, kv_dt
         self.gemm_dtype = fmt.gemm_dtype or dtype  # what the quantised GEMMs compute in
-        self.attn_backend = attn_backend or ("cudnn" if engine == "pytorch-eager" else "flash")
         self.max_num_batched_tokens, self.max_num_seqs = max_num_batched_tokens, max_num_seqs
         self.gpu_id = gpu_id
         if composition == "shipped":
@@ -304,6 +309,14 @@ class StepModel(VllmMemory, SummaryPricing):
         self.cost_model = cost_model
         system = cost_model.system
         self.gpu = system.gpu
+        # the engine's kernels on this architecture (one op backend each for prefill and
+        # decode attention); --attn-backend overrides both
+        kernels = self.profile.kernels_for(self.gpu.architecture)
+        self.prefill_backend = attn_backend or kernels.prefill_backend
+        self.decode_backend = attn_backend or kernels.decode_backend
+        self.attn_backend = self.prefill_backend
+        self.launch = EngineLaunch.of(
+            self.profile, gpu_id, self.gpu.memory_gib, tp, max_num_seqs)  # fmt: skip
         self.sparsity = linear_sparsity(
             weight_sparsity, activation_sparsity, model=m, gpu=self.gpu, weight_dtype=weight_dtype
         )  # fmt: skip
@@ -334,11 +347,12 @@ class StepModel(VllmMemory, SummaryPricing):
         )
         self._attn_dims = {p: attention_dims(m, shard, p) for p in ("prefill", "decode")}
         params = getattr(getattr(cost_model, "base", cost_model), "params", None)
-        self._launch = launch_costs(params, self.attn_backend)
+        self._launch = launch_costs(params, self.prefill_backend)
+        launch_costs(params, self.decode_backend)  # one line for an unknown backend
         self.label = getattr(cost_model, "label", type(cost_model).__name__)
         self._check_weights_fit()
         tpls = serving_templates(
-            m, shard, engine, dtype, pp=pp, tp_nodes=self.shape.tp_nodes,
+            m, shard, self.profile.decompose, dtype, pp=pp, tp_nodes=self.shape.tp_nodes,
             pp_nodes=self.shape.pp_nodes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dt,
         )  # fmt: skip
         tpls["layer"] = sparsify_templates(tpls["layer"], self.sparsity)
@@ -366,16 +380,34 @@ class StepModel(VllmMemory, SummaryPricing):
         self._attn_f: dict[bool, tuple[float, float]] = {}
 
     # --- construction ----------------------------------------------------------------
+    def _kernels(self, T: int, S: int, n_pre: int, n_dec: int) -> float:
+        """Kernels one iteration launches (its attention launches included)."""
+        g = self._grids
+        i, w = bracket(g.lists["tok_x"], T)
+        a = g.tok_kern
+        k = a[i] + w * (a[i + 1] - a[i])
+        i, w = bracket(g.lists["seq_x"], S)
+        b = g.seq_kern
+        k = k + (b[i] + w * (b[i + 1] - b[i]))
+        return k + self.model.num_layers * ((n_pre > 0) + (n_dec > 0))
+
+    def _finish(self, gpu: float, ctx: str, T: int, S: int, n_pre: int, n_dec: int) -> float:
+        """The iteration's price from its GPU time: a step launched from the host takes at
+        least its kernels x the host's seconds per launch; the engine's host work is then
+        added or overlapped (:class:`~costmodels.steps.serving_launch.EngineLaunch`)."""
+        launch_s = self.launch.launch_s
+        if ctx == "stream" and launch_s:
+            gpu = max(gpu, self._kernels(T, S, n_pre, n_dec) * launch_s)
+        return self.launch.combine(gpu, S, T)
+
     def _per_step(self, tpls: Sequence[OpTemplate]) -> np.ndarray:
         layers = self.model.num_layers
         return np.array([t.count * (layers if t.per_layer else 1) for t in tpls], dtype=float)
 
     def _contexts(self) -> dict[str, float]:
-        """Launch contexts and their per-kernel floor: graph replay (vllm, eager decode)
-        and eager stream launch (the eager engine's prefill)."""
-        if self.engine == "pytorch-eager":
-            return {"graph": GRAPH_KERNEL_FLOOR_S, "stream": STREAM_KERNEL_FLOOR_S}
-        return {"graph": GRAPH_KERNEL_FLOOR_S}
+        """Launch contexts and their per-kernel floor: graph replay and launch from the host
+        (a step outside the engine's CUDA graphs, the eager engine's prefill)."""
+        return {"graph": GRAPH_KERNEL_FLOOR_S, "stream": STREAM_KERNEL_FLOOR_S}
 
     def _composition_key(self, ctx: str) -> str:
         """The composition's engine key of a launch context (``pytorch-eager/graph``...)."""
@@ -407,7 +439,8 @@ class StepModel(VllmMemory, SummaryPricing):
             self.tp,
             self.pp,
             self.engine,
-            self.attn_backend,
+            self.prefill_backend,
+            self.decode_backend,
             self.dtype,
             self.weight_dtype,
             self.kv_cache_dtype,
@@ -436,7 +469,13 @@ class StepModel(VllmMemory, SummaryPricing):
             np.repeat(dec_b, len(dec_kv)), np.tile(dec_kv, len(dec_b))
         ).reshape(len(dec_b), len(dec_kv))
         wdec = monotone(wdec, 0, 1)
+        # kernels launched per step (instances x count x layers), for the launch-bound
+        # floor of a step outside CUDA graphs
+        tok_kern = (total_instances(self._layer_tpls, tok_x) * w_tok).sum(axis=0)
+        seq_kern = (total_instances(self._tpls["seq"], seq_x) * w_seq).sum(axis=0)
         g = _Grids(
+            tok_kern=tok_kern.tolist(),
+            seq_kern=seq_kern.tolist(),
             tok_x=tok_x,
             seq_x=seq_x,
             tok=tok,
@@ -469,23 +508,8 @@ class StepModel(VllmMemory, SummaryPricing):
         return g
 
     def _attn_rows(self, batch: np.ndarray, n: np.ndarray, p: np.ndarray) -> pd.DataFrame:
-        size = len(n)
-        return normalise_frame(
-            pd.DataFrame(
-                {
-                    "op": "attn_fwd",
-                    "dtype": self.dtype,
-                    "batch": batch.astype(np.int64),
-                    "seq_q": n.astype(np.int64),
-                    "seq_kv": (n + p).astype(np.int64),
-                    "heads_q": np.full(size, self._attn_dims["prefill"]["heads_q"]),
-                    "heads_kv": np.full(size, self._attn_dims["prefill"]["heads_kv"]),
-                    "head_dim": np.full(size, self._attn_dims["prefill"]["head_dim"]),
-                    "causal": np.ones(size, dtype=bool),
-                    "backend": self.attn_backend,
-                }
-            ).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
-        )
+        dims = self._attn_dims["prefill"]
+        return attention_frame("attn_fwd", self.dtype, dims, self.prefill_backend, batch, n, n + p)
 
     def _fill_batch(self, n: np.ndarray) -> np.ndarray:
         """Sequences of n new tokens whose CTAs fill FILL_WAVES waves of the GPU."""
@@ -529,22 +553,9 @@ class StepModel(VllmMemory, SummaryPricing):
         return self._pricer.work(frame, launch, fp8)
 
     def _decode_frame(self, batch: np.ndarray, kv: np.ndarray, dtype: str) -> pd.DataFrame:
-        size = len(batch)
-        return normalise_frame(
-            pd.DataFrame(
-                {
-                    "op": "attn_decode",
-                    "dtype": dtype,
-                    "batch": np.asarray(batch, dtype=np.int64),
-                    "seq_q": np.ones(size, dtype=np.int64),
-                    "seq_kv": np.asarray(kv, dtype=np.int64),
-                    "heads_q": np.full(size, self._attn_dims["decode"]["heads_q"]),
-                    "heads_kv": np.full(size, self._attn_dims["decode"]["heads_kv"]),
-                    "head_dim": np.full(size, self._attn_dims["decode"]["head_dim"]),
-                    "backend": self.attn_backend,
-                }
-            ).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS])
-        )
+        ones = np.ones(len(batch))
+        dims = self._attn_dims["decode"]
+        return attention_frame("attn_decode", dtype, dims, self.decode_backend, batch, ones, kv)
 
     # --- time ------------------------------------------------------------------------
     def _args(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any):
@@ -661,7 +672,17 @@ class StepModel(VllmMemory, SummaryPricing):
                 out[t.label] = out.get(t.label, 0.0) + float(v)
         if ev.eager:
             out["host_stall"] = max(0.0, ev.total - sum(out.values()))
+        elif ev.total > sum(out.values()):
+            # the engine's host work not hidden behind the GPU (serial, or what exceeds the
+            # GPU when overlapped) and a host-launched step's launch-bound wait
+            out["host"] = ev.total - sum(out.values())
         return out
+
+    def launch_plan(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> dict:
+        """How the iteration launches (:meth:`EngineLaunch.describe`)."""
+        pn, _, dc = self._args(prefill_new, prefill_past, decode_ctx)
+        n = int(pn.size) + int(dc.size)
+        return self.launch.describe(self.profile, int(pn.size), n, int(pn.sum()) + int(dc.size))
 
     def stage_s(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:
         """The slowest pipeline stage of the iteration (its layers, the embedding on the
@@ -708,20 +729,22 @@ class StepModel(VllmMemory, SummaryPricing):
         S = logits_rows if logits_rows is not None else n_pre + n_dec
         g = self._grids
         eager = self.engine == "pytorch-eager" and n_pre > 0
-        ctx = "stream" if eager else "graph"
+        ctx, Tg, attn_stream = self.launch.plan(n_pre, T)
         pre, dec, attn_in_grid = self._attention(pn, pp, n_dec, ctx_sum, exact)
-        in_grid = attn_in_grid and g.tok_x[-1] >= T and g.seq_x[-1] >= S
-        attn = self._attn_layer_s(pre, dec, eager)
+        in_grid = attn_in_grid and g.tok_x[-1] >= Tg and g.seq_x[-1] >= S
+        attn = self._attn_layer_s(pre, dec, attn_stream)
         layers = self.model.num_layers
         if not (vectors or eager) and in_grid:
-            return _Eval(self._grid_total_s(T, S, n_dec > 0) + layers * attn, attn)
-        tok_v, seq_v = self._vectors(T, S, ctx, in_grid)
+            gpu = self._grid_total_s(Tg, S, n_dec > 0, ctx) + layers * attn
+            return _Eval(self._finish(gpu, ctx, T, S, n_pre, n_dec), attn)
+        tok_v, seq_v = self._vectors(Tg, S, ctx, in_grid)
         keep = self._seq_keep_dec if n_dec else self._seq_keep
         seq_v = np.where(keep, seq_v * self._per_seq, 0.0)
         if eager:
             total = self._launch_queue(tok_v, seq_v[keep], attn, EAGER_HOST_DISPATCH_S)
         else:
-            total = float((tok_v * self._per_tok).sum() + seq_v.sum()) + layers * attn
+            gpu = float((tok_v * self._per_tok).sum() + seq_v.sum()) + layers * attn
+            total = self._finish(gpu, ctx, T, S, n_pre, n_dec)
         return _Eval(total, attn, tok_v, seq_v, eager)
 
     def _launch_queue(
@@ -770,22 +793,6 @@ class StepModel(VllmMemory, SummaryPricing):
         return tok, seq
 
 
-def _decodes(dc: np.ndarray) -> tuple[int, int]:
-    """(count, context sum) of the decodes: all a step's price needs of them."""
-    return int(dc.size), int(dc.sum())
-
-
-@dataclass
-class _Eval:
-    total: float
-    attn: float  # one layer's attention, seconds
-    tok: np.ndarray | None = None  # per-instance seconds of the token templates
-    seq: np.ndarray | None = None  # per-step seconds of the sequence templates
-    eager: bool = False
-
-
 @lru_cache(maxsize=16)
 def _default_cost_model(gpu_id: str, profile: str | None, num_gpus: int) -> Any:
     return get_cost_model(gpu_id, profile=profile, num_gpus=num_gpus)
-
-

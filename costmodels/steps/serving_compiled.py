@@ -19,22 +19,34 @@ import numpy as np
 from numba import njit
 
 from costmodels.steps.serving_summary import (  # the layout of summary_tables
+    O_CAPS,
     O_DECB,
     O_DECKV,
     O_N,
     O_P,
+    O_SEQK,
     O_SEQT,
+    O_SEQT_S,
     O_SEQTD,
+    O_SEQTD_S,
     O_SEQX,
+    O_TOKK,
     O_TOKT,
+    O_TOKT_S,
     O_TOKX,
+    P_CAP_MAX,
     P_DEC_MAX,
     P_LAYERS,
+    P_MIXED_GRAPH,
     P_MIXED_OK,
-    PF_F,
-    PF_FLOOR,
-    PF_IDLE,
-    PF_IDLE_FLOOR,
+    P_OVERLAP,
+    PF_FLOORS,
+    PF_FS,
+    PF_HA,
+    PF_HB,
+    PF_HC,
+    PF_IDLES,
+    PF_LAUNCH,
 )
 
 # without numba's reference counting: these functions allocate nothing (see fastkernel)
@@ -76,14 +88,50 @@ def _bilinear(A, a, i, wi, j, wj):
 
 
 @_jit
-def _grid_total_s(PI, PG, T, S, decodes):
-    """SummaryPricing._grid_total_s."""
+def _grid_total_s(PI, PG, T, S, decodes, graph):
+    """SummaryPricing._grid_total_s in the graph or the host-launched context."""
     i, w = _bracket(PI, PG, O_TOKX, T)
-    t0 = PI[O_TOKT] + i
+    t0 = PI[O_TOKT if graph else O_TOKT_S] + i
     tok = PG[t0] + w * (PG[t0 + 1] - PG[t0])
     i, w = _bracket(PI, PG, O_SEQX, S)
-    s0 = PI[O_SEQTD if decodes else O_SEQT] + i
+    if graph:
+        s0 = PI[O_SEQTD if decodes else O_SEQT] + i
+    else:
+        s0 = PI[O_SEQTD_S if decodes else O_SEQT_S] + i
     return tok + PG[s0] + w * (PG[s0 + 1] - PG[s0])
+
+
+@_jit
+def _kernels(PI, PG, T, S, k, n_dec):
+    """StepModel._kernels: kernels one iteration launches."""
+    i, w = _bracket(PI, PG, O_TOKX, T)
+    a0 = PI[O_TOKK] + i
+    n = PG[a0] + w * (PG[a0 + 1] - PG[a0])
+    i, w = _bracket(PI, PG, O_SEQX, S)
+    b0 = PI[O_SEQK] + i
+    n = n + (PG[b0] + w * (PG[b0 + 1] - PG[b0]))
+    return n + PI[P_LAYERS] * ((k > 0) + (n_dec > 0))
+
+
+@_jit
+def _padded(PI, PG, T):
+    """engines.padded_size: the smallest capture size >= T (T <= the largest)."""
+    lo, hi = PI[O_CAPS], PI[O_CAPS + 1]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if PG[mid] < T:
+            lo = mid + 1
+        else:
+            hi = mid
+    return int(PG[lo])
+
+
+@_jit
+def _combine(PI, gpu, h):
+    """EngineProfile.combine_s: serial or overlapped host work."""
+    if PI[P_OVERLAP]:
+        return max(gpu, h)
+    return gpu + h
 
 
 @_jit
@@ -102,7 +150,10 @@ def price_decode(PI, PF, PG, WDEC, DT, n, ctx_sum):
     dec = (1 - wi) * ((1 - wj) * WDEC[row, j] + wj * WDEC[row, j + 1]) + wi * (
         (1 - wj) * WDEC[row + 1, j] + wj * WDEC[row + 1, j + 1]
     )
-    return DT[0, n] + PI[P_LAYERS] * (PF[PF_F] * dec + PF[PF_IDLE_FLOOR])
+    gpu = DT[0, n] + PI[P_LAYERS] * (DT[3, n] * dec + DT[4, n])
+    if DT[5, n]:
+        gpu = max(gpu, DT[5, n])
+    return _combine(PI, gpu, DT[6, n])
 
 
 @_jit
@@ -132,7 +183,11 @@ def price_mixed(PI, PF, PG, W2, WDEC, DT, new, past, k, n_dec, ctx_sum):
         top = max(top, v1)
         T += n
     pre = max(tot, top)
-    f, idle, floor = PF[PF_F], PF[PF_IDLE], PF[PF_FLOOR]
+    # StepModel._plan of a batch with prefills: piecewise graphs (padded) or host launches;
+    # attention is launched from the host either way
+    graph = PI[P_MIXED_GRAPH] != 0 and PI[P_CAP_MAX] >= T
+    Tg = _padded(PI, PG, T) if graph else T
+    f, idle, floor = PF[PF_FS], PF[PF_IDLES], PF[PF_FLOORS]
     attn = 0.0
     attn += f * pre + idle * floor * 1
     if n_dec:
@@ -146,6 +201,10 @@ def price_mixed(PI, PF, PG, W2, WDEC, DT, new, past, k, n_dec, ctx_sum):
         )
         attn += f * dec + idle * floor
     S = k + n_dec
-    if _last(PI, PG, O_TOKX) < T or _last(PI, PG, O_SEQX) < S:
+    if _last(PI, PG, O_TOKX) < Tg or _last(PI, PG, O_SEQX) < S:
         return np.nan
-    return _grid_total_s(PI, PG, T, S, n_dec > 0) + PI[P_LAYERS] * attn
+    gpu = _grid_total_s(PI, PG, Tg, S, n_dec > 0, graph) + PI[P_LAYERS] * attn
+    if not graph and PF[PF_LAUNCH]:  # StepModel._finish
+        gpu = max(gpu, _kernels(PI, PG, T, S, k, n_dec) * PF[PF_LAUNCH])
+    h = PF[PF_HA] + PF[PF_HB] * S + PF[PF_HC] * T
+    return _combine(PI, gpu, h)

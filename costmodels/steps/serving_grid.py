@@ -60,6 +60,26 @@ def frame_of(
     return normalise_frame(pd.DataFrame(cols).reindex(columns=columns))
 
 
+def attention_frame(
+    op: str, dtype: str, dims: dict, backend: str, batch: Any, seq_q: Any, seq_kv: Any
+) -> pd.DataFrame:
+    """Rows of ``attn_fwd`` (causal) or ``attn_decode`` at these sizes, heads and head dim
+    from ``dims``, priced by the op backend ``backend``."""
+    size = len(batch)
+    cols: dict[str, Any] = {
+        "op": op,
+        "dtype": dtype,
+        "batch": np.asarray(batch).astype(np.int64),
+        "seq_q": np.asarray(seq_q).astype(np.int64),
+        "seq_kv": np.asarray(seq_kv).astype(np.int64),
+        **{k: np.full(size, dims[k]) for k in ("heads_q", "heads_kv", "head_dim")},
+        "backend": backend,
+    }
+    if op == "attn_fwd":
+        cols["causal"] = np.ones(size, dtype=bool)
+    return normalise_frame(pd.DataFrame(cols).reindex(columns=[*CSV_COLUMNS, *EXTRA_COLUMNS]))
+
+
 @dataclass
 class Pricer:
     """Prices op rows with the cost model and swaps the fitted launch cost for a floor."""

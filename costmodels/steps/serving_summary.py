@@ -3,8 +3,9 @@ iteration priced from its summary (prefill chunks as lists, decodes as their cou
 context sum) on the step model's interpolation grids, in scalars.
 
 :class:`SummaryPricing` is mixed into ``StepModel``, which holds what it reads (``_grids``,
-``model``, ``engine``, ``composition``, ``_decode_memo``, ``_attn_f``, ``_summary_fast``,
-``_summary_tabled``, ``_graph_floor_s``,
+``model``, ``engine``, ``launch``, ``composition``, ``_decode_memo``, ``_attn_f``,
+``_summary_fast``, ``_summary_tabled``, ``_graph_floor_s``, ``_finish``,
+``_kernels``,
 ``_decode_attn``, ``_attn_layer_s``, ``_evaluate``). The values equal ``step_s``'s bit for
 bit (the same operations in the same order); a serving run calls it millions of times, so
 it avoids numpy and memoises a decode-only step's share by batch size.
@@ -19,10 +20,20 @@ from costmodels.steps.serving_grid import bracket
 # --- summary_tables' layout: PI int64 (flags, then where each grid starts in PG), PF float64
 # scalars, PG every 1-D grid end to end, W2 the prefill attention grids (w1, wfill), WDEC
 # the decode attention grid, DT each decode batch size's share (base, weight, row)
-P_MIXED_OK, P_LAYERS, P_DEC_MAX = range(3)
-(O_N, O_P, O_TOKX, O_TOKT, O_SEQX, O_SEQT, O_SEQTD, O_DECB, O_DECKV,
- O_END) = range(3, 13)  # fmt: skip
-PF_F, PF_IDLE, PF_FLOOR, PF_IDLE_FLOOR = range(4)
+# (PI flags: mixed steps tabled, layers, largest tabled decode batch, mixed steps replay
+# piecewise graphs, largest capture size, host work overlapped; then grid starts: prefill
+# attention axes, token grid and its graph totals, sequence grid and its totals, decode
+# attention axes, the host-launched (stream) totals, kernels per step, capture sizes)
+P_MIXED_OK, P_LAYERS, P_DEC_MAX, P_MIXED_GRAPH, P_CAP_MAX, P_OVERLAP = range(6)
+(O_N, O_P, O_TOKX, O_TOKT, O_SEQX, O_SEQT, O_SEQTD, O_DECB, O_DECKV, O_TOKT_S, O_SEQT_S,
+ O_SEQTD_S, O_TOKK, O_SEQK, O_CAPS, O_END) = range(6, 22)  # fmt: skip
+# PF: graph attention (factor, idle, floor, a decode launch's floor), host-launched
+# attention (factor, idle, floor), host seconds per launch, host work a + b seqs + c tokens
+(PF_F, PF_IDLE, PF_FLOOR, PF_IDLE_FLOOR, PF_FS, PF_IDLES, PF_FLOORS, PF_LAUNCH, PF_HA, PF_HB,
+ PF_HC) = range(11)  # fmt: skip
+# DT rows per decode batch size: base, batch weight, row, attention factor, its launch floor,
+# launch-bound floor, host seconds
+DT_ROWS = 7
 
 
 class SummaryPricing:
@@ -74,16 +85,16 @@ class SummaryPricing:
             top = max(top, v1)
         return max(tot, top)
 
-    def _grid_total_s(self, T: int, S: int, decodes: bool) -> float:
-        """A graph-launched step's GEMMs, norms and other per-token and per-sequence ops,
-        attention aside: the per-step totals interpolated on the token and sequence
-        grids (T and S inside them)."""
+    def _grid_total_s(self, T: int, S: int, decodes: bool, ctx: str = "graph") -> float:
+        """A step's GEMMs, norms and other per-token and per-sequence ops in launch
+        context ``ctx``, attention aside: the per-step totals interpolated on the token and
+        sequence grids (T and S inside them)."""
         g = self._grids
         i, w = bracket(g.lists["tok_x"], T)
-        tt = g.tok_total["graph"]
+        tt = g.tok_total[ctx]
         tok = tt[i] + w * (tt[i + 1] - tt[i])
         i, w = bracket(g.lists["seq_x"], S)
-        st = (g.seq_total_dec if decodes else g.seq_total)["graph"]
+        st = (g.seq_total_dec if decodes else g.seq_total)[ctx]
         return tok + st[i] + w * (st[i + 1] - st[i])
 
     def step_s_summary(
@@ -104,9 +115,12 @@ class SummaryPricing:
             S = len(prefill_new) + n_decode
             g = self._grids
             priced = pre is not None and (dec is not None or not n_decode)
-            if priced and g.tok_x[-1] >= T and g.seq_x[-1] >= S:
-                attn = self._attn_layer_s(pre, dec, False)
-                return self._grid_total_s(T, S, n_decode > 0) + self.model.num_layers * attn
+            k = len(prefill_new)
+            ctx, Tg, attn_stream = self.launch.plan(k, T)
+            if priced and g.tok_x[-1] >= Tg and g.seq_x[-1] >= S:
+                attn = self._attn_layer_s(pre, dec, attn_stream)
+                gpu = self._grid_total_s(Tg, S, n_decode > 0, ctx) + self.model.num_layers * attn
+                return self._finish(gpu, ctx, T, S, k, n_decode)
         pn = np.array(prefill_new, dtype=np.int64)
         pp = np.array(prefill_past, dtype=np.int64)
         return self._evaluate(pn, pp, n_decode, decode_ctx_sum).total
@@ -118,14 +132,17 @@ class SummaryPricing:
         if memo is None:
             memo = self._decode_memo[n_decode] = self._decode_share(n_decode)
         if memo:
-            base, wi, r0, r1, f, idle_floor, kv_axis, layers = memo
+            base, wi, r0, r1, f, idle_floor, kv_axis, layers, launch_floor, host = memo
             kv = decode_ctx_sum / n_decode + 1.0
             if kv <= kv_axis[-1]:  # _decode_attn, its row fixed
                 j, wj = bracket(kv_axis, kv)
                 dec = (1 - wi) * ((1 - wj) * r0[j] + wj * r0[j + 1]) + wi * (
                     (1 - wj) * r1[j] + wj * r1[j + 1]
                 )
-                return base + layers * (f * dec + idle_floor)
+                gpu = base + layers * (f * dec + idle_floor)  # _finish, its terms fixed
+                if launch_floor:
+                    gpu = max(gpu, launch_floor)
+                return max(gpu, host) if self.launch.overlap else gpu + host
         empty = np.zeros(0, dtype=np.int64)
         return self._evaluate(empty, empty, n_decode, decode_ctx_sum).total
 
@@ -150,21 +167,29 @@ class SummaryPricing:
         f, idle = self._attn_factors(False)
         tabled = bool(self._summary_tabled)
         top = min(max_decode, int(L["dec_b"][-1])) if tabled else 0
-        DT = np.zeros((3, top + 1))
+        DT = np.zeros((DT_ROWS, top + 1))
         DT[2] = -1.0
         for n in range(1, top + 1):
             share = self._decode_share(n)
             if share:
                 DT[0, n], DT[1, n] = share[0], share[1]
                 DT[2, n], _ = bracket(L["dec_b"], n)
+                DT[3, n], DT[4, n], DT[5, n], DT[6, n] = share[4], share[5], share[8], share[9]
         totals = (g.tok_total["graph"], g.seq_total["graph"], g.seq_total_dec["graph"])
+        stream = (g.tok_total["stream"], g.seq_total["stream"], g.seq_total_dec["stream"])
         grids = [L["n"], L["p"], L["tok_x"], totals[0], L["seq_x"], *totals[1:], L["dec_b"],
-                 L["dec_kv"]]  # fmt: skip
+                 L["dec_kv"], *stream, g.tok_kern, g.seq_kern, self.launch.caps]  # fmt: skip
         starts = np.cumsum([0] + [len(x) for x in grids])
-        flags = [tabled and self.engine != "pytorch-eager", self.model.num_layers, top]
+        flags = [tabled and self.engine != "pytorch-eager", self.model.num_layers, top,
+                 self.launch.mixed_graph, self.launch.cap_max, self.launch.overlap]  # fmt: skip
         PI = np.array(flags + starts.tolist(), dtype=np.int64)
-        PF = np.array([f, idle, self._graph_floor_s, self._attn_layer_s(None, 0.0, False)])
-        PG = np.concatenate([np.asarray(x, dtype=np.float64) for x in grids])
+        fs, idles = self._attn_factors(True)
+        launch = self.launch.launch_s
+        h = self.launch.host
+        PF = np.array([f, idle, self._graph_floor_s, self._attn_layer_s(None, 0.0, False), fs,
+                       idles, self._stream_floor_s, launch, h.per_step_s, h.per_seq_s,
+                       h.per_token_s])  # fmt: skip
+        PG = np.concatenate([np.asarray(x, dtype=np.float64).ravel() for x in grids])
         W2 = np.ascontiguousarray(np.stack([L["w1"], L["wfill"]]), dtype=np.float64)
         WDEC = np.ascontiguousarray(L["wdec"], dtype=np.float64)
         return PI, PF, PG, W2, WDEC, DT
@@ -176,12 +201,20 @@ class SummaryPricing:
         L = g.lists
         if not self._summary_fast or n > L["dec_b"][-1] or g.tok_x[-1] < n or g.seq_x[-1] < n:
             return False
+        ctx, Tg, attn_stream = self.launch.plan(0, n)
+        if g.tok_x[-1] < Tg:
+            return False
         i, wi = bracket(L["dec_b"], n)
-        f, _ = self._attn_factors(False)
-        idle_floor = self._attn_layer_s(None, 0.0, False)  # a decode launch's floor alone
-        base = self._grid_total_s(n, n, True)
+        f, _ = self._attn_factors(attn_stream)
+        idle_floor = self._attn_layer_s(None, 0.0, attn_stream)  # a decode launch's floor alone
+        base = self._grid_total_s(Tg, n, True, ctx)
         layers = self.model.num_layers
-        return base, wi, L["wdec"][i], L["wdec"][i + 1], f, idle_floor, L["dec_kv"], layers
+        launch_floor = 0.0
+        if ctx == "stream" and self.launch.launch_s:
+            launch_floor = self._kernels(n, n, 0, n) * self.launch.launch_s
+        host = self.launch.host.step_s(n, n)
+        return (base, wi, L["wdec"][i], L["wdec"][i + 1], f, idle_floor, L["dec_kv"], layers,
+                launch_floor, host)  # fmt: skip
 
 
 __all__ = ["SummaryPricing"]

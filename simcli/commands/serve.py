@@ -33,6 +33,7 @@ from simcli.output import Format, cannot_write, emit_object, jsonable
 from simcli.progress import progress_bar, set_quiet
 from simcli.reports import output_is_dir
 from simcli.reports.bundle import StagedBundle, check_output_path, cli_inputs, config_document
+from simcli.scenario.serving_engine_options import engine_inputs
 from simcli.scenario.serving_options import ServeOptions
 
 # The simulator, pandas and the report renderer load when a run needs them, not for
@@ -402,7 +403,8 @@ def _commit_bundle(
     }
     staged.commit(
         csvs=serve_csvs(out, timeline=timeline, replicas=reps, sweep=sweep),
-        config=config_document("serve", cli_inputs(), resolved=resolved),
+        # the engine's defaults resolved where the flags were not given
+        config=config_document("serve", {**cli_inputs(), **engine_inputs(o)}, resolved=resolved),
         report_html=html,
     )
 

@@ -89,7 +89,7 @@ def build_step_model(
     activations in fp16, every other in bf16 (:mod:`workloads.decompose.quant`);
     ``weight_sparsity``/``activation_sparsity``: sparse linear layers
     (:mod:`workloads.decompose.sparsity`)."""
-    check_precision(hardware.gpu_id, weight_dtype, kv_cache_dtype)
+    check_precision(hardware.gpu_id, weight_dtype, kv_cache_dtype, catalog=hardware.catalog)
     kw: dict[str, Any] = dict(
         tp=tp,
         pp=pp,
@@ -155,6 +155,7 @@ def serve_hardware(options: ServeOptions, tp: int, gpu: str | None = None) -> Ha
         gpu or options.gpu,  # type: ignore[arg-type]
         tp * options.pp,
         profile=options.profile,
+        hardware_file=options.hardware,
         price_usd_per_gpu_hour=options.price_per_gpu_hour,
     )
 
@@ -254,6 +255,7 @@ def resolve_deployment(
     kw: dict[str, Any] = dict(
         pp=o.pp,
         engine=o.engine,
+        attn_backend=o.attn_backend,
         weight_dtype=o.weight_dtype,
         kv_cache_dtype=o.kv_cache_dtype,
         weight_sparsity=o.weight_sparsity,
@@ -430,6 +432,7 @@ class ServeScenario:
             "tp": o.tp,
             "pp": o.pp,
             "engine": o.engine,
+            **engine_fields(self.deployment.step),
             "weight_dtype": o.weight_dtype,
             "kv_cache_dtype": kv_storage_dtype(o.kv_cache_dtype, activation_dtype(o.weight_dtype)),
             **sparsity_fields(o),
@@ -483,7 +486,7 @@ def resolve_serve(options: ServeOptions) -> ServeScenario:
     """``simcli serve``'s options resolved once (see the module docstring)."""
     options.require()
     model = with_moe_imbalance(load_model(options.model), options.moe_imbalance)  # type: ignore[arg-type]
-    load_catalog().gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
+    load_catalog(options.hardware).gpu(options.gpu)  # type: ignore[arg-type]  # one line listing known ids
     drafts = resolve_drafts(options, model)
     arrivals = resolve_arrivals(options)
     lengths = None
@@ -537,13 +540,15 @@ class CandidateDeployments:
 
     def __init__(self, model: ModelConfig, space: PlanSpace, slo: SLO, workload: Workload):
         self.model, self.space, self.slo, self.workload = model, space, slo, workload
-        catalog = load_catalog()
+        catalog = load_catalog(space.hardware)
         pre, dec = space.pool_gpus if space.pool_search else ((), ())
         flags = ("--gpus-types", "--prefill-gpu-types", "--decode-gpu-types")
         for flag, gpus in zip(flags, (space.gpus, pre, dec), strict=True):
             for g in gpus:
                 catalog.gpu(g)  # one-line error listing the known ids
-                check_precision(g, space.weight_dtype, space.kv_cache_dtype, gpu_flag=flag)
+                check_precision(
+                    g, space.weight_dtype, space.kv_cache_dtype, gpu_flag=flag, catalog=catalog
+                )
         self.prices = {g: gpu_price(g, space.prices).usd_per_gpu_hour for g in space.all_gpus}
         self.deployments: dict[tuple, ServeDeployment] = {}
 
@@ -567,7 +572,7 @@ class CandidateDeployments:
             tp=c.tp,
             replicas=replicas,
             scheduler=c.scheduler,  # type: ignore[arg-type]
-            chunk_size=c.chunk_size or 512,
+            chunk_size=c.chunk_size,
             disaggregate=c.pd_ratio is not None,
             pd_ratio=c.pd_ratio if pools is None or not c.per_pool else None,
             **per_pool,
@@ -575,6 +580,8 @@ class CandidateDeployments:
             block_size=sp.block_size,
             gpu_memory_utilization=sp.gpu_memory_utilization,
             engine=sp.engine,
+            attn_backend=sp.attn_backend,
+            hardware=sp.hardware,
             weight_dtype=sp.weight_dtype,
             kv_cache_dtype=sp.kv_cache_dtype,
             attn_pattern=sp.attn_pattern,
@@ -688,7 +695,7 @@ class StepScenario:
 def resolve_step(options: StepOptions) -> StepScenario:
     o = options
     model = with_moe_imbalance(load_model(o.model), o.moe_imbalance)
-    hardware = resolve_hardware(o.gpu, o.tp * o.pp, profile=o.profile)
+    hardware = resolve_hardware(o.gpu, o.tp * o.pp, profile=o.profile, hardware_file=o.hardware)
     step = build_step_model(
         model, hardware, tp=o.tp, pp=o.pp, engine=o.engine, attn_backend=o.attn_backend,
         weight_dtype=o.weight_dtype, kv_cache_dtype=o.kv_cache_dtype,
@@ -753,10 +760,12 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
     needed = int((-(-lens // o.block_size) * o.block_size).sum())
     step_s = sm.step_s(*args)
     tokens = int(args[0].sum()) + int(args[2].size)
+    plan = sm.launch_plan(*args)
     return {
         "model": sm.model.id,
         "gpu": o.gpu,
         "engine": o.engine,
+        **engine_fields(sm),
         "weight_dtype": sm.weight_dtype,
         "kv_cache_dtype": sm.kv_cache_dtype,
         **sparsity_fields(o),
@@ -784,7 +793,24 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
         "kv_tokens_needed": needed,
         "kv_fits": needed <= capacity,
         "max_model_len": limit,
+        "cuda_graph": plan["cuda_graph"],
+        "padded_tokens": plan["padded_tokens"],
+        "host_ms": 1e3 * plan["host_s"],
+        "host_overlapped": plan["host_overlapped"],
         "breakdown_ms": {k: 1e3 * v for k, v in sm.breakdown(*args).items()},
+    }
+
+
+def engine_fields(step: Any) -> dict[str, Any]:
+    """The engine profile a step model prices (``engine_version_family``) and the attention
+    op backends it took (empty for a step model without a profile)."""
+    profile = getattr(step, "profile", None)
+    if profile is None:
+        return {}
+    return {
+        "engine_version_family": profile.version_family,
+        "attn_backend_prefill": step.prefill_backend,
+        "attn_backend_decode": step.decode_backend,
     }
 
 

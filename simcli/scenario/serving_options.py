@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
+from costmodels.steps.engines import EngineId
 from hardware_specs.registry import load_catalog
 from simcli.scenario import sparsity_options as so
 from simcli.scenario.config_base import (
@@ -38,6 +39,16 @@ from simcli.scenario.config_base import (
     tokens_field,
 )
 from simcli.scenario.load_options import LOAD_FIELDS, LoadOptions, TimeUnit, TraceFormat
+from simcli.scenario.serving_engine_options import (
+    BLOCK_HELP,
+    CHUNK_HELP,
+    SEQS_HELP,
+    attn_backend_field,
+    engine_field,
+    fill_engine_defaults,
+    hardware_field,
+    serve_engine_defaults,
+)
 from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
 from simcli.scenario.serving_pools import check_pool_options, default_pool_gpu, two_gpu_types
 from simcli.scenario.serving_precision import (
@@ -99,7 +110,7 @@ class ServeOptions(LoadOptions):
         1, MAX_REPLICAS, REPLICAS_WHY, description="Model replicas behind the router."
     )
     scheduler: Literal["vllm", "orca", "sarathi"] = Field(
-        "vllm", description="Replica scheduler: vllm | orca | sarathi"
+        None, description="Replica scheduler: vllm | orca | sarathi (default: the engine's)."
     )
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = Field(
         "least_outstanding",
@@ -144,17 +155,12 @@ class ServeOptions(LoadOptions):
     preemption: Literal["recompute", "swap"] = Field(
         "recompute", description="What a preempted sequence loses: recompute | swap"
     )
-    chunk_size: int = tokens_field(512, description="Sarathi token budget per iteration, tokens.")
-    max_batch_size: int = count_field(
-        256,
-        MAX_SEQS,
-        SEQS_WHY,
-        description="Running sequences per replica (max_num_seqs).",
-    )
+    chunk_size: int = tokens_field(None, description=CHUNK_HELP)
+    max_batch_size: int = count_field(None, MAX_SEQS, SEQS_WHY, description=SEQS_HELP)
     max_tokens: int | None = tokens_field(
         None, description="Tokens per iteration, vllm/orca (default max(model context, 2048))."
     )
-    block_size: int = tokens_field(16, description="KV block size, tokens.")
+    block_size: int = tokens_field(None, description=BLOCK_HELP)
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
     )
@@ -173,9 +179,9 @@ class ServeOptions(LoadOptions):
     price_per_gpu_hour: float | None = Field(
         None, gt=0, description="US$ per GPU-hour (default: the price table)."
     )
-    engine: Literal["vllm", "pytorch-eager"] = Field(
-        "vllm", description="Step-time engine: vllm (CUDA graphs) | pytorch-eager."
-    )
+    engine: EngineId = engine_field()
+    attn_backend: str | None = attn_backend_field()
+    hardware: Path | None = hardware_field()
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
     weight_sparsity: so.WeightSparsity = so.weight_sparsity_field()
@@ -323,6 +329,11 @@ class ServeOptions(LoadOptions):
         return check_dist(v)
 
     _pool_gpu = model_validator(mode="before")(default_pool_gpu)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, data: Any) -> Any:
+        return serve_engine_defaults(data)
 
     @model_validator(mode="after")
     def _combinations(self) -> ServeOptions:
@@ -566,12 +577,10 @@ class ServePlanOptions(LoadOptions):
     max_replicas: int = count_field(
         64, MAX_REPLICAS, REPLICAS_WHY, description="Most replicas to consider."
     )
-    max_batch_size: int = count_field(
-        256, MAX_SEQS, SEQS_WHY, description="Running sequences per replica (max_num_seqs)."
-    )
-    engine: Literal["vllm", "pytorch-eager"] = Field(
-        "vllm", description="Step-time engine of every deployment: vllm | pytorch-eager."
-    )
+    max_batch_size: int | None = count_field(None, MAX_SEQS, SEQS_WHY, description=SEQS_HELP)
+    engine: EngineId = engine_field()
+    attn_backend: str | None = attn_backend_field()
+    hardware: Path | None = hardware_field()
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights + KV."
     )
@@ -643,7 +652,7 @@ class ServePlanOptions(LoadOptions):
         ):
             # the default list: only the GPUs that run fp8 (named GPUs are checked and
             # refused one by one in CandidateDeployments)
-            catalog = load_catalog()
+            catalog = load_catalog(self.hardware)
             gpus = [g for g in gpus if catalog.gpu(g).supports("fp8")]
         pre, dec = self.prefill_gpu_types, self.decode_gpu_types
         return PlanSpace(
@@ -658,6 +667,8 @@ class ServePlanOptions(LoadOptions):
             max_batch_size=self.max_batch_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
             engine=self.engine,
+            attn_backend=self.attn_backend,
+            hardware=self.hardware,
             weight_dtype=self.weight_dtype,
             kv_cache_dtype=self.kv_cache_dtype,
             prices=parse_prices(self.price),
@@ -723,13 +734,9 @@ class StepOptions(CommandConfig):
         0, ge=0, description="prefill/mixed: prompt tokens already cached (earlier chunks)."
     )
     prefills: int = Field(1, gt=0, description="mixed: prefill chunks in the batch.")
-    engine: Literal["vllm", "pytorch-eager"] = Field(
-        "vllm", description="Step-time engine: vllm | pytorch-eager"
-    )
-    attn_backend: str | None = Field(
-        None,
-        description="Attention kernels: flash | cudnn | flex | efficient (default per engine).",
-    )
+    engine: EngineId = engine_field()
+    attn_backend: str | None = attn_backend_field()
+    hardware: Path | None = hardware_field()
     weight_dtype: WeightDtype = Field("bf16", description=WEIGHT_DTYPE_HELP)
     kv_cache_dtype: KvCacheDtype = Field("auto", description=KV_CACHE_DTYPE_HELP)
     weight_sparsity: so.WeightSparsity = so.weight_sparsity_field()
@@ -737,7 +744,13 @@ class StepOptions(CommandConfig):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
-    block_size: int = tokens_field(16, description="KV-cache block, tokens.")
+    block_size: int = tokens_field(None, description=BLOCK_HELP)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, data: Any) -> Any:
+        return fill_engine_defaults(data, {"block_size": "block_size"})
+
     max_model_len: int | None = tokens_field(
         None,
         description="Longest sequence (prompt + generated) the engine accepts, as vLLM's "

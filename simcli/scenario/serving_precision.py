@@ -5,7 +5,7 @@ the combinations the engines do not run, and what a GPU without fp8 refuses.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from hardware_specs.registry import load_catalog
 
@@ -41,12 +41,18 @@ def check_engine_precision(engine: str, weight_dtype: str, kv_cache_dtype: str) 
 
 
 def check_precision(
-    gpu_id: str, weight_dtype: str, kv_cache_dtype: str, *, gpu_flag: str | None = None
+    gpu_id: str,
+    weight_dtype: str,
+    kv_cache_dtype: str,
+    *,
+    gpu_flag: str | None = None,
+    catalog: Any = None,
 ) -> None:
     """fp8 weights (W8A8 GEMMs) and an fp8 KV cache need a GPU with fp8 tensor cores (its
     spec lists an fp8 rate); one line naming what the GPU allows otherwise (``gpu_flag``:
-    the flag listing several GPUs, suggested as the other way out)."""
-    gpu = load_catalog().gpu(gpu_id)
+    the flag listing several GPUs, suggested as the other way out; ``catalog``: the one
+    with any ``--hardware`` file merged, default the built-in)."""
+    gpu = (catalog or load_catalog()).gpu(gpu_id)
     if gpu.supports("fp8"):
         return
     out = f" (or leave {gpu_id} out of {gpu_flag})" if gpu_flag else ""

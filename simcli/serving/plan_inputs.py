@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from costmodels.steps.engines import EngineId
 from simcli.serving.requests import SyntheticSpec
 from workloads.lengths import joint_dataset, parse_dist
 from workloads.sparsity import parse_pattern
@@ -149,12 +151,16 @@ class PlanSpace(BaseModel):
         "search)",
     )
     max_replicas: int = Field(default=64, gt=0)
-    max_batch_size: int = Field(default=256, gt=0, description="running sequences per replica")
-    block_size: int = Field(default=16, gt=0)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    engine: Literal["vllm", "pytorch-eager"] = Field(
-        default="vllm", description="step-time engine of every deployment"
+    max_batch_size: int | None = Field(
+        default=None, gt=0, description="running sequences per replica (None: the engine's)"
     )
+    block_size: int | None = Field(default=None, gt=0, description="None: the engine's")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    engine: EngineId = Field(default="vllm", description="engine profile of every deployment")
+    attn_backend: str | None = Field(
+        default=None, description="attention op backend (None: the engine's per GPU)"
+    )
+    hardware: Path | None = Field(default=None, description="extra hardware spec file")
     weight_dtype: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field(
         default="bf16", description="weight precision (workloads.decompose.quant)"
     )

@@ -116,6 +116,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from costmodels.steps.engines import load_engine
 from simcli.serving.batch import StepModelLike
 from simcli.serving.plan_inputs import (
     DEFAULT_GPUS,
@@ -226,6 +227,7 @@ class _State:
     pre_step: Any = None  # per-pool search: the prefill pool's
     sched: SchedulerConfig | None = None
     kv_capacity: int = 0  # a (decode) replica's KV tokens
+    block_size: int = 16  # the candidate's KV block (its engine's default unless given)
     r_lb: int = 1
     r_est: int = 1
     pool_lb: tuple[int, int] = (1, 1)  # per-pool search: fewest (prefill, decode) replicas
@@ -278,6 +280,7 @@ class Planner:
         self.outputs = out[served]
         settings = {
             "engine": space.engine,
+            "engine_version_family": load_engine(space.engine).version_family,
             "weight_dtype": space.weight_dtype,
             "kv_cache_dtype": space.kv_cache_dtype,
             "gpu_memory_utilization": space.gpu_memory_utilization,
@@ -379,6 +382,7 @@ class Planner:
                 f"{pre_capacity}"
             )
         st.sched = base.scheduler
+        st.block_size = base.block_size
         return None
 
     def idle_attainment(self, st: _State) -> float:
@@ -410,19 +414,19 @@ class Planner:
 
     def replica_bounds(self, st: _State) -> tuple[int, int]:
         """(``R_lb``, ``R_est``) of the module docstring."""
-        sm, c, sp = st.step, st.config, self.space
+        sm, c = st.step, st.config
         none = np.zeros(0, np.int64)
         prompts, outputs = self.prompts, self.outputs
         decodes = np.maximum(outputs - 1, 0).astype(float)
         ctx = prompts + decodes / 2.0  # mean context of a request's decode steps
-        seats, budget = sp.max_batch_size, st.sched.max_tokens  # type: ignore[union-attr]
+        seats, budget = st.sched.max_batch_size, st.sched.max_tokens  # type: ignore[union-attr]
         if c.scheduler == "sarathi":
             seats = min(seats, c.chunk_size)  # type: ignore[type-var]
             budget = c.chunk_size  # type: ignore[assignment]
         c_mean = max(2, round(float(ctx.mean())))
         kv_seats = st.kv_capacity // c_mean
         if getattr(sm, "kv_layout", None) is not None:  # a pattern's KV: by block units
-            bs = sp.block_size
+            bs = st.block_size
             kv_seats = _capacity_units(sm, st.kv_capacity, bs) // _held_units(sm, c_mean, bs)
         b = max(1, min(seats, kv_seats))
         # a decode token at context x in a batch of b: fixed share + attention over x keys

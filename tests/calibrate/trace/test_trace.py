@@ -403,7 +403,11 @@ def test_predict_serving_adds_up_to_the_step(h100, engine, phase, length):
     host = pred.host_stall_s or 0.0
     assert sum(pred.by_class_s.values()) + host == pytest.approx(pred.step_s, rel=1e-9)
     assert pred.by_class_s["other"] == 0 and pred.by_class_s["attn_fwd"] > 0
-    assert (host > 0) == (engine == "pytorch-eager")
+    # eager: host stalls of its launch queue; vllm: V1's host work per iteration (engine
+    # profile: 0.5 ms + 10 us per sequence), none of it kernel time
+    assert host > 0
+    if engine == "vllm":
+        assert host == pytest.approx(0.0005 + 4 * 1e-5, rel=1e-9)
 
 
 # --------------------------------------------------------------------------- real traces

@@ -47,7 +47,8 @@ def test_resolve_serve_builds_everything_from_the_hardware():
     assert dep.hardware.gpu_id == "h100-sxm" and dep.hardware.num_gpus == 2
     assert dep.step.cost_model is dep.hardware.cost_model
     assert (dep.step.tp, dep.step.pp, dep.step.engine) == (2, 1, "vllm")
-    assert dep.step.max_num_batched_tokens == 256 and dep.step.max_num_seqs == 256
+    # max_num_seqs: vLLM V1's default on an 80 GB H100 (the engine profile)
+    assert dep.step.max_num_batched_tokens == 256 and dep.step.max_num_seqs == 1024
     cfg = dep.config
     assert cfg.swap_bytes_per_s == dep.hardware.host_copy_bytes_per_s == H100_SWAP == 50e9
     assert cfg.price_per_gpu_hour == gpu_prices()["h100-sxm"].usd_per_gpu_hour
@@ -163,7 +164,8 @@ def test_bad_value_names_flag_value_and_allowed(model, values, line):
                 "--engine",
                 "trt",
             ],
-            "error: unknown --engine 'trt'; allowed: vllm, pytorch-eager",
+            "error: unknown --engine 'trt'; allowed: pytorch-eager, sglang, trtllm, vllm, "
+            "vllm-v0",
         ),  # fmt: skip
     ],
 )

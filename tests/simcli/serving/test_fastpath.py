@@ -26,6 +26,10 @@ TIGHT = {
     "prompt_len": "lognormal:700:0.8:3000",
     "output_len": "lognormal:400:0.8:2000",
     "seed": 3,
+    # simcli's serve defaults before engine profiles (the engine's own apply otherwise)
+    "scheduler": "vllm",
+    "max_batch_size": 256,
+    "block_size": 16,
 }
 
 
@@ -194,13 +198,15 @@ def test_energy_add_iterations_prices_like_add():
     assert other.busy_joules() == pytest.approx(meter.busy_joules(), rel=1e-12)
 
 
-def test_compiled_prices_equal_the_step_model_bit_for_bit():
+@pytest.mark.parametrize("engine", ["vllm", "vllm-v0", "sglang", "trtllm"])
+def test_compiled_prices_equal_the_step_model_bit_for_bit(engine):
     """The compiled copy of StepModel.step_s_summary's scalar path (serving_compiled's
     price_mixed and price_decode) returns the same float on random batches, NaN only where the step
-    model leaves its scalar grids."""
+    model leaves its scalar grids: for every engine profile (graph padding, host launches,
+    serial or overlapped host work)."""
     from costmodels.steps.serving_compiled import price_mixed
 
-    sm = _scenario().simulator().replicas[0].step_model
+    sm = _scenario(engine=engine, max_batch_size=256).simulator().replicas[0].step_model
     PI, PF, PG, W2, WDEC, DT = sm.summary_tables(256)
     rng = np.random.default_rng(5)
     priced = 0
@@ -226,6 +232,10 @@ def test_compiled_prices_equal_the_step_model_bit_for_bit():
         {"engine": "pytorch-eager"},  # its prefills are priced by the driver (PRICE)
         {"attn_pattern": "nsa"},  # every step priced by the pattern's step model
         {"max_batch_size": 512, "scheduler": "sarathi", "chunk_size": 256},
+        {"engine": "sglang"},  # overlapped host work, SGLang's capture sizes
+        {"engine": "vllm-v0"},  # serial host work, eager prefills
+        {"engine": "trtllm"},  # no graphs
+        {"engine": "vllm", "scheduler": "sarathi", "chunk_size": 2048},
     ],
 )
 def test_fast_path_matches_the_event_loop_where_the_step_model_prices(kw):

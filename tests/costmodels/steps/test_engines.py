@@ -1,0 +1,130 @@
+"""Engine profiles (costmodels.steps.engines) and how the step model prices them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from costmodels.steps.engines import (
+    ENGINE_IDS,
+    EngineError,
+    EngineProfile,
+    load_engine,
+    padded_size,
+)
+from costmodels.steps.serving import StepModel
+from costmodels.steps.serving_grid import StepError
+
+NONE = np.zeros(0, np.int64)
+
+
+@pytest.mark.parametrize("engine", ENGINE_IDS)
+def test_every_shipped_profile_loads_with_a_source_for_every_number(engine):
+    p = load_engine(engine)
+    assert p.id == engine and p.version_family
+    assert p.unsourced_numbers() == []
+    assert "default" in p.kernels
+
+
+def test_the_registry_holds_the_engines_and_refuses_others_in_one_line():
+    assert {"vllm", "vllm-v0", "sglang", "trtllm", "pytorch-eager"} <= set(ENGINE_IDS)
+    with pytest.raises(EngineError, match="unknown engine 'tgi'; allowed: .*vllm-v0"):
+        load_engine("tgi")
+    with pytest.raises(StepError, match="allowed:"):
+        StepModel("llama3-8b", "h100-sxm", engine="tgi")
+
+
+def test_a_number_without_source_is_found():
+    data = load_engine("vllm").model_dump()
+    data["host"]["sources"].pop("per_step_s")
+    assert "host.per_step_s" in EngineProfile.model_validate(data).unsourced_numbers()
+
+
+def test_padding_picks_the_next_capture_size():
+    sizes = load_engine("vllm").capture_sizes("h100-sxm", 80.0, 1, 1024)
+    assert sizes[:5] == (1, 2, 4, 8, 16) and sizes[-1] == 512
+    assert padded_size(sizes, 3) == 4 and padded_size(sizes, 17) == 24
+    assert padded_size(sizes, 257) == 272 and padded_size(sizes, 513) is None
+    # vLLM caps the list at 2 x max_num_seqs; SGLang at cuda_graph_max_bs of the GPU's tier
+    assert load_engine("vllm").capture_sizes("h100-sxm", 80.0, 1, 64)[-1] == 128
+    assert load_engine("sglang").capture_sizes("h100-sxm", 80.0, 1)[-1] == 256
+    assert load_engine("sglang").capture_sizes("h100-sxm", 80.0, 4)[-1] == 512
+    sm = StepModel("llama3-8b", "h100-sxm", engine="vllm", max_num_seqs=1024)
+    plan = sm.launch_plan(NONE, NONE, np.full(17, 500))
+    assert plan["cuda_graph"] == "full" and plan["padded_tokens"] == 24
+    # GEMMs run on the padded rows: 17 decodes cost what 24 cost, their attention aside
+    a = sm.step_s(NONE, NONE, np.full(17, 1))
+    b = sm.step_s(NONE, NONE, np.full(24, 1))
+    host = sm.profile.host
+    assert a - host.step_s(17, 17) == pytest.approx(b - host.step_s(24, 24), rel=2e-3)
+    big = sm.launch_plan(NONE, NONE, np.full(600, 500))
+    assert big["cuda_graph"] == "none" and big["padded_tokens"] == 600
+
+
+def test_host_time_adds_serially_or_overlaps():
+    sm = StepModel("llama3-8b", "h100-sxm", engine="vllm", max_num_seqs=1024)
+    dc = np.full(64, 1000)
+    host = 0.0005 + 64 * 1e-5
+    assert sm.launch_plan(NONE, NONE, dc)["host_s"] == pytest.approx(host)
+    serial = sm.step_s(NONE, NONE, dc)
+    parts = sm.breakdown(NONE, NONE, dc)
+    assert parts["host"] == pytest.approx(host, rel=1e-6)
+    assert sum(parts.values()) == pytest.approx(serial, rel=1e-12)
+    gpu = serial - host
+    # the same engine with its host work overlapped: max(gpu, host)
+    overlapped = sm.launch.host.model_copy(update={"overlap": True})
+    sm.launch = dataclasses.replace(sm.launch, host=overlapped)
+    sm._decode_memo.clear()
+    assert sm.step_s(NONE, NONE, dc) == pytest.approx(gpu, rel=1e-12)
+    slow = overlapped.model_copy(update={"per_step_s": 1.0})
+    sm.launch = dataclasses.replace(sm.launch, host=slow)
+    sm._decode_memo.clear()
+    assert sm.step_s(NONE, NONE, dc) == pytest.approx(1.0 + 64 * 1e-5)
+
+
+def test_the_eager_engine_is_priced_as_before():
+    sm = StepModel("llama3-8b", "h100-sxm", engine="pytorch-eager")
+    assert (sm.prefill_backend, sm.decode_backend) == ("cudnn", "cudnn")
+    plan = sm.launch_plan(NONE, NONE, np.full(37, 100))
+    assert plan["padded_tokens"] == 37 and plan["host_s"] == 0.0  # exact graphs, no host
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_h200_decode_is_faster_by_about_the_bandwidth_ratio(engine):
+    """Hopper engines price decode attention with a kernel that reads KV near HBM
+    bandwidth (cudnn until flashinfer lands): at batch 224 x 3k context, H200 (4.8 TB/s)
+    beats H100 (3.35 TB/s) by most of the 1.43 ratio."""
+    dc = np.full(224, 3000)
+    t = {}
+    for gpu in ("h100-sxm", "h200-sxm"):
+        sm = StepModel("llama3-8b", gpu, engine=engine, max_num_seqs=1024)
+        assert sm.decode_backend == "cudnn"
+        t[gpu] = sm.step_s(NONE, NONE, dc)
+    assert 1.25 < t["h100-sxm"] / t["h200-sxm"] < 1.5
+
+
+def test_attn_backend_overrides_the_engine_mapping():
+    sm = StepModel("llama3-8b", "h200-sxm", engine="sglang", attn_backend="flash")
+    assert (sm.prefill_backend, sm.decode_backend) == ("flash", "flash")
+    a100 = StepModel("llama3-8b", "a100-sxm-80gb", engine="vllm")
+    assert a100.decode_backend == "flash"  # FA2 on Ampere
+
+
+def test_defaults_follow_the_gpu_tier():
+    v1 = load_engine("vllm")
+    assert v1.defaults_for("h100-sxm", 80.0).max_num_seqs == 1024
+    assert v1.defaults_for("h200-sxm", 141.0).max_num_batched_tokens == 8192
+    assert v1.defaults_for("a100-sxm-80gb", 80.0).max_num_batched_tokens == 2048
+    sg = load_engine("sglang")
+    assert sg.defaults_for("a100-sxm-40gb", 40.0).max_num_batched_tokens == 4096
+    assert load_engine("trtllm").defaults.scheduler == "trtllm"
+
+
+def test_frontend_functions():
+    v0 = load_engine("vllm-v0")
+    assert v0.frontend.in_engine_process and not load_engine("vllm").frontend.in_engine_process
+    assert v0.frontend_ingress_s(1000) == pytest.approx(1000 * 8e-8)
+    assert v0.frontend_egress_s(10) == pytest.approx(0.043)
+    assert load_engine("sglang").frontend_egress_s(10) == 0.0  # no public figure

@@ -146,7 +146,7 @@ def fit_profile(
     frame["side"] = np.where(test, "held_out", "fit")
     cols = frame_columns(frame)
     measured = frame["measured_s"].to_numpy()
-    classes = op_class(cols["op"], cols["dtype"])
+    classes = op_class(cols["op"], cols["dtype"], cols["backend"])
 
     system = default.system
     fit_cols = {k: v[~test] for k, v in cols.items()}

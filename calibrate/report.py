@@ -59,7 +59,7 @@ def evaluate(
     measured = frame["measured_s"].to_numpy()
     pred_profile = model.work_columns(cols).time_s
     pred_default = default.work_columns(cols).time_s
-    classes = op_class(cols["op"], cols["dtype"])
+    classes = op_class(cols["op"], cols["dtype"], cols["backend"])
 
     rows = []
     for cls in [*[c for c in OP_CLASSES if c in set(classes)], "all"]:

@@ -112,7 +112,9 @@ def kv_bytes(row: dict[str, Any]) -> int:
     return pages * 2 * PAGE_SIZE * row["heads_kv"] * row["head_dim"] * elt
 
 
-def decode_cases(mode: str, pool_bytes: int) -> list[C.Case]:
+def decode_cases(mode: str, pool_bytes: int, only: list[tuple[int, int, int]] | None = None
+                 ) -> list[C.Case]:  # fmt: skip
+    """The decode grid; ``only``: these head configurations, tensor-core bf16 only."""
     if mode == "tiny":
         heads, cc, fp8 = [(4, 2, 64)], [(4, 2, 64)], [(4, 2, 64)]
         tcfp8: list[tuple[int, int, int]] = []
@@ -126,6 +128,8 @@ def decode_cases(mode: str, pool_bytes: int) -> list[C.Case]:
         ctxs = [128, 512, 1024, 2048, 4096, 8192, 16384, 32768]
     out = []
     variants = (("tc", "bf16", heads), ("cc", "bf16", cc), ("cc", "fp8", fp8), ("tc", "fp8", tcfp8))
+    if only:
+        variants = (("tc", "bf16", only),)
     for variant, dtype, hs in variants:
         for hq, hkv, d in hs:
             for b in batches:
@@ -138,7 +142,9 @@ def decode_cases(mode: str, pool_bytes: int) -> list[C.Case]:
     return C.shuffled(out, 7)
 
 
-def prefill_cases(mode: str, pool_bytes: int) -> list[C.Case]:
+def prefill_cases(mode: str, pool_bytes: int, only: list[tuple[int, int, int]] | None = None
+                  ) -> list[C.Case]:  # fmt: skip
+    """The prefill grid; ``only``: these head configurations."""
     if mode == "tiny":
         heads = [(4, 2, 64)]
         shapes = [(1, 64, 0), (2, 32, 0), (1, 32, 100)]
@@ -154,7 +160,7 @@ def prefill_cases(mode: str, pool_bytes: int) -> list[C.Case]:
         if mode == "quick":
             shapes = [(1, 512, 0), (1, 4096, 0), (4, 512, 0), (1, 2048, 4096)]
     out = []
-    for hq, hkv, d in heads:
+    for hq, hkv, d in only or heads:
         for b, n, p in shapes:
             kinds = ("paged", "ragged") if p == 0 else ("paged",)
             for kind in kinds:
@@ -401,10 +407,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warm", help=argparse.SUPPRESS)
+    ap.add_argument("--heads", default="",
+                    help="only these head configs, e.g. 8x4x256,16x8x256 (decode: tensor-core "
+                         "bf16 only)")  # fmt: skip
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args(argv)
     if args.warm:
         return warm_one(args.warm, "cuda" if args.device == "auto" else args.device)
+    try:
+        only = [tuple(int(x) for x in h.split("x")) for h in args.heads.split(",") if h]
+    except ValueError:
+        raise SystemExit(f"--heads: want HQxHKVxD[,...], got {args.heads!r}") from None
+    if any(len(h) != 3 for h in only):
+        raise SystemExit(f"--heads: want HQxHKVxD[,...], got {args.heads!r}")
     suites = [s for s in args.suites.split(",") if s]
     bad = [s for s in suites if s not in ("decode", "prefill")]
     if bad:
@@ -412,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         pool = 64 * C.GiB
         for s in suites:
-            cs = decode_cases(args.mode, pool) if s == "decode" else prefill_cases(args.mode, pool)
+            make = decode_cases if s == "decode" else prefill_cases
+            cs = make(args.mode, pool, only)
             print(f"{s}: {len(cs)} cases, modules {sorted({c.group for c in cs})}")
         return 0
     if args.out is None:
@@ -443,12 +459,12 @@ def main(argv: list[str] | None = None) -> int:
     meta["flashinfer"]["pool_bytes"] = {"bf16": pool_bytes, "fp8": pool_bytes // 5}
     plan = []
     if "decode" in suites:
-        cases = decode_cases(args.mode, pool_bytes)
+        cases = decode_cases(args.mode, pool_bytes, only)
         # fp8 cases must fit their smaller pool
         cases = [c for c in cases if c.row["dtype"] != "fp8" or kv_bytes(c.row) <= pool_bytes // 5]
         plan.append(("engine_decode", "decode.csv", cases))
     if "prefill" in suites:
-        plan.append(("engine_prefill", "attention.csv", prefill_cases(args.mode, pool_bytes)))
+        plan.append(("engine_prefill", "attention.csv", prefill_cases(args.mode, pool_bytes, only)))
     keys = sorted({c.group for _, _, cs in plan for c in cs})
     t0 = time.monotonic()
     procs = warm_start(keys, out, ctx.device)

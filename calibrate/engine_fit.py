@@ -54,8 +54,16 @@ def engine_rows(ds: Dataset) -> Dataset:
     drop = np.array([any(x in NOT_FITTED for x in t) for t in tokens], dtype=bool)
     drop |= frame["dtype"].isin(NOT_FITTED_DTYPES).to_numpy(dtype=bool)
     frame = frame.loc[~drop].reset_index(drop=True)
-    frame["group"] = frame["backend"].astype(str) + ":" + frame["group"].astype(str)
+    prefix = frame["backend"].astype(str) + ":"
+    group = frame["group"].astype(str)
+    done = np.array([g.startswith(p) for g, p in zip(group, prefix, strict=True)], dtype=bool)
+    frame["group"] = np.where(done, group, prefix + group)  # idempotent
     return replace(ds, frame=frame)
+
+
+def is_engine_dataset(ds: Dataset) -> bool:
+    """Whether every row of ``ds`` is an engine backend's (an engine-kernels folder)."""
+    return bool(len(ds.frame)) and set(ds.frame["backend"].astype(str)) <= set(ENGINE_BACKENDS)
 
 
 def engine_classes(cols: dict[str, np.ndarray]) -> np.ndarray:

@@ -5,7 +5,8 @@
 calibrate/bench/engine_step.py timed a Llama-3-8B-shaped decode step whose attention is
 FlashInfer's paged decode (tensor cores, CUDA graph) and whose other ops are the eager
 PyTorch ones of calibrate/steps/serve_step.py. ``simcli step --engine pytorch-eager
---attn-backend flashinfer`` describes that step (the eager engine's ops, FlashInfer's
+--attn-backend flashinfer`` (its step model, costmodels.steps.serving.StepModel) describes
+that step (the eager engine's ops, FlashInfer's
 attention), so its error on those steps is the step model's error with the engines'
 attention kernel. Nothing here was fitted on these steps.
 """
@@ -13,24 +14,28 @@ attention kernel. Nothing here was fitted on these steps.
 from __future__ import annotations
 
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from costmodels.steps.serving import StepModel
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"h100-sxm": "engine-kernels-h100-sxm", "h200-sxm": "engine-kernels-h200-sxm"}
 
 
-def predicted_ms(gpu: str, batch: int, context: int) -> float:
-    from simcli.scenario.serving import resolve_step, run_step
-    from simcli.scenario.serving_options import StepOptions
+@lru_cache(maxsize=4)
+def step_model(gpu: str) -> StepModel:
+    """The eager engine's step model with FlashInfer attention: what ``simcli step
+    --engine pytorch-eager --attn-backend flashinfer --model llama3-8b`` prices."""
+    return StepModel("llama3-8b", gpu, engine="pytorch-eager", attn_backend="flashinfer")
 
-    # llama3.1-8b: Llama-3-8B's shapes with a context past 8192 (the 8k rows attend 8193 keys)
-    cfg = StepOptions(model="llama3.1-8b", gpu=gpu, phase="decode", batch=batch,
-                      context_len=context, engine="pytorch-eager",
-                      attn_backend="flashinfer")  # fmt: skip
-    return float(run_step(resolve_step(cfg))["step_ms"])
+
+def predicted_ms(gpu: str, batch: int, context: int) -> float:
+    none = np.zeros(0, np.int64)
+    return step_model(gpu).step_ms(none, none, np.full(batch, context, dtype=np.int64))
 
 
 def compare(gpu: str) -> pd.DataFrame:

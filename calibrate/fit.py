@@ -40,7 +40,7 @@ from calibrate.params_fit import GroupFit, fit_params, unseen_head_dims
 from costmodels.ops.analytical import AnalyticalCostModel, Columns, frame_columns
 from costmodels.ops.common import peak_flops
 from costmodels.ops.energy import PowerModel
-from costmodels.ops.features import OP_CLASSES, op_class
+from costmodels.ops.features import ENGINE_CLASSES, OP_CLASSES, op_class
 from costmodels.ops.learned import LearnedCostModel
 from costmodels.ops.params import arch_params
 from hardware_specs.registry import Catalog, load_catalog
@@ -146,7 +146,7 @@ def fit_profile(
     frame["side"] = np.where(test, "held_out", "fit")
     cols = frame_columns(frame)
     measured = frame["measured_s"].to_numpy()
-    classes = op_class(cols["op"], cols["dtype"])
+    classes = op_class(cols["op"], cols["dtype"], cols["backend"])
 
     system = default.system
     fit_cols = {k: v[~test] for k, v in cols.items()}
@@ -162,7 +162,7 @@ def fit_profile(
     }
     rows = []
     for cls in [*[c for c in OP_CLASSES if c in set(classes)], "all"]:
-        in_cls = np.ones(len(classes), dtype=bool) if cls == "all" else classes == cls
+        in_cls = ~np.isin(classes, ENGINE_CLASSES) if cls == "all" else classes == cls
         row: dict[str, Any] = {
             "op_class": cls,
             "description": OP_CLASSES.get(cls, "every op"),

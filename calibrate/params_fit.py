@@ -81,6 +81,40 @@ def _attn_group(backend: str) -> Group:
     )
 
 
+#: backends measured through the serving engines' own kernels, with groups of their own
+ENGINE_BACKENDS = ("flashinfer",)
+
+
+def _engine_groups(backend: str) -> Group:
+    """One group for a serving backend's prefill (forward tiles) and paged decode: its
+    own parameters only (``attention.backends.<b>`` forward fields and
+    ``attention.decode_backends.<b>``)."""
+    b = ("attention", "backends", backend)
+    dec = ("attention", "decode_backends", backend)
+
+    def rows(cols: Columns) -> np.ndarray:
+        return np.isin(cols["op"], ("attn_fwd", "attn_decode")) & (cols["backend"] == backend)
+
+    return Group(
+        f"engine:{backend}",
+        rows,
+        (
+            _eff(*b, "fwd_efficiency"),
+            Param((*b, "launch_s"), 1e-7, 1e-4),
+            Param((*b, "cta_latency_s"), 1e-8, 2e-5),
+            Param((*b, "fwd_head_dim_factor", "64"), 0.5, 2.0),
+            Param((*b, "fwd_head_dim_factor", "256"), 0.25, 2.0),
+            Param((*dec, "memory_efficiency"), 0.2, 1.0),
+            Param((*dec, "crowded_bytes_per_s"), 1e11, 1e13),
+            Param((*dec, "ctas_per_sm"), 0.25, 16.0),
+            Param((*dec, "launch_s"), 1e-7, 1e-4),
+            Param((*dec, "split_iter_s"), 1e-8, 1e-5),
+            Param((*dec, "head_dim_factor", "64"), 0.5, 2.0),
+            Param((*dec, "head_dim_factor", "256"), 0.25, 2.0),
+        ),
+    )
+
+
 GROUPS: tuple[Group, ...] = (
     Group(
         "gemm",
@@ -108,7 +142,9 @@ GROUPS: tuple[Group, ...] = (
         # the analytical decode parameters describe the split-KV kernels (flash,
         # efficient); cuDNN's decode kernel is a learned correction on top of them (its
         # own kernel family, costmodels.ops.features.kernel_family)
-        lambda cols: (cols["op"] == "attn_decode") & (cols["backend"] != "cudnn"),
+        # FlashInfer's rows have a group of their own (the last)
+        lambda cols: (cols["op"] == "attn_decode")
+        & ~np.isin(cols["backend"], ("cudnn", *ENGINE_BACKENDS)),
         (
             Param(("attention", "decode_memory_efficiency"), 0.2, 1.0),
             Param(("attention", "decode_crowded_bytes_per_s"), 1e11, 1e13),
@@ -146,7 +182,11 @@ GROUPS: tuple[Group, ...] = (
             Param(("collectives", "all_to_all_latency_s"), 1e-7, 2e-4),
         ),
     ),
+    # Last, so that every group above fits exactly as it did before they existed: the
+    # serving engines' kernels (calibrate/data/engine-kernels-*), forward and decode only.
+    *(_engine_groups(b) for b in ENGINE_BACKENDS),
 )
+ENGINE_GROUPS = tuple(g for g in GROUPS if g.name.startswith("engine:"))
 
 
 def _get(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -164,6 +204,7 @@ def _set(tree: dict[str, Any], path: tuple[str, ...], value: float) -> None:
 
 
 _FACTORS = (
+    "head_dim_factor",
     "fwd_head_dim_factor",
     "bwd_head_dim_factor",
     "decode_head_dim_factor",
@@ -277,13 +318,18 @@ def _fit_group(
 
 
 def fit_params(
-    system: System, start: ArchParams, cols: Columns, measured_s: np.ndarray
+    system: System,
+    start: ArchParams,
+    cols: Columns,
+    measured_s: np.ndarray,
+    groups: tuple[Group, ...] = GROUPS,
 ) -> tuple[dict[str, Any], list[GroupFit]]:
-    """Overrides (nested dict, same shape as efficiency.yaml) fitted group by group."""
+    """Overrides (nested dict, same shape as efficiency.yaml) fitted group by group
+    (``groups``: all of them, or a few, e.g. the engine backends' alone)."""
     tree = start.model_dump(mode="json")
     overrides: dict[str, Any] = {}
     report: list[GroupFit] = []
-    for group in GROUPS:
+    for group in groups:
         mask = group.rows(cols)
         if mask.sum() < 3:
             if mask.any():

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from calibrate.dataset import OP_COLUMNS, Dataset
+from calibrate.engine_fit import engine_rows, is_engine_dataset
 from calibrate.fit import error_stats, priceable, with_reference_node
 from costmodels.ops.analytical import AnalyticalCostModel, frame_columns
-from costmodels.ops.features import OP_CLASSES, op_class
+from costmodels.ops.features import ENGINE_CLASSES, OP_CLASSES, op_class
 from costmodels.ops.profile import Profile
 from costmodels.ops.select import get_cost_model
 from hardware_specs.registry import Catalog, load_catalog
@@ -43,6 +44,8 @@ def evaluate(
     """(fidelity per op class, per-row predictions) of ``profile`` against the datasets.
     ``catalog``: where the profile's GPU is described, when it is not a built-in. Rows the
     GPU cannot price (a dtype without a rate) are left out, as the fit left them out."""
+    # an engine-kernel dataset is read as the profile's fit read it (calibrate.engine_fit)
+    datasets = [engine_rows(ds) if is_engine_dataset(ds) else ds for ds in datasets]
     frame = pd.concat([ds.frame for ds in datasets], ignore_index=True)
     cat, _ = with_reference_node(catalog if catalog is not None else load_catalog(), profile.gpu)
     model = get_cost_model(profile.gpu, profile=profile, catalog=cat, use_shipped=False)
@@ -59,11 +62,11 @@ def evaluate(
     measured = frame["measured_s"].to_numpy()
     pred_profile = model.work_columns(cols).time_s
     pred_default = default.work_columns(cols).time_s
-    classes = op_class(cols["op"], cols["dtype"])
+    classes = op_class(cols["op"], cols["dtype"], cols["backend"])
 
     rows = []
     for cls in [*[c for c in OP_CLASSES if c in set(classes)], "all"]:
-        in_cls = np.ones(len(classes), dtype=bool) if cls == "all" else classes == cls
+        in_cls = ~np.isin(classes, ENGINE_CLASSES) if cls == "all" else classes == cls
         sel = in_cls & held
         row: dict[str, Any] = {
             "op_class": cls,

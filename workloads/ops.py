@@ -104,11 +104,13 @@ REQUIRED: dict[OpKind, tuple[str, ...]] = {
 }
 
 # Kernel families per op kind; the first is the default when `backend` is empty.
+# ``flashinfer``: the serving engines' kernels (FlashInfer's paged decode and its FA3
+# prefill on Hopper), forward only (calibrate/data/engine-kernels-*).
 BACKENDS: dict[OpKind, tuple[str, ...]] = {
-    OpKind.attn_fwd: ("flash", "cudnn", "flex", "efficient"),
+    OpKind.attn_fwd: ("flash", "cudnn", "flex", "efficient", "flashinfer"),
     OpKind.attn_bwd: ("flash", "cudnn", "flex", "efficient"),
     OpKind.attn_fwdbwd: ("flash", "cudnn", "flex", "efficient"),
-    OpKind.attn_decode: ("flash", "cudnn", "flex", "efficient"),
+    OpKind.attn_decode: ("flash", "cudnn", "flex", "efficient", "flashinfer"),
     OpKind.attn_blocksparse_fwd: ("flex", "flash"),
     OpKind.attn_blocksparse_bwd: ("flex", "flash"),
 }

@@ -246,6 +246,31 @@ def attention_work(
     return Work(time_s=time_s, flops=flops, bytes=bytes_)
 
 
+_DECODE_FIELDS = ("memory_efficiency", "crowded_bytes_per_s", "ctas_per_sm", "launch_s",
+                  "split_iter_s")  # fmt: skip
+
+
+def _decode_arrays(named: np.ndarray, p: AttentionParams) -> dict[str, np.ndarray | float]:
+    """The split-KV decode parameters of every row: :class:`AttentionParams`' ``decode_*``
+    scalars, or per row those of a backend in ``decode_backends`` (``own`` marks its rows).
+    Scalars stay scalars when no row names such a backend (the same arithmetic)."""
+    hd = p.decode_head_dim_factor
+    out: dict[str, np.ndarray | float] = {f: getattr(p, f"decode_{f}") for f in _DECODE_FIELDS}
+    out["hd64"], out["hd256"] = np.float64(hd[64]), np.float64(hd[256])
+    own = np.isin(named, list(p.decode_backends or [""]))
+    out["own"] = own
+    if not own.any():
+        return out
+    for key in (*_DECODE_FIELDS, "hd64", "hd256"):
+        out[key] = np.full(len(named), out[key], dtype=float)
+    for name, bp in p.decode_backends.items():
+        rows = named == name
+        for f in _DECODE_FIELDS:
+            out[f][rows] = getattr(bp, f)
+        out["hd64"][rows], out["hd256"][rows] = bp.head_dim_factor[64], bp.head_dim_factor[256]
+    return out
+
+
 def decode_work(
     batch: np.ndarray,
     sq: np.ndarray,
@@ -279,10 +304,11 @@ def decode_work(
     # The memory-efficient (cutlass) kernel is compiled for head_dim <= 64, <= 128 and
     # any (kernel_forward.h kMaxK); measured, head_dim 80 runs exactly like 128.
     named = np.where(backend == "", "flash", backend)
-    split = np.isin(named, p.decode_split_kv_backends)
+    dp = _decode_arrays(named, p)
+    split = np.isin(named, p.decode_split_kv_backends) | dp["own"]
     d_tmpl = np.where(d <= 64, 64.0, np.where(d <= 128, 128.0, d))
     d = np.where(named == "flash", np.ceil(d / 32.0) * 32.0, np.where(split, d, d_tmpl))
-    slots = gpu.sm_count * p.decode_ctas_per_sm
+    slots = gpu.sm_count * dp["ctas_per_sm"]
     kv_bytes = batch * skv * hkv * d * 2.0 * elt
     qo_bytes = batch * sq * hq * d * 2.0 * elt
     # GQA heads of one KV head share a CTA (query heads packed into 64-row tiles).
@@ -293,14 +319,13 @@ def decode_work(
     floor_bytes = slots * DECODE_BLOCK_N * d * 2.0 * elt
     occupancy = np.where(split, 1.0, np.minimum(1.0, units / slots))
     combine_bytes = np.where(split, combine_bytes, 0.0)
-    hd = p.decode_head_dim_factor
-    bw = gpu.hbm_bytes_per_s * p.decode_memory_efficiency * occupancy
-    bw = bw * head_dim_factor(d, np.float64(hd[64]), np.float64(hd[256]))
+    bw = gpu.hbm_bytes_per_s * dp["memory_efficiency"] * occupancy
+    bw = bw * head_dim_factor(d, dp["hd64"], dp["hd256"])
     # More cache streams than SMs (no split left to make): the read rate drops to a
     # GPU-independent ceiling (measured: 2.7 TB/s on H100 and H200 alike at batch x KV
     # heads = 256, against 3.0 and 4.4 TB/s at 128).
     crowded = split & (units > gpu.sm_count)
-    bw = np.where(crowded, np.minimum(bw, p.decode_crowded_bytes_per_s), bw)
+    bw = np.where(crowded, np.minimum(bw, dp["crowded_bytes_per_s"]), bw)
     mem_s = (np.maximum(kv_bytes + qo_bytes, floor_bytes) + combine_bytes) / bw
     compute_s = flops / (peak_flops(dtype, gpu) * 0.25)  # few query rows: tensor cores mostly idle
     # A CTA walks its keys block by block, each step a dependent load: with few CTAs
@@ -311,7 +336,7 @@ def decode_work(
     walk_split_s = (
         np.maximum(split_units / slots, 1.0)
         * np.maximum(skv / DECODE_BLOCK_N / (split_units / units), 1.0)
-        * p.decode_split_iter_s
+        * dp["split_iter_s"]
     )
     walk_nosplit_s = (
         np.maximum(units / nosplit_slots, 1.0)
@@ -320,5 +345,5 @@ def decode_work(
         / head_dim_factor(d, np.float64(nf[64]), np.float64(nf[256]))
     )
     walk_s = np.where(split, walk_split_s, walk_nosplit_s)
-    time_s = p.decode_launch_s + np.maximum(np.maximum(mem_s, compute_s), walk_s)
+    time_s = dp["launch_s"] + np.maximum(np.maximum(mem_s, compute_s), walk_s)
     return Work(time_s=time_s, flops=flops, bytes=real_bytes)

@@ -327,7 +327,7 @@ class LearnedCostModel:
         work = self.base.work_columns(cols)
         x = feature_matrix(cols, work)
         y = np.log(measured / work.time_s)
-        classes = op_class(cols["op"], cols["dtype"])
+        classes = op_class(cols["op"], cols["dtype"], cols["backend"])
         kinds = kernel_family(cols)
         self.residuals_: dict[str, Residual] = {}
         self.selection_: dict[str, dict[str, float]] = {}
@@ -418,7 +418,9 @@ class LearnedCostModel:
     def _correction_keys(self, cols: dict[str, np.ndarray]) -> np.ndarray:
         """Each row's correction: its op class's, or its kernel family's within the class
         when the fit split that class (kernel families are worked out for those rows only)."""
-        keys = op_class(cols["op"], cols["dtype"])
+        # not cols.get: _Rows slices a column in __missing__, which dict.get skips
+        backend = cols["backend"] if "backend" in cols else None  # noqa: SIM401
+        keys = op_class(cols["op"], cols["dtype"], backend)
         split = sorted({k.rsplit("/", 1)[0] for k in self.residuals_ if "/" in k})
         rows = np.flatnonzero(np.isin(keys, split)) if split else ()
         if len(rows):
@@ -433,10 +435,14 @@ class LearnedCostModel:
         families, not row by row."""
         op_codes, ops = distinct(cols["op"])
         dt_codes, dtypes = distinct(cols["dtype"])
-        pair = op_codes.astype(np.int64) * len(dtypes) + dt_codes
+        be_codes, backends = distinct(cols["backend"]) if "backend" in cols else (0, np.array([""]))
+        pair = (op_codes.astype(np.int64) * len(dtypes) + dt_codes) * len(backends) + be_codes
         pair_codes, pairs = distinct(pair)
+        op_dt, be = pairs // len(backends), pairs % len(backends)
         names = op_class(
-            ops[pairs // len(dtypes)].astype(str), dtypes[pairs % len(dtypes)].astype(str)
+            ops[op_dt // len(dtypes)].astype(str),
+            dtypes[op_dt % len(dtypes)].astype(str),
+            backends[be].astype(str),
         )
         cls_codes, classes = distinct(names)
         cls_of_row = cls_codes[pair_codes]

@@ -92,8 +92,29 @@ class AttentionBackendParams(_P):
     _head_dims = field_validator("fwd_head_dim_factor", "bwd_head_dim_factor")(_complete_head_dims)
 
 
+class DecodeBackendParams(_P):
+    """A decode kernel family measured apart from PyTorch's (FlashInfer's paged decode):
+    its own values of the split-KV decode parameters of the same names in
+    :class:`AttentionParams` (``decode_`` prefix dropped). A backend listed here always
+    splits the KV cache over CTAs."""
+
+    memory_efficiency: float = Field(gt=0, le=1)
+    crowded_bytes_per_s: float = Field(gt=0)
+    ctas_per_sm: float = Field(gt=0)
+    launch_s: float = Field(ge=0)
+    split_iter_s: float = Field(ge=0)
+    head_dim_factor: dict[int, float] = Field(default_factory=lambda: {64: 1.0, 256: 1.0})
+
+    _head_dims = field_validator("head_dim_factor")(_complete_head_dims)
+
+
 class AttentionParams(_P):
     backends: dict[str, AttentionBackendParams]
+    decode_backends: dict[str, DecodeBackendParams] = Field(
+        default_factory=dict,
+        description="decode parameters of backends measured apart (the decode_* fields "
+        "below describe PyTorch's split-KV kernels)",
+    )
     decode_memory_efficiency: float = Field(gt=0, le=1)
     decode_crowded_bytes_per_s: float = Field(
         default=2.7e12,

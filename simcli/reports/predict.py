@@ -57,7 +57,8 @@ TOP_N = 20
 def _classes(frame: pd.DataFrame) -> np.ndarray:
     op = frame["op"].to_numpy(dtype=str)
     dtype = frame["dtype"].fillna("").to_numpy(dtype=str) if "dtype" in frame else op
-    return op_class(op, dtype)
+    backend = frame["backend"].fillna("").to_numpy(dtype=str) if "backend" in frame else None
+    return op_class(op, dtype, backend)
 
 
 def by_op_frame(

@@ -129,7 +129,9 @@ class AttentionConfig(BaseModel):
     )
     head_dim: int = _size("head_dim", 128, description="Channels per head.")
     causal: bool = Field(True, description="Causal mask.")
-    backend: str = Field("", description="Kernel family: flash | cudnn | flex | efficient.")
+    backend: str = Field(
+        "", description="Kernel family: flash | cudnn | flex | efficient | flashinfer (fwd)."
+    )
     dtype: str = _dtype()
     gpu: str = _gpu()
     profile: Path | None = _profile()
@@ -165,6 +167,9 @@ class DecodeConfig(BaseModel):
         "heads_kv", None, description="Key/value heads; defaults to --heads-q."
     )
     head_dim: int = _size("head_dim", 128, description="Channels per head.")
+    backend: str = Field(
+        "", description="Kernel family: flash | cudnn | flex | efficient | flashinfer."
+    )
     dtype: str = _dtype()
     gpu: str = _gpu()
     profile: Path | None = _profile()
@@ -180,6 +185,7 @@ class DecodeConfig(BaseModel):
             heads_kv=self.heads_kv or self.heads_q,
             head_dim=self.head_dim,
             dtype=self.dtype,
+            backend=self.backend or None,
         )
 
 

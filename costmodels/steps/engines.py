@@ -34,7 +34,7 @@ EngineId = Literal[ENGINE_IDS]  # type: ignore[valid-type]
 #: architectures a kernel table may name (hardware_specs.schema.GpuSpec.architecture)
 ARCHITECTURES = ("ampere", "ada", "hopper", "blackwell", "cdna3")
 #: the op cost model's attention backends (costmodels/profiles/*.json: attention.backends)
-OP_BACKENDS = ("flash", "cudnn", "efficient", "flex")
+OP_BACKENDS = ("flash", "cudnn", "efficient", "flex", "flashinfer")
 
 
 class EngineError(ValueError):

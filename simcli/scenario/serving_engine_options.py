@@ -34,7 +34,7 @@ def attn_backend_field() -> Any:
     """``--attn-backend``: the op backend of prefill and decode attention."""
     return Field(
         None,
-        description="Attention kernels: flash | cudnn | flex | efficient (default: the "
+        description="Attention kernels: flash | cudnn | flex | efficient | flashinfer (default: the "
         "engine's per GPU architecture).",
     )
 

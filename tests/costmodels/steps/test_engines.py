@@ -58,7 +58,9 @@ def test_padding_picks_the_next_capture_size():
     a = sm.step_s(NONE, NONE, np.full(17, 1))
     b = sm.step_s(NONE, NONE, np.full(24, 1))
     host = sm.profile.host
-    assert a - host.step_s(17, 17) == pytest.approx(b - host.step_s(24, 24), rel=2e-3)
+    # (their attention over 17 vs 24 one-token contexts differs by ~20 us of 6.6 ms)
+    assert a - host.step_s(17, 17) == pytest.approx(b - host.step_s(24, 24), rel=5e-3)
+    assert a - host.step_s(17, 17) <= b - host.step_s(24, 24)
     big = sm.launch_plan(NONE, NONE, np.full(600, 500))
     assert big["cuda_graph"] == "none" and big["padded_tokens"] == 600
 
@@ -93,14 +95,14 @@ def test_the_eager_engine_is_priced_as_before():
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 def test_h200_decode_is_faster_by_about_the_bandwidth_ratio(engine):
-    """Hopper engines price decode attention with a kernel that reads KV near HBM
-    bandwidth (cudnn until flashinfer lands): at batch 224 x 3k context, H200 (4.8 TB/s)
-    beats H100 (3.35 TB/s) by most of the 1.43 ratio."""
+    """Hopper engines price decode attention with FlashInfer's paged decode, measured on
+    both GPUs (3.0 / 4.4 TB/s of KV): at batch 224 x 3k context, H200 (4.8 TB/s) beats
+    H100 (3.35 TB/s) by most of the 1.43 ratio."""
     dc = np.full(224, 3000)
     t = {}
     for gpu in ("h100-sxm", "h200-sxm"):
         sm = StepModel("llama3-8b", gpu, engine=engine, max_num_seqs=1024)
-        assert sm.decode_backend == "cudnn"
+        assert sm.decode_backend == "flashinfer"
         t[gpu] = sm.step_s(NONE, NONE, dc)
     assert 1.25 < t["h100-sxm"] / t["h200-sxm"] < 1.5
 

@@ -431,6 +431,21 @@ DATASETS: dict[str, DatasetLengths] = {
         0.0506,
         _SARATHI,
     ),
+    # vLLM's and SGLang's serving benchmarks on ShareGPT (first turns of
+    # ShareGPT_V3_unfiltered_cleaned_split, kept when 4 <= prompt <= 1024, output >= 4 and
+    # prompt + output <= 2048). Not fetchable here: sharegpt4-8k's shape under that filter,
+    # scaled to the published means 224 / 189 (sglang issue #2097's 1,200-prompt totals);
+    # derived by `python -m calibrate.workloads.sharegpt_lengths` (an approximation of
+    # the shape, exact in the means)
+    "sharegpt": DatasetLengths(
+        name="sharegpt",
+        input=_quantiles("sharegpt", "input", (4, 7, 10, 15, 44, 157, 402, 514, 557, 595, 604)),
+        output=_quantiles("sharegpt", "output", (4, 5, 22, 39, 99, 178, 273, 364, 404, 441, 454)),
+        rho=round(2.0 * math.sin(math.pi * 0.0231 / 6.0), 4),
+        source="vLLM benchmarks/datasets.py and sglang bench_serving's ShareGPT filter; "
+        "means from sglang issue #2097 (269,081 / 226,923 tokens over 1,200 prompts); shape "
+        "of sharegpt4-8k under the filter (calibrate/workloads/sharegpt_lengths.py)",
+    ),
     # vLLM's benchmark generators at their defaults (vllm/benchmarks/datasets.py):
     # RandomDataset input 1024, output 128, range ratio 0 (every request the same) ...
     "random": DatasetLengths(

@@ -72,8 +72,9 @@ def serving_fidelity_fields(
     op_provenance: str | None,
     path: str | None = None,
 ) -> dict[str, Any]:
-    """``serving_provenance`` and ``serving_expected_error_pct`` (a dict per metric class)
-    of an answer of ``engine``; see the module docstring for the rule."""
+    """``serving_provenance`` and ``serving_expected_error_pct_<class>`` (one key per
+    metric class: ttft, tpot_itl, e2e, throughput; None where no row validates it) of an
+    answer of ``engine``; see the module docstring for the rule."""
     table = load_fidelity(path)["by_engine"]
     own, every = table.get(engine, {}), table.get("all", {})
     errors: dict[str, float | None] = {}
@@ -99,7 +100,10 @@ def serving_fidelity_fields(
         prov = "partly-validated"
     else:
         prov = "validated-other-engines"
-    return {"serving_provenance": prov, "serving_expected_error_pct": errors}
+    return {
+        "serving_provenance": prov,
+        **{f"serving_expected_error_pct_{cls}": errors[cls] for cls in METRIC_CLASSES},
+    }
 
 
 __all__ = [

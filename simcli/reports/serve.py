@@ -76,6 +76,15 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "datasheet",
     "op_model_expected_error_pct": "expected op-time error of those models (held-out MAPE, or "
     "the documented figure for transferred and datasheet models), percent",
+    "serving_provenance": "how this engine's answers were checked against published results "
+    "of the real engine (benchmarks/validate_serving.py): validated, partly-validated, "
+    "validated-other-engines or unvalidated",
+    **{
+        f"serving_expected_error_pct_{c}": f"expected error of the {w} against the real engine "
+        "(MAPE on the published set, near-saturation rows apart), percent"
+        for c, w in (("ttft", "TTFT"), ("tpot_itl", "TPOT/ITL"), ("e2e", "end-to-end latency"),
+                     ("throughput", "throughput"))
+    },
     "prefill_op_model_provenance": "disaggregated: the prefill pool's op models (its own GPU "
     "type with --prefill-gpu)",
     "prefill_op_model_expected_error_pct": "disaggregated: expected op-time error of the "

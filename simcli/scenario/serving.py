@@ -25,6 +25,7 @@ import numpy as np
 from costmodels.ops.select import provenance_fields
 from costmodels.steps.composition import Composition, load_composition
 from costmodels.steps.serving import StepModel
+from costmodels.steps.serving_fidelity import serving_fidelity_fields
 from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, GIB
 from hardware_specs.prices import gpu_price
 from hardware_specs.registry import load_catalog
@@ -421,6 +422,16 @@ class ServeScenario:
         """The deployment serving ``requests`` (no energy, no sink: the report's sweep)."""
         return self.simulator().run(requests)
 
+    def serving_fidelity(self) -> dict[str, Any]:
+        """How far this engine's answers were from published results of the real engine
+        (:func:`costmodels.steps.serving_fidelity.serving_fidelity_fields`)."""
+        prov = provenance_fields(self.deployment.hardware.cost_model)
+        return serving_fidelity_fields(
+            self.options.engine,
+            prov["op_model_expected_error_pct"],
+            prov["op_model_provenance"],
+        )
+
     def result_object(self, summary: dict, wall_s: float) -> dict[str, Any]:
         """What ``simcli serve`` prints: the deployment, then the simulator's summary."""
         o = self.options
@@ -446,6 +457,7 @@ class ServeScenario:
             "spec_hierarchy": drafts[1].id if len(drafts) > 1 else None,
             "weight_gib_per_gpu": weight_gib_per_gpu(self.deployment.step),
             **provenance_fields(self.deployment.hardware.cost_model),
+            **self.serving_fidelity(),
             # the prefill pool's op models (its own GPU type when heterogeneous)
             **{
                 f"prefill_{k}": v if disaggregated else None

@@ -34,22 +34,16 @@ def test_summarise_skips_near_saturation(tmp_path):
 def test_rule(tmp_path):
     _, path = _table(tmp_path)
     f = serving_fidelity_fields("vllm", 5.4, "calibrated", path=path)
-    assert f["serving_expected_error_pct"] == {
-        "ttft": 10.0,
-        "tpot_itl": 8.0,
-        "e2e": None,
-        "throughput": None,
-    }
+    errs = {k.rsplit("pct_", 1)[1]: v for k, v in f.items() if k.startswith("serving_exp")}
+    assert errs == {"ttft": 10.0, "tpot_itl": 8.0, "e2e": None, "throughput": None}
     assert f["serving_provenance"] == "partly-validated"
     g = serving_fidelity_fields("trtllm", 36.0, "datasheet", path=path)
     assert g["serving_provenance"] == "validated-other-engines"
-    assert g["serving_expected_error_pct"]["ttft"] == 2 * 10.0 + 36.0
+    assert g["serving_expected_error_pct_ttft"] == 2 * 10.0 + 36.0
     assert serving_fidelity_fields("x", None, None, path=str(tmp_path / "none.yaml")) == {
         "serving_provenance": "unvalidated",
-        "serving_expected_error_pct": {
-            "ttft": None,
-            "tpot_itl": None,
-            "e2e": None,
-            "throughput": None,
-        },
+        "serving_expected_error_pct_ttft": None,
+        "serving_expected_error_pct_tpot_itl": None,
+        "serving_expected_error_pct_e2e": None,
+        "serving_expected_error_pct_throughput": None,
     }

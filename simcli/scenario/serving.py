@@ -41,6 +41,7 @@ from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.plan_inputs import SLO, Candidate, PlanSpace, Workload
 from simcli.serving.plan_result import PlanResult
 from simcli.serving.planner import search_deployments
+from simcli.serving.priority import PriorityMix, parse_priority_mix, with_priorities
 from simcli.serving.requests import (
     Request,
     SyntheticSpec,
@@ -163,6 +164,21 @@ def default_kv_transfer(options: ServeOptions, gpus_per_node: int) -> str:
     return "intra" if gpus <= gpus_per_node else "inter"
 
 
+def default_max_tokens(scheduler: str, model_len: int, hardware: Hardware) -> int:
+    """``max_num_batched_tokens`` when ``--max-tokens`` is not given: vLLM V0's
+    ``max(max_model_len, 2048)`` for the V0-style schedulers; vLLM V1's API-server
+    default for ``vllm-v1``/``priority`` (``EngineArgs.get_batch_defaults``: 8192 on GPUs
+    of 70 GiB or more other than A100, else 2048); TensorRT-LLM's ``max_num_tokens`` 8192
+    (``BuildConfig``/LLM API default)."""
+    if scheduler in ("vllm-v1", "priority"):
+        gpu = hardware.gpu
+        big = gpu.memory_gib >= 70 and "a100" not in gpu.id.lower()
+        return 8192 if big else 2048
+    if scheduler == "trtllm":
+        return 8192
+    return max(model_len, 2048)  # vLLM V0's default
+
+
 def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) -> ServeConfig:
     """The simulator's config of a deployment: scheduler, memory budget, routing, the
     optional features, and from ``hardware`` the KV swap rate and the price."""
@@ -195,7 +211,7 @@ def serve_config(options: ServeOptions, model: ModelConfig, hardware: Hardware) 
         scheduler=SchedulerConfig(
             kind=o.scheduler,
             max_batch_size=o.max_batch_size,
-            max_tokens=o.max_tokens or max(limit, 2048),  # vLLM's default
+            max_tokens=o.max_tokens or default_max_tokens(o.scheduler, limit, hardware),
             chunk_size=o.chunk_size,
             preemption=o.preemption,
         ),
@@ -236,7 +252,11 @@ def resolve_deployment(
         weight_sparsity=o.weight_sparsity,
         activation_sparsity=o.activation_sparsity,
         composition=_composition(o.composition),
-        max_num_batched_tokens=o.chunk_size if o.scheduler == "sarathi" else sched.max_tokens,
+        max_num_batched_tokens=o.chunk_size
+        if o.scheduler == "sarathi"
+        else sched.chunked_prefill_size
+        if o.scheduler == "sglang"
+        else sched.max_tokens,
         max_num_seqs=o.max_batch_size,
     )
     pre_hw = hardware
@@ -276,6 +296,8 @@ class Arrivals:
     num_requests: int | None
     synthetic: SyntheticSpec | None
     empirical: tuple[np.ndarray, np.ndarray] | None = None
+    priority_mix: PriorityMix | None = None  # --priority-mix, drawn from priority_seed
+    priority_seed: int = 0
 
     @property
     def replay(self) -> bool:
@@ -292,8 +314,12 @@ class Arrivals:
 
     def requests(self) -> Iterator[Request]:
         if self.synthetic is None:
-            return trace_requests(self.trace, self.num_requests)
-        return synthetic_requests(self.synthetic, self.empirical)
+            stream = trace_requests(self.trace, self.num_requests)
+        else:
+            stream = synthetic_requests(self.synthetic, self.empirical)
+        if self.priority_mix is not None:
+            return with_priorities(stream, self.priority_mix, self.priority_seed)
+        return stream
 
     def at_rates(self, n: int) -> tuple[Callable[[float], Iterable[Request]], float | None, str]:
         """(requests of the first ``n`` at ``m`` x this run's arrival rate, the run's rate,
@@ -327,9 +353,10 @@ def resolve_arrivals(options: ServeOptions) -> Arrivals:
     ``--trace``'s rows when given, else from the DISTs). A bad trace header or first row
     fails here, before anything is simulated."""
     o = options
+    mix = parse_priority_mix(o.priority_mix) if o.priority_mix else None
     if o.trace is not None and o.qps is None:
         next(iter(trace_requests(o.trace, 1)), None)
-        return Arrivals(o.trace, o.num_requests, None)
+        return Arrivals(o.trace, o.num_requests, None, None, mix, o.seed)
     empirical = trace_lengths(o.trace) if o.trace is not None else None
     spec = SyntheticSpec(
         qps=o.qps,  # type: ignore[arg-type]
@@ -341,7 +368,7 @@ def resolve_arrivals(options: ServeOptions) -> Arrivals:
         prefix_groups=o.prefix_groups,
         seed=o.seed,
     )
-    return Arrivals(o.trace, o.num_requests, spec, empirical)
+    return Arrivals(o.trace, o.num_requests, spec, empirical, mix, o.seed)
 
 
 # --------------------------------------------------------------------------- simcli serve

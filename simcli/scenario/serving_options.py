@@ -55,7 +55,8 @@ from simcli.serving.plan_inputs import (
     pd_weights,
     split_replicas,
 )
-from simcli.serving.schedulers import SCHEDULERS
+from simcli.serving.priority import parse_priority_mix
+from simcli.serving.schedulers import ENGINE_SCHEDULERS, SCHEDULERS, SchedulerKind
 from simcli.serving.spec import SpecConfig
 from workloads.models import moe_imbalance_field
 
@@ -95,8 +96,15 @@ class ServeOptions(CommandConfig):
     replicas: int = count_field(
         1, MAX_REPLICAS, REPLICAS_WHY, description="Model replicas behind the router."
     )
-    scheduler: Literal["vllm", "orca", "sarathi"] = Field(
-        "vllm", description="Replica scheduler: vllm | orca | sarathi"
+    scheduler: SchedulerKind = Field(
+        "vllm",
+        description="Replica scheduler: vllm (V0) | orca | sarathi | vllm-v1 | sglang | trtllm "
+        "| priority (vLLM V1 priority policy); docs/schedulers.md.",
+    )
+    priority_mix: str | None = Field(
+        None,
+        description="Priority classes of the requests and their shares, CLASS:SHARE,... "
+        "(e.g. 0:0.2,1:0.8; lower is served first by --scheduler priority), drawn from --seed.",
     )
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = Field(
         "least_outstanding",
@@ -346,6 +354,20 @@ class ServeOptions(CommandConfig):
             self.pools()
         if spec is not None and self.pp > 1:
             raise ValueError(f"--draft-model with --pp {self.pp}; allowed: --pp 1 (as in vLLM)")
+        if self.priority_mix is not None:
+            parse_priority_mix(self.priority_mix)
+        if self.scheduler in ENGINE_SCHEDULERS:
+            for flag, on in (
+                ("--preemption swap", self.preemption == "swap"),
+                ("--disaggregate", self.disaggregate),
+                ("--draft-model", spec is not None),
+                ("--branches", branching is not None),
+            ):
+                if on:
+                    raise ValueError(
+                        f"--scheduler {self.scheduler} with {flag} is not modelled; allowed: "
+                        "--scheduler vllm, orca or sarathi for it"
+                    )
         return self
 
     def require(self) -> None:
@@ -495,7 +517,8 @@ class ServePlanOptions(CommandConfig):
     )
     tp: str = Field("1,2,4", description="Tensor-parallel degrees to consider, comma-separated.")
     schedulers: str = Field(
-        "vllm,sarathi", description="Schedulers to consider, comma-separated: vllm, orca, sarathi."
+        "vllm,sarathi",
+        description="Schedulers to consider, comma-separated: " + ", ".join(SCHEDULERS) + ".",
     )
     chunk_sizes: str = Field(
         "512,2048",

@@ -28,18 +28,39 @@ import numpy as np
 from numba import njit
 
 from costmodels.steps.serving_compiled import price_decode, price_mixed
+from simcli.serving import policy
 
 # Compiled without numba's reference counting (``_nrt=False``): the kernel allocates
 # nothing, only indexes the arrays its driver owns, and the counting of every array passed
 # to every helper cost two thirds of its time.
 _jit = njit(cache=True, _nrt=False)
 
+# the schedulers' decisions: the same functions the event loop's schedulers call
+_victim_key = _jit(policy.victim_key)
+_key_greater = _jit(policy.key_greater)
+_queue_key = _jit(policy.queue_key)
+_ordered = _jit(policy.ordered_queue)
+_front = _jit(policy.requeue_front)
+_fits = _jit(policy.admit_fits)
+_chunk = _jit(policy.chunk_tokens)
+_per_chunk = _jit(policy.allocates_per_chunk)
+_sg_reserve = _jit(policy.sglang_reserve)
+_sg_admit = _jit(policy.sglang_admit)
+_sg_decayed = _jit(policy.sglang_decayed)
+_sg_done = _jit(policy.sglang_retract_done)
+_sg_ratio = _jit(policy.sglang_ratio_after_retract)
+SG_CLIP = policy.SGLANG_CLIP_NEW_TOKENS
+
 # --- return codes --------------------------------------------------------------------
 DONE, NEED_ARRIVALS, FLUSH, GROW, PROGRESS, PRICE = range(6)
 
 # --- configuration (CFG, int64) ------------------------------------------------------
-C_KIND, C_BS, C_MAX_SEQS, C_MAX_TOKENS, C_CHUNK, C_ROUTER, C_NREP, C_FLUSH = range(8)
-VLLM, ORCA, SARATHI = range(3)
+(C_KIND, C_BS, C_MAX_SEQS, C_MAX_TOKENS, C_CHUNK, C_ROUTER, C_NREP, C_FLUSH, C_THRESH,
+ C_PCHUNK, C_PMAX) = range(11)  # fmt: skip
+NCFG = 11
+# the policy codes (simcli.serving.policy)
+VLLM, ORCA, SARATHI = policy.VLLM, policy.ORCA, policy.SARATHI
+VLLM_V1, SGLANG, TRTLLM, PRIORITY = policy.VLLM_V1, policy.SGLANG, policy.TRTLLM, policy.PRIORITY
 LEAST_OUTSTANDING, ROUND_ROBIN, KV_AWARE = range(3)
 
 # --- global counters (G, int64) and clocks (GF, float64) -------------------------------
@@ -47,23 +68,23 @@ LEAST_OUTSTANDING, ROUND_ROBIN, KV_AWARE = range(3)
  G_RR, G_POS, G_PEND, G_GROW, G_TBT_N, G_IT_N, G_PRE_N, G_PRE2_N, G_DONE_N,
  G_STAMP) = range(18)  # fmt: skip
 NG = 18
-GF_NOW, GF_PRICE = range(2)
-NGF = 2
+GF_NOW, GF_PRICE, GF_MIN_RATIO, GF_DECAY = range(4)
+NGF = 4
 
 # --- a sequence (SI int64, SF float64; rows of a pool with a free list) ----------------
 (S_RID, S_PROMPT, S_OUTPUT, S_TARGET, S_GEN, S_CTX, S_PREF, S_BLOCKS, S_PREEMPTED, S_SLOT,
- S_JOIN_DIT, S_RES, S_FINISH_DIT, S_NEXT, S_MARK) = range(15)  # fmt: skip
-NSI = 15
+ S_JOIN_DIT, S_RES, S_FINISH_DIT, S_NEXT, S_MARK, S_PRIO, S_ADMIT) = range(17)  # fmt: skip
+NSI = 17
 F_ARRIVAL, F_LAST, F_FIRST = range(3)
 NSF = 3
 
 # --- a replica's engine (RI int64, RF float64) ----------------------------------------
 (R_NUM_BLOCKS, R_WM, R_USED, R_PEAK, R_N, R_DIT, R_SUM_CTX0, R_QUEUED, R_PREEMPTIONS,
  R_WHEAD, R_WTAIL, R_WLEN, R_NPREF, R_NJOINS, R_BUSY, R_BNPRE, R_BNDEC, R_BNJOIN, R_FHN,
- R_FCOUNT, R_OUTS) = range(21)  # fmt: skip
-NRI = 21
-RF_LAST_DEC_END, RF_BUSY_S = range(2)
-NRF = 2
+ R_FCOUNT, R_OUTS, R_RESERVED, R_ADMITS) = range(23)  # fmt: skip
+NRI = 23
+RF_LAST_DEC_END, RF_BUSY_S, RF_RATIO = range(3)
+NRF = 3
 # a replica's lists (RA int64 [replica, list, item]): prefilling (in order), the decode
 # batch's sequences and their ctx0, joins since the last decode iteration and their ids,
 # the batch in flight (prefill sequences, their new tokens and cached tokens, joined)
@@ -76,8 +97,8 @@ E_T, E_O, E_R = range(3)
 
 # --- buffered metrics (BI int64, BF float64 [row, column]) -------------------------------
 (B_TBTW, B_IT_USED, B_IT_NDEC, B_IT_CTX, B_PRE_AT, B_PRE_LEN, B_PRE_NEW, B_PRE_PAST,
- B_D_RID, B_D_REPLICA, B_D_PROMPT, B_D_OUTPUT, B_D_PREEMPTED) = range(13)  # fmt: skip
-NBI = 13
+ B_D_RID, B_D_REPLICA, B_D_PROMPT, B_D_OUTPUT, B_D_PREEMPTED, B_D_PRIO) = range(14)  # fmt: skip
+NBI = 14
 BF_TBT, BF_IT_DT, BF_D_ARRIVAL, BF_D_FIRST, BF_D_FINISH = range(5)
 NBF = 5
 
@@ -193,6 +214,35 @@ def _w_append(RI, SI, r, s, left):
 
 
 @_jit
+def _w_insert(RI, SI, SF, r, s, kind, left):
+    """Engine.enqueue: by the policy's key in an ordered queue (after its equals), else at
+    the back, or the front (``left``)."""
+    if not _ordered(kind) or RI[r, R_WLEN] == 0:
+        _w_append(RI, SI, r, s, left)
+        return
+    k1, k2 = _queue_key(kind, SI[s, S_PRIO], SF[s, F_ARRIVAL])
+    t = RI[r, R_WTAIL]
+    l1, l2 = _queue_key(kind, SI[t, S_PRIO], SF[t, F_ARRIVAL])
+    if not _key_greater(l1, l2, k1, k2):
+        _w_append(RI, SI, r, s, False)
+        return
+    prev = -1
+    cur = RI[r, R_WHEAD]
+    while cur >= 0:
+        c1, c2 = _queue_key(kind, SI[cur, S_PRIO], SF[cur, F_ARRIVAL])
+        if _key_greater(c1, c2, k1, k2):
+            break
+        prev = cur
+        cur = SI[cur, S_NEXT]
+    SI[s, S_NEXT] = cur
+    if prev < 0:
+        RI[r, R_WHEAD] = s
+    else:
+        SI[prev, S_NEXT] = s
+    RI[r, R_WLEN] += 1
+
+
+@_jit
 def _w_popleft(RI, SI, r):
     s = RI[r, R_WHEAD]
     nxt = SI[s, S_NEXT]
@@ -264,33 +314,54 @@ def _batch_prefill(RI, RA, r, s, k, past):
 
 
 @_jit
-def _admit(RI, SI, RA, bs, ms, r, room, chunked):
-    """Scheduler._admit: waiting sequences FCFS into the batch while seats, tokens and KV
-    blocks allow."""
+def _admit_one(RI, SI, RA, kind, bs, r, s, cost, k):
+    """Engine.admit of the queue's head ``s`` with ``cost`` blocks, into the batch with
+    ``k`` prefill tokens."""
+    _w_popleft(RI, SI, r)
+    RI[r, R_QUEUED] -= -(-SI[s, S_TARGET] // bs)
+    SI[s, S_BLOCKS] = cost
+    _reserve(RI, r, cost)
+    SI[s, S_PREF] = 0
+    RI[r, R_ADMITS] += 1
+    SI[s, S_ADMIT] = RI[r, R_ADMITS]
+    if kind == TRTLLM:
+        RI[r, R_RESERVED] += -(-(SI[s, S_PROMPT] + SI[s, S_OUTPUT] - 1) // bs)
+    RA[r, A_PF, RI[r, R_NPREF]] = s
+    RI[r, R_NPREF] += 1
+    _batch_prefill(RI, RA, r, s, k, 0)
+
+
+@_jit
+def _admit(RI, SI, RA, CFG, r, room, chunked):
+    """Scheduler._admit: waiting sequences in queue order into the batch while seats,
+    tokens and the policy's KV test allow; the room left."""
+    kind, bs, ms = CFG[C_KIND], CFG[C_BS], CFG[C_MAX_SEQS]
+    per = _per_chunk(kind)
     while RI[r, R_WLEN] and RI[r, R_N] + RI[r, R_NPREF] < ms:
         s = RI[r, R_WHEAD]
         target = SI[s, S_TARGET]
-        cost = -(-target // bs)
-        if chunked:
-            if room <= 0:
-                break
-            k = target if target < room else room
-        else:
-            k = target
-            if k > room and RI[r, R_BNPRE]:
-                break
-        mark = RI[r, R_WM] if (RI[r, R_N] or RI[r, R_NPREF]) else 0
-        if RI[r, R_NUM_BLOCKS] - RI[r, R_USED] - cost < mark:
+        if chunked and room <= 0:
             break
-        _w_popleft(RI, SI, r)
-        RI[r, R_QUEUED] -= cost
-        SI[s, S_BLOCKS] = cost
-        _reserve(RI, r, cost)
-        SI[s, S_PREF] = 0
-        RA[r, A_PF, RI[r, R_NPREF]] = s
-        RI[r, R_NPREF] += 1
-        _batch_prefill(RI, RA, r, s, k, 0)
+        if per:
+            k = _chunk(kind, target, room, CFG[C_THRESH])
+            cost = -(-k // bs)
+        else:
+            cost = -(-target // bs)
+            if chunked:
+                k = _chunk(kind, target, room, 0)
+            else:
+                k = target
+                if k > room and RI[r, R_BNPRE]:
+                    break
+        final = -(-(SI[s, S_PROMPT] + SI[s, S_OUTPUT] - 1) // bs) if kind == TRTLLM else 0
+        free = RI[r, R_NUM_BLOCKS] - RI[r, R_USED]
+        running = RI[r, R_N] > 0 or RI[r, R_NPREF] > 0
+        if not _fits(kind, free, cost, RI[r, R_WM], running, RI[r, R_RESERVED], final,
+                     RI[r, R_NUM_BLOCKS]):  # fmt: skip
+            break
+        _admit_one(RI, SI, RA, kind, bs, r, s, cost, k)
         room -= k
+    return room
 
 
 @_jit
@@ -311,30 +382,81 @@ def _take_joins(G, RI, SI, RA, r):
 
 
 @_jit
-def _decodes(G, RI, RF, SI, SF, RA, RES, bs, r):
+def _victim(RI, SI, SF, RA, kind, r, with_pf, from_q):
+    """Engine.victim: the running sequence with the largest policy key (the decode batch
+    in slot order, then with ``with_pf`` the partial prefills from index ``from_q``)."""
+    best = -1
+    b1 = b2 = 0.0
+    dit = RI[r, R_DIT]
+    for q in range(RI[r, R_N]):
+        s = RA[r, A_DS, q]
+        gen = SI[s, S_GEN] + dit - SI[s, S_JOIN_DIT]
+        k1, k2 = _victim_key(kind, SI[s, S_PRIO], SF[s, F_ARRIVAL], SI[s, S_ADMIT], gen,
+                             SI[s, S_PROMPT])  # fmt: skip
+        if best < 0 or _key_greater(k1, k2, b1, b2):
+            best, b1, b2 = s, k1, k2
+    if with_pf:
+        for q in range(from_q, RI[r, R_NPREF]):
+            s = RA[r, A_PF, q]
+            k1, k2 = _victim_key(kind, SI[s, S_PRIO], SF[s, F_ARRIVAL], SI[s, S_ADMIT],
+                                 SI[s, S_GEN], SI[s, S_PROMPT])  # fmt: skip
+            if best < 0 or _key_greater(k1, k2, b1, b2):
+                best, b1, b2 = s, k1, k2
+    return best
+
+
+@_jit
+def _preempt_dec(RI, RF, SI, SF, RA, RES, bs, kind, r, victim):
+    """Engine.preempt by recompute: leave the decode batch, free the KV, wait again."""
+    _dec_remove(RI, RF, SI, SF, RA, RES, bs, r, victim)
+    RI[r, R_USED] -= SI[victim, S_BLOCKS]
+    SI[victim, S_BLOCKS] = 0
+    SI[victim, S_PREEMPTED] += 1
+    RI[r, R_PREEMPTIONS] += 1
+    SI[victim, S_TARGET] = SI[victim, S_CTX] + 1
+    SI[victim, S_PREF] = 0
+    SI[victim, S_CTX] = 0
+    _w_insert(RI, SI, SF, r, victim, kind, _front(kind))
+    RI[r, R_QUEUED] += -(-SI[victim, S_TARGET] // bs)
+
+
+@_jit
+def _preempt_pf(RI, SI, SF, RA, bs, kind, r, s):
+    """Engine.preempt_prefill: a partly prefilled sequence freed and requeued."""
+    m = RI[r, R_NPREF]
+    q = 0
+    while RA[r, A_PF, q] != s:
+        q += 1
+    while q < m - 1:
+        RA[r, A_PF, q] = RA[r, A_PF, q + 1]
+        q += 1
+    RI[r, R_NPREF] = m - 1
+    RI[r, R_USED] -= SI[s, S_BLOCKS]
+    SI[s, S_BLOCKS] = 0
+    SI[s, S_PREEMPTED] += 1
+    RI[r, R_PREEMPTIONS] += 1
+    SI[s, S_PREF] = 0
+    _w_insert(RI, SI, SF, r, s, kind, _front(kind))
+    RI[r, R_QUEUED] += -(-SI[s, S_TARGET] // bs)
+
+
+@_jit
+def _decodes(G, RI, RF, SI, SF, RA, RES, bs, kind, r):
     """Engine.reserve_decode_blocks and Scheduler._decodes: a block for every decode's next
-    token, preempting the newest by recompute while they do not fit; the decodes' count
-    (the batch's joined list holds those that joined since the last decode iteration)."""
+    token, preempting the policy's victims by recompute while they do not fit; the decodes'
+    count (the batch's joined list holds those that joined since the last decode
+    iteration)."""
     due = -RI[r, R_DIT] % bs
     need = RES[r, due]
+    partial = _per_chunk(kind)
     while need > RI[r, R_NUM_BLOCKS] - RI[r, R_USED] and RI[r, R_N]:
-        victim = RA[r, A_DS, 0]
-        for q in range(RI[r, R_N]):
-            s = RA[r, A_DS, q]
-            if SF[s, F_ARRIVAL] > SF[victim, F_ARRIVAL]:
-                victim = s
+        victim = _victim(RI, SI, SF, RA, kind, r, partial, 0)
+        if SI[victim, S_SLOT] < 0:  # a partial prefill
+            _preempt_pf(RI, SI, SF, RA, bs, kind, r, victim)
+            continue
         if SI[victim, S_RES] == due:
             need -= 1
-        _dec_remove(RI, RF, SI, SF, RA, RES, bs, r, victim)
-        RI[r, R_USED] -= SI[victim, S_BLOCKS]
-        SI[victim, S_BLOCKS] = 0
-        SI[victim, S_PREEMPTED] += 1
-        RI[r, R_PREEMPTIONS] += 1
-        SI[victim, S_TARGET] = SI[victim, S_CTX] + 1
-        SI[victim, S_PREF] = 0
-        SI[victim, S_CTX] = 0
-        _w_append(RI, SI, r, victim, True)
-        RI[r, R_QUEUED] += -(-SI[victim, S_TARGET] // bs)
+        _preempt_dec(RI, RF, SI, SF, RA, RES, bs, kind, r, victim)
     if need > 0:
         _reserve(RI, r, need)
     RI[r, R_BNJOIN] = 0
@@ -344,34 +466,174 @@ def _decodes(G, RI, RF, SI, SF, RA, RES, bs, r):
 
 
 @_jit
-def _schedule(G, RI, RF, SI, SF, RA, RES, CFG, r):
+def _v1_partials(RI, SI, SF, RA, CFG, r, room):
+    """VllmV1Scheduler.schedule's partial prefills: each one's next chunk, its blocks
+    allocated, preempting the policy's victim among it and those after it when short."""
+    kind, bs = CFG[C_KIND], CFG[C_BS]
+    q = 0
+    while q < RI[r, R_NPREF]:
+        if room <= 0:
+            break
+        s = RA[r, A_PF, q]
+        k = _chunk(kind, SI[s, S_TARGET] - SI[s, S_PREF], room, CFG[C_THRESH])
+        need = -(-(SI[s, S_PREF] + k) // bs) - SI[s, S_BLOCKS]
+        if need < 0:
+            need = 0
+        gone = False
+        while need > RI[r, R_NUM_BLOCKS] - RI[r, R_USED]:
+            v = _victim(RI, SI, SF, RA, kind, r, True, q)
+            _preempt_pf(RI, SI, SF, RA, bs, kind, r, v)
+            if v == s:
+                gone = True
+                break
+        if gone:
+            continue
+        _reserve(RI, r, need)
+        SI[s, S_BLOCKS] += need
+        _batch_prefill(RI, RA, r, s, k, SI[s, S_PREF])
+        room -= k
+        q += 1
+    return room
+
+
+@_jit
+def _sg_prefill(RI, RF, SI, SF, RA, CFG, r):
+    """SglangScheduler._prefill: the chunked request's next chunk, then new requests FCFS
+    under the chunk and prefill budgets and the ratio-reserved KV; whether any."""
+    kind, bs, ms = CFG[C_KIND], CFG[C_BS], CFG[C_MAX_SEQS]
+    if not RI[r, R_NPREF] and not RI[r, R_WLEN]:
+        return False
+    if not RI[r, R_NPREF] and RI[r, R_N] >= ms:
+        return False
+    ratio = RF[r, RF_RATIO]
+    rem_total = float((RI[r, R_NUM_BLOCKS] - RI[r, R_USED]) * bs)
+    dit = RI[r, R_DIT]
+    for q in range(RI[r, R_N]):
+        s = RA[r, A_DS, q]
+        gen = SI[s, S_GEN] + dit - SI[s, S_JOIN_DIT]
+        rem_total -= _sg_reserve(SI[s, S_OUTPUT] - gen, ratio)
+    rem_chunk = CFG[C_PCHUNK]
+    rem_input = CFG[C_PMAX]
+    for q in range(RI[r, R_NPREF]):
+        s = RA[r, A_PF, q]
+        todo = SI[s, S_TARGET] - SI[s, S_PREF]
+        n = min(todo, rem_chunk, int(rem_total))
+        if n <= 0:
+            continue
+        need = -(-(SI[s, S_PREF] + n) // bs) - SI[s, S_BLOCKS]
+        if need < 0:
+            need = 0
+        if need > RI[r, R_NUM_BLOCKS] - RI[r, R_USED]:
+            continue
+        _reserve(RI, r, need)
+        SI[s, S_BLOCKS] += need
+        _batch_prefill(RI, RA, r, s, n, SI[s, S_PREF])
+        rem_total -= n
+        if n == todo:
+            rem_total -= min(SI[s, S_OUTPUT] - SI[s, S_GEN], SG_CLIP)
+        rem_chunk -= n
+        rem_input -= n
+    while RI[r, R_WLEN] and RI[r, R_N] + RI[r, R_NPREF] < ms:
+        if rem_total <= 0 or rem_input <= 0 or rem_chunk <= 0:
+            break
+        s = RI[r, R_WHEAD]
+        extend = SI[s, S_TARGET]
+        max_new = SI[s, S_OUTPUT] - SI[s, S_GEN]
+        if not _sg_admit(rem_total, extend, max_new):
+            break
+        if extend > rem_input and RI[r, R_BNPRE]:
+            break
+        n = extend if extend <= rem_chunk else rem_chunk
+        cost = -(-n // bs)
+        free = RI[r, R_NUM_BLOCKS] - RI[r, R_USED]
+        running = RI[r, R_N] > 0 or RI[r, R_NPREF] > 0
+        if not _fits(kind, free, cost, RI[r, R_WM], running, RI[r, R_RESERVED], 0,
+                     RI[r, R_NUM_BLOCKS]):  # fmt: skip
+            break
+        _admit_one(RI, SI, RA, kind, bs, r, s, cost, n)
+        rem_total -= n
+        if n == extend:
+            rem_total -= min(max_new, SG_CLIP)
+        rem_chunk -= n
+        rem_input -= n
+    return RI[r, R_BNPRE] > 0
+
+
+@_jit
+def _sg_decode(G, GF, RI, RF, SI, SF, RA, RES, CFG, r):
+    """SglangScheduler.schedule's decode step: retract when the next tokens do not fit
+    (then the ratio's new estimate), else decay the ratio; the decodes' count."""
+    kind, bs = CFG[C_KIND], CFG[C_BS]
+    due = -RI[r, R_DIT] % bs
+    retracted = RES[r, due] > RI[r, R_NUM_BLOCKS] - RI[r, R_USED]
+    while retracted:
+        v = _victim(RI, SI, SF, RA, kind, r, False, 0)
+        _preempt_dec(RI, RF, SI, SF, RA, RES, bs, kind, r, v)
+        if not RI[r, R_N]:
+            break
+        free = RI[r, R_NUM_BLOCKS] - RI[r, R_USED]
+        if _sg_done(free * bs, RI[r, R_N]) and RES[r, -RI[r, R_DIT] % bs] <= free:
+            break
+    if retracted:
+        decoded = 0
+        max_new = 0
+        dit = RI[r, R_DIT]
+        for q in range(RI[r, R_N]):
+            s = RA[r, A_DS, q]
+            decoded += SI[s, S_GEN] + dit - SI[s, S_JOIN_DIT]
+            max_new += SI[s, S_OUTPUT]
+        RF[r, RF_RATIO] = _sg_ratio(decoded, max_new, RI[r, R_N])
+    else:
+        RF[r, RF_RATIO] = _sg_decayed(RF[r, RF_RATIO], GF[GF_MIN_RATIO], GF[GF_DECAY])
+    if not RI[r, R_N]:
+        return 0
+    return _decodes(G, RI, RF, SI, SF, RA, RES, bs, kind, r)
+
+
+@_jit
+def _schedule(G, GF, RI, RF, SI, SF, RA, RES, CFG, r):
     """Scheduler.schedule of replica r into its batch lists; whether there is work."""
-    bs, ms = CFG[C_BS], CFG[C_MAX_SEQS]
+    bs = CFG[C_BS]
     RI[r, R_BNPRE] = 0
     RI[r, R_BNDEC] = 0
     RI[r, R_BNJOIN] = 0
     kind = CFG[C_KIND]
     if kind == VLLM:
         if RI[r, R_WLEN]:
-            _admit(RI, SI, RA, bs, ms, r, CFG[C_MAX_TOKENS], False)
+            _admit(RI, SI, RA, CFG, r, CFG[C_MAX_TOKENS], False)
             if RI[r, R_BNPRE]:
                 return True
         if not RI[r, R_N]:
             return False
-        n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, r)
+        n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, kind, r)
         if n_dec:
             RI[r, R_BNDEC] = n_dec
             return True
         if RI[r, R_WLEN]:  # everything was preempted: prefill again
-            _admit(RI, SI, RA, bs, ms, r, CFG[C_MAX_TOKENS], False)
+            _admit(RI, SI, RA, CFG, r, CFG[C_MAX_TOKENS], False)
         return RI[r, R_BNPRE] > 0
+    if kind == SGLANG:
+        if _sg_prefill(RI, RF, SI, SF, RA, CFG, r):
+            return True
+        if not RI[r, R_N]:
+            return False
+        n_dec = _sg_decode(G, GF, RI, RF, SI, SF, RA, RES, CFG, r)
+        if not n_dec:  # everything retracted: prefill again
+            return _sg_prefill(RI, RF, SI, SF, RA, CFG, r)
+        RI[r, R_BNDEC] = n_dec
+        return True
     n_dec = 0
+    pre0 = RI[r, R_PREEMPTIONS]
     if RI[r, R_N]:
-        n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, r)
+        n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, kind, r)
     RI[r, R_BNDEC] = n_dec
-    if kind == ORCA:
+    if kind in (ORCA, TRTLLM):
         if RI[r, R_WLEN]:
-            _admit(RI, SI, RA, bs, ms, r, CFG[C_MAX_TOKENS] - n_dec, False)
+            _admit(RI, SI, RA, CFG, r, CFG[C_MAX_TOKENS] - n_dec, False)
+    elif kind in (VLLM_V1, PRIORITY):
+        room = _v1_partials(RI, SI, SF, RA, CFG, r, CFG[C_MAX_TOKENS] - n_dec)
+        if room > 0 and RI[r, R_WLEN] and RI[r, R_PREEMPTIONS] == pre0:
+            _admit(RI, SI, RA, CFG, r, room, True)
     else:  # sarathi: decodes, then partly-done prefills, then new ones, in the budget
         room = CFG[C_CHUNK] - n_dec
         for q in range(RI[r, R_NPREF]):
@@ -383,7 +645,7 @@ def _schedule(G, RI, RF, SI, SF, RA, RES, CFG, r):
             _batch_prefill(RI, RA, r, s, k, SI[s, S_PREF])
             room -= k
         if room > 0 and RI[r, R_WLEN]:
-            _admit(RI, SI, RA, bs, ms, r, room, True)
+            _admit(RI, SI, RA, CFG, r, room, True)
     return RI[r, R_BNPRE] > 0 or n_dec > 0
 
 
@@ -413,17 +675,18 @@ def _launch(G, RI, RF, RA, EH, BI, BF, r, dt, now):
 
 
 @_jit
-def _start(G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, now):
+def _start(G, GF, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, now):
     """Engine.try_start: schedule, price and launch r's next iteration if there is work.
     Returns whether one was launched; a batch the tables cannot price is left pending for
     the driver (G_PEND) and counts as launched."""
     bs = CFG[C_BS]
+    kind = CFG[C_KIND]
     while True:
-        if RI[r, R_N] and not RI[r, R_WLEN] and not RI[r, R_NPREF]:  # decode-only
+        if RI[r, R_N] and not RI[r, R_WLEN] and not RI[r, R_NPREF] and kind != SGLANG:
             need = RES[r, -RI[r, R_DIT] % bs]
             RI[r, R_BNPRE] = 0
             if need > RI[r, R_NUM_BLOCKS] - RI[r, R_USED] or RI[r, R_NJOINS]:
-                n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, r)
+                n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, kind, r)
                 if not n_dec:  # everything was preempted: prefill again
                     continue
             else:
@@ -435,7 +698,7 @@ def _start(G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT
             ctx_sum = RI[r, R_SUM_CTX0] + n_dec * RI[r, R_DIT]
             dt = price_decode(PI, PF, PG, WDEC, DT, n_dec, ctx_sum)
         else:
-            if not _schedule(G, RI, RF, SI, SF, RA, RES, CFG, r):
+            if not _schedule(G, GF, RI, RF, SI, SF, RA, RES, CFG, r):
                 return False
             n_dec = RI[r, R_BNDEC]
             ctx_sum = RI[r, R_SUM_CTX0] + RI[r, R_N] * RI[r, R_DIT] if n_dec else 0
@@ -452,8 +715,11 @@ def _start(G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT
 
 # === an iteration's end ===================================================================
 @_jit
-def _done(G, RI, SI, SF, BI, BF, r, s, now):
+def _done(G, RI, SI, SF, BI, BF, CFG, r, s, now):
     """Engine.finish_sequence and Metrics.request_done (buffered); the pool row freed."""
+    if CFG[C_KIND] == TRTLLM:
+        bs = CFG[C_BS]
+        RI[r, R_RESERVED] -= -(-(SI[s, S_PROMPT] + SI[s, S_OUTPUT] - 1) // bs)
     RI[r, R_USED] -= SI[s, S_BLOCKS]
     SI[s, S_BLOCKS] = 0
     RI[r, R_OUTS] -= 1
@@ -463,6 +729,7 @@ def _done(G, RI, SI, SF, BI, BF, r, s, now):
     BI[d, B_D_PROMPT] = SI[s, S_PROMPT]
     BI[d, B_D_OUTPUT] = SI[s, S_OUTPUT]
     BI[d, B_D_PREEMPTED] = SI[s, S_PREEMPTED]
+    BI[d, B_D_PRIO] = SI[s, S_PRIO]
     BF[d, BF_D_ARRIVAL] = SF[s, F_ARRIVAL]
     BF[d, BF_D_FIRST] = SF[s, F_FIRST]
     BF[d, BF_D_FINISH] = now
@@ -510,7 +777,7 @@ def _prefilled(G, RI, SI, SF, RA, RES, FH, BI, BF, CFG, r, now):
             _tbt(G, BI, BF, now - SF[s, F_LAST], 1)
         SF[s, F_LAST] = now
         if SI[s, S_GEN] >= SI[s, S_OUTPUT]:
-            _done(G, RI, SI, SF, BI, BF, r, s, now)
+            _done(G, RI, SI, SF, BI, BF, CFG, r, s, now)
         else:
             _dec_add(G, RI, SI, RA, RES, FH, CFG[C_BS], CFG[C_MAX_SEQS], r, s)
             j = RI[r, R_NJOINS]
@@ -540,7 +807,7 @@ def _finish(G, RI, RF, SI, SF, RA, RES, FH, BI, BF, CFG, r, now):
             if SI[s, S_RID] == rid and SI[s, S_SLOT] >= 0 and SI[s, S_FINISH_DIT] == dit:
                 SI[s, S_FINISH_DIT] = -1
                 _dec_remove(RI, RF, SI, SF, RA, RES, CFG[C_BS], r, s)
-                _done(G, RI, SI, SF, BI, BF, r, s, now)
+                _done(G, RI, SI, SF, BI, BF, CFG, r, s, now)
     if RI[r, R_BNPRE]:
         _prefilled(G, RI, SI, SF, RA, RES, FH, BI, BF, CFG, r, now)
 
@@ -574,8 +841,8 @@ def _route(G, RI, CFG):
 
 
 @_jit
-def _arrive(G, RI, SI, SF, CFG, t, rid, p, o):
-    """Route a request and queue it; its replica."""
+def _arrive(G, RI, SI, SF, CFG, t, rid, p, o, prio):
+    """Route a request and queue it (in the policy's order); its replica."""
     r = _route(G, RI, CFG)
     s = G[G_FREE]
     G[G_FREE] = SI[s, S_NEXT]
@@ -584,19 +851,21 @@ def _arrive(G, RI, SI, SF, CFG, t, rid, p, o):
         SI[s, c] = 0
     SI[s, S_RID], SI[s, S_PROMPT], SI[s, S_OUTPUT], SI[s, S_TARGET] = rid, p, o, p
     SI[s, S_SLOT] = -1
+    SI[s, S_PRIO] = prio
     SF[s, F_ARRIVAL], SF[s, F_LAST], SF[s, F_FIRST] = t, 0.0, -1.0
     RI[r, R_OUTS] += 1
-    _w_append(RI, SI, r, s, False)
+    _w_insert(RI, SI, SF, r, s, CFG[C_KIND], False)
     RI[r, R_QUEUED] += -(-p // CFG[C_BS])
     return r
 
 
 # === the loop ==============================================================================
 @_jit
-def simulate(st, buf, pt, arr_t, arr_p, arr_o, first_rid, final):
+def simulate(st, buf, pt, arr_t, arr_p, arr_o, arr_q, first_rid, final):
     """Run until a reason to return (the module's codes). ``arr_*``: the current chunk's
-    arrivals (outputs 0: refused), read from G_POS on; ``final``: no chunk follows it. A
-    pending price (G_PEND >= 0) must have been written to GF_PRICE by the driver."""
+    arrivals (outputs 0: refused; ``arr_q`` their priorities), read from G_POS on;
+    ``final``: no chunk follows it. A pending price (G_PEND >= 0) must have been written
+    to GF_PRICE by the driver."""
     G, GF, CFG, RI, RF, SI, SF, RA, RES, FH, EH = st
     BI, BF = buf
     PI, PF, PG, W2, WDEC, DT = pt
@@ -629,11 +898,12 @@ def simulate(st, buf, pt, arr_t, arr_p, arr_o, first_rid, final):
                 G[G_POS] = pos + 1
                 if ta > GF[GF_NOW]:
                     GF[GF_NOW] = ta
-                r = _arrive(G, RI, SI, SF, CFG, ta, first_rid + pos, arr_p[pos], o)
+                r = _arrive(G, RI, SI, SF, CFG, ta, first_rid + pos, arr_p[pos], o, arr_q[pos])
                 if not RI[r, R_BUSY]:
                     _start(
-                        G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, ta
-                    )
+                        G, GF, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT,
+                        r, ta,
+                    )  # fmt: skip
                     if G[G_PEND] >= 0:
                         return PRICE
                 continue
@@ -645,7 +915,7 @@ def simulate(st, buf, pt, arr_t, arr_p, arr_o, first_rid, final):
         if now > GF[GF_NOW]:
             GF[GF_NOW] = now
         _finish(G, RI, RF, SI, SF, RA, RES, FH, BI, BF, CFG, r, now)
-        _start(G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, now)
+        _start(G, GF, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, now)
         if G[G_PEND] >= 0:
             return PRICE
 
@@ -667,7 +937,7 @@ def state_arrays(nrep: int, bs: int, max_seqs: int, pool: int, buffer: int) -> t
     RI = np.zeros((nrep, NRI), i8)
     RI[:, R_WHEAD] = RI[:, R_WTAIL] = -1
     st = (
-        G, np.zeros(NGF, f8), np.zeros(8, i8), RI, np.zeros((nrep, NRF), f8), SI,
+        G, np.zeros(NGF, f8), np.zeros(NCFG, i8), RI, np.zeros((nrep, NRF), f8), SI,
         np.zeros((pool, NSF), f8), np.zeros((nrep, NRA, max_seqs + 1), i8),
         np.zeros((nrep, bs), i8), np.zeros((nrep, 3, FINISH_HEAP_PER_SEAT * max_seqs), i8),
         np.zeros((3, nrep), f8),

@@ -123,12 +123,11 @@ class _Driver:
         self.sim = sim
         self.m = sim.metrics
         reps = sim.replicas
-        max_seqs = (
-            min(sc.max_batch_size, sc.chunk_size) if sc.kind == "sarathi" else sc.max_batch_size
-        )
+        sched = reps[0].scheduler  # the event loop's scheduler: its seats and policy
+        max_seqs = sched.max_seqs
         self.st, self.buf = K.state_arrays(len(reps), cfg.block_size, max_seqs, POOL, FLUSH)
-        G, CFG, RI = self.st[0], self.st[2], self.st[3]
-        CFG[K.C_KIND] = {"vllm": K.VLLM, "orca": K.ORCA, "sarathi": K.SARATHI}[sc.kind]
+        G, GF, CFG, RI, RF = self.st[0], self.st[1], self.st[2], self.st[3], self.st[4]
+        CFG[K.C_KIND] = sched.kind_code
         CFG[K.C_BS] = cfg.block_size
         CFG[K.C_MAX_SEQS] = max_seqs
         CFG[K.C_MAX_TOKENS] = sc.max_tokens
@@ -137,6 +136,12 @@ class _Driver:
                            "round_robin": K.ROUND_ROBIN}.get(cfg.router, K.KV_AWARE)  # fmt: skip
         CFG[K.C_NREP] = len(reps)
         CFG[K.C_FLUSH] = FLUSH
+        CFG[K.C_THRESH] = sc.long_prefill_token_threshold
+        CFG[K.C_PCHUNK] = sc.chunked_prefill_size
+        CFG[K.C_PMAX] = sc.max_prefill_tokens
+        if sc.kind == "sglang":
+            GF[K.GF_MIN_RATIO], GF[K.GF_DECAY] = sched.min_ratio, sched.decay
+            RF[:, K.RF_RATIO] = sched.init_ratio
         for i, r in enumerate(reps):
             RI[i, K.R_NUM_BLOCKS] = r.blocks_per_engine
             RI[i, K.R_WM] = int(sc.watermark * r.blocks_per_engine)
@@ -151,12 +156,14 @@ class _Driver:
         self.meter = next(iter(meters.values()), None)
         self.num_blocks = reps[0].blocks_per_engine
 
-    def _call(self, a: np.ndarray, p: np.ndarray, o: np.ndarray, first: int, final: bool) -> None:
+    def _call(
+        self, a: np.ndarray, p: np.ndarray, o: np.ndarray, q: np.ndarray, first: int, final: bool
+    ) -> None:
         """Run the kernel over one chunk of arrivals (or the end), acting on each return."""
         K = self.K
         self.st[0][K.G_POS] = 0
         while True:
-            code = self._simulate(a, p, o, first, final)
+            code = self._simulate(a, p, o, q, first, final)
             if code == K.NEED_ARRIVALS or code == K.DONE:
                 return
             if code == K.FLUSH:
@@ -172,9 +179,11 @@ class _Driver:
                 for j in range(due, 0, -1):
                     self.m.progress(int(G[K.G_PROG_NEXT]) - j * every, self.m.progress_total)
 
-    def _simulate(self, a: np.ndarray, p: np.ndarray, o: np.ndarray, first: int, final: bool):
+    def _simulate(
+        self, a: np.ndarray, p: np.ndarray, o: np.ndarray, q: np.ndarray, first: int, final: bool
+    ):
         """One kernel call; the first of the process says so on stderr if it compiles."""
-        args = (self.st, self.buf, self.tables, a, p, o, first, final)
+        args = (self.st, self.buf, self.tables, a, p, o, q, first, final)
         if _warm["done"]:
             return self.K.simulate(*args)
         from simcli.progress import quiet
@@ -207,9 +216,11 @@ class _Driver:
         sim = self.sim
         for chunk in chunks:
             a, p, o = sim.admissible(chunk)
-            self._call(a, p, o, chunk.first_id, False)
+            q = getattr(chunk, "priority", None)
+            q = np.zeros(a.size, np.int64) if q is None else np.ascontiguousarray(q, np.int64)
+            self._call(a, p, o, q, chunk.first_id, False)
         empty = np.zeros(0, np.int64)
-        self._call(np.zeros(0), empty, empty, 0, True)
+        self._call(np.zeros(0), empty, empty, empty, 0, True)
         self.flush()
         K = self.K
         RI, RF = self.st[3], self.st[4]
@@ -266,6 +277,14 @@ class _Driver:
             m.prompt_tokens += int(BI[:d, K.B_D_PROMPT].sum())
             m.output_tokens += int(out.sum())
             m.preempted_requests += int(np.count_nonzero(BI[:d, K.B_D_PREEMPTED]))
+            if m.track_priority:
+                prio = BI[:d, K.B_D_PRIO]
+                for c in np.unique(prio).tolist():
+                    sel = prio == c
+                    hs = m.priority_hists(int(c))
+                    hs[0].add_many(ttft[sel])
+                    hs[2].add_many((fin - arr)[sel])
+                    hs[1].add_many((fin[sel & multi] - first[sel & multi]) / (out[sel & multi] - 1))
             m.first_arrival_s = min(m.first_arrival_s, float(arr.min()))
             m.last_finish_s = max(m.last_finish_s, float(fin.max()))
             if m.sink is not None:
@@ -280,13 +299,14 @@ class _Driver:
         """The per-request rows, in the order the requests finished."""
         K = self.K
         BI, BF = self.buf
-        cols = [K.B_D_RID, K.B_D_REPLICA, K.B_D_PROMPT, K.B_D_OUTPUT, K.B_D_PREEMPTED]
+        cols = [K.B_D_RID, K.B_D_REPLICA, K.B_D_PROMPT, K.B_D_OUTPUT, K.B_D_PREEMPTED,
+                K.B_D_PRIO]  # fmt: skip
         fcols = [K.BF_D_ARRIVAL, K.BF_D_FIRST, K.BF_D_FINISH]
         sink = self.m.sink
-        for (rid, rep, prompt, out, pre), (a, f, fin) in zip(
+        for (rid, rep, prompt, out, pre, prio), (a, f, fin) in zip(
             BI[:d, cols].tolist(), BF[:d, fcols].tolist(), strict=True
         ):
-            req = Request(rid, a, prompt, out)
+            req = Request(rid, a, prompt, out, priority=prio)
             req.first_token_s = f
             req.finish_s = fin
             req.replica = rep

@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from simcli.serving.policy import SchedulerKind
 from simcli.serving.requests import SyntheticSpec
 from workloads.lengths import parse_dist
 from workloads.sparsity import parse_pattern
@@ -125,7 +126,7 @@ class PlanSpace(BaseModel):
 
     gpus: tuple[str, ...] = DEFAULT_GPUS
     tp: tuple[int, ...] = (1, 2, 4)
-    schedulers: tuple[Literal["vllm", "orca", "sarathi"], ...] = ("vllm", "sarathi")
+    schedulers: tuple[SchedulerKind, ...] = ("vllm", "sarathi")
     chunk_sizes: tuple[int, ...] = (512, 2048)
     pd_ratios: tuple[str | None, ...] = Field(
         default=(None, "1:1", "1:2"),

@@ -382,13 +382,14 @@ def _take_joins(G, RI, SI, RA, r):
 
 
 @_jit
-def _victim(RI, SI, SF, RA, kind, r, with_pf, from_q):
-    """Engine.victim: the running sequence with the largest policy key (the decode batch
-    in slot order, then with ``with_pf`` the partial prefills from index ``from_q``)."""
+def _victim(RI, SI, SF, RA, kind, r, with_dec, with_pf, from_q):
+    """Engine.victim: the running sequence with the largest policy key (with ``with_dec``
+    the decode batch in slot order, then with ``with_pf`` the partial prefills from index
+    ``from_q``)."""
     best = -1
     b1 = b2 = 0.0
     dit = RI[r, R_DIT]
-    for q in range(RI[r, R_N]):
+    for q in range(RI[r, R_N] if with_dec else 0):
         s = RA[r, A_DS, q]
         gen = SI[s, S_GEN] + dit - SI[s, S_JOIN_DIT]
         k1, k2 = _victim_key(kind, SI[s, S_PRIO], SF[s, F_ARRIVAL], SI[s, S_ADMIT], gen,
@@ -450,7 +451,7 @@ def _decodes(G, RI, RF, SI, SF, RA, RES, bs, kind, r):
     need = RES[r, due]
     partial = _per_chunk(kind)
     while need > RI[r, R_NUM_BLOCKS] - RI[r, R_USED] and RI[r, R_N]:
-        victim = _victim(RI, SI, SF, RA, kind, r, partial, 0)
+        victim = _victim(RI, SI, SF, RA, kind, r, True, partial, 0)
         if SI[victim, S_SLOT] < 0:  # a partial prefill
             _preempt_pf(RI, SI, SF, RA, bs, kind, r, victim)
             continue
@@ -481,7 +482,7 @@ def _v1_partials(RI, SI, SF, RA, CFG, r, room):
             need = 0
         gone = False
         while need > RI[r, R_NUM_BLOCKS] - RI[r, R_USED]:
-            v = _victim(RI, SI, SF, RA, kind, r, True, q)
+            v = _victim(RI, SI, SF, RA, kind, r, False, True, q)
             _preempt_pf(RI, SI, SF, RA, bs, kind, r, v)
             if v == s:
                 gone = True
@@ -567,7 +568,7 @@ def _sg_decode(G, GF, RI, RF, SI, SF, RA, RES, CFG, r):
     due = -RI[r, R_DIT] % bs
     retracted = RES[r, due] > RI[r, R_NUM_BLOCKS] - RI[r, R_USED]
     while retracted:
-        v = _victim(RI, SI, SF, RA, kind, r, False, 0)
+        v = _victim(RI, SI, SF, RA, kind, r, True, False, 0)
         _preempt_dec(RI, RF, SI, SF, RA, RES, bs, kind, r, v)
         if not RI[r, R_N]:
             break

@@ -60,6 +60,7 @@ from simcli.serving.schedulers import ENGINE_SCHEDULERS, SCHEDULERS, SchedulerKi
 from simcli.serving.spec import SpecConfig
 from workloads.models import moe_imbalance_field
 
+SCHED_HELP = ", ".join(SCHEDULERS) + " (docs/schedulers.md)."
 DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
 PERCENTILE_HELP = (
     "met by --attainment of the requests: a p90 target by default (--attainment 0.99: p99)"
@@ -96,16 +97,11 @@ class ServeOptions(CommandConfig):
     replicas: int = count_field(
         1, MAX_REPLICAS, REPLICAS_WHY, description="Model replicas behind the router."
     )
-    scheduler: SchedulerKind = Field(
-        "vllm",
-        description="Replica scheduler: vllm (V0) | orca | sarathi | vllm-v1 | sglang | trtllm "
-        "| priority (vLLM V1 priority policy); docs/schedulers.md.",
-    )
+    scheduler: SchedulerKind = Field("vllm", description="Replica scheduler: " + SCHED_HELP)
     priority_mix: str | None = Field(
-        None,
-        description="Priority classes of the requests and their shares, CLASS:SHARE,... "
-        "(e.g. 0:0.2,1:0.8; lower is served first by --scheduler priority), drawn from --seed.",
-    )
+        None, description="Request priority classes CLASS:SHARE,... (e.g. 0:0.2,1:0.8; lower "
+        "served first by --scheduler priority), drawn from --seed."
+    )  # fmt: skip
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = Field(
         "least_outstanding",
         description="Request routing: round_robin | least_outstanding | kv_aware",
@@ -356,18 +352,12 @@ class ServeOptions(CommandConfig):
             raise ValueError(f"--draft-model with --pp {self.pp}; allowed: --pp 1 (as in vLLM)")
         if self.priority_mix is not None:
             parse_priority_mix(self.priority_mix)
-        if self.scheduler in ENGINE_SCHEDULERS:
-            for flag, on in (
-                ("--preemption swap", self.preemption == "swap"),
-                ("--disaggregate", self.disaggregate),
-                ("--draft-model", spec is not None),
-                ("--branches", branching is not None),
-            ):
-                if on:
-                    raise ValueError(
-                        f"--scheduler {self.scheduler} with {flag} is not modelled; allowed: "
-                        "--scheduler vllm, orca or sarathi for it"
-                    )
+        flags = {"--preemption swap": self.preemption == "swap", "--disaggregate":
+                 self.disaggregate, "--draft-model": spec, "--branches": branching}  # fmt: skip
+        for flag, on in flags.items():
+            if self.scheduler in ENGINE_SCHEDULERS and on:
+                raise ValueError(f"--scheduler {self.scheduler} with {flag} is not modelled; "
+                                 "allowed: --scheduler vllm, orca or sarathi for it")  # fmt: skip
         return self
 
     def require(self) -> None:
@@ -517,8 +507,7 @@ class ServePlanOptions(CommandConfig):
     )
     tp: str = Field("1,2,4", description="Tensor-parallel degrees to consider, comma-separated.")
     schedulers: str = Field(
-        "vllm,sarathi",
-        description="Schedulers to consider, comma-separated: " + ", ".join(SCHEDULERS) + ".",
+        "vllm,sarathi", description="Schedulers to consider, comma-separated: " + SCHED_HELP
     )
     chunk_sizes: str = Field(
         "512,2048",

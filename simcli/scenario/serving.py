@@ -330,7 +330,10 @@ class Arrivals:
 
             def synthetic_at(m: float) -> Iterable[Request]:
                 spec = syn.model_copy(update={"qps": syn.qps * m, "num_requests": n})
-                return synthetic_requests(spec, self.empirical)
+                stream = synthetic_requests(spec, self.empirical)
+                if self.priority_mix is not None:
+                    return with_priorities(stream, self.priority_mix, self.priority_seed)
+                return stream
 
             return synthetic_at, syn.qps, ""
         arrivals = [r.arrival_s for r in trace_requests(self.trace, n)]
@@ -342,7 +345,7 @@ class Arrivals:
             for r in trace_requests(self.trace, n):
                 yield Request(
                     r.id, r.arrival_s / m, r.prompt_tokens, r.output_tokens, r.prefix_key,
-                    r.prefix_tokens,
+                    r.prefix_tokens, priority=r.priority,
                 )  # fmt: skip
 
         return replay_at, (len(arrivals) - 1) / span, ""

@@ -2,10 +2,12 @@
 
 :mod:`simcli.serving.fastpath` drives it; this module holds only the compiled part. Every
 sequence, replica, queue, decode batch and heap is a row or a column of a numpy array
-(the layouts are the ``S_*``, ``R_*`` ... column numbers below), so the whole loop -- the
-routers, the vLLM / Orca / Sarathi-Serve admissions, the lockstep decode batch with its
-per-residue block counting, recompute preemption of the newest decode, the step prices
-and the clock -- runs without the interpreter. It mirrors, line for line, the Python
+(the layouts are the ``S_*``, ``R_*`` ... column numbers of
+:mod:`simcli.serving.fastlayout`), so the whole loop -- the routers, the schedulers'
+admissions, budgets and preemptions (:mod:`simcli.serving.fastsched`, calling the policy
+functions of :mod:`simcli.serving.policy`), the lockstep decode batch with its
+per-residue block counting, the step prices and the clock -- runs without the
+interpreter. It mirrors, line for line, the Python
 methods of the general loop (:mod:`simcli.serving.engine`, :mod:`simcli.serving.schedulers`)
 and prices with the compiled copy of the step model's scalar pricing
 (:mod:`costmodels.steps.serving_compiled`); the tests

@@ -7,10 +7,10 @@ invariant checks. For them :func:`run` replaces the event objects, the ``Request
 :mod:`simcli.serving.engine` and :mod:`simcli.serving.schedulers` by one compiled loop over
 flat arrays (:mod:`simcli.serving.fastkernel`, numba), and the per-sample histogram updates
 of :class:`~simcli.serving.metrics.Metrics` by buffers reduced here in vectorised batches.
-The mechanism is the same step for step -- the vLLM, Orca and Sarathi-Serve admissions and
-token budgets, the watermark, the lockstep decode batch with its per-residue block
-counting, preemption of the newest decode by recompute, the routers, the step prices and
-so the clock -- so a run reports what the general loop reports
+The mechanism is the same step for step -- every scheduler's admissions, token budgets and
+preemption victims (the functions of :mod:`simcli.serving.policy`, compiled), the lockstep
+decode batch with its per-residue block counting, recompute preemption, the routers, the
+step prices and so the clock -- so a run reports what the general loop reports
 (``tests/simcli/serving/test_fastpath.py`` compares every summary key, per-replica row
 and per-request row on scenarios chosen to preempt, cap outputs and refuse prompts). Only
 float sums are added in another order (histogram totals, KV-time, energy): they agree to

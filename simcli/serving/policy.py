@@ -2,8 +2,9 @@
 both serving loops call.
 
 The event loop's scheduler classes (:mod:`simcli.serving.schedulers`) call these as plain
-Python; the compiled loop (:mod:`simcli.serving.fastkernel`) compiles the very same
-functions with numba (``njit(policy.fn)``), so a policy is written once and the two loops
+Python; the compiled loop (:mod:`simcli.serving.fastsched`, run by
+:mod:`simcli.serving.fastkernel`) compiles the very same functions with numba
+(``jit(policy.fn)``), so a policy is written once and the two loops
 cannot drift apart (``tests/simcli/serving/test_fastpath.py`` and
 ``test_schedulers.py`` hold them equal request for request). Nothing here imports numba
 or touches a queue: a function takes the numbers a decision needs and returns the

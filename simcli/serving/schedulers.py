@@ -2,7 +2,7 @@
 
 A scheduler owns its policy -- the order of the waiting queue, the admission test and the
 preemption victim -- as the pure functions of :mod:`simcli.serving.policy`, which the
-compiled loop (:mod:`simcli.serving.fastkernel`) calls too; the engine
+compiled loop (:mod:`simcli.serving.fastsched`) calls too; the engine
 (:mod:`simcli.serving.engine`) supplies the mechanism (paged KV blocks, the lockstep
 decode batch, recompute/swap). :func:`make_scheduler` is a registry: one class per name.
 

@@ -26,9 +26,15 @@ all state lives in the arrays, so the loop resumes where it stopped.
 
 from __future__ import annotations
 
-import numpy as np
+import hashlib
+from pathlib import Path
 
+import numpy as np
+from numba.core.registry import CPUDispatcher
+
+from costmodels.steps import serving_compiled
 from costmodels.steps.serving_compiled import price_decode, price_mixed
+from simcli.serving import fastlayout, fastsched, policy
 from simcli.serving.fastlayout import (
     A_BJOIN,
     A_BNEW,
@@ -472,3 +478,29 @@ def grow(st: tuple) -> tuple:
         SI, SF = SI2, SF2
     G[G_GROW] = 0
     return G, GF, CFG, RI, RF, SI, SF, RA, RES, FH, EH
+
+
+def _drop_stale_caches() -> None:
+    """numba checks only a function's own file when it loads a cached compile, but the
+    kernel's code spans this module, :mod:`fastsched`, :mod:`fastlayout`, :mod:`policy`
+    and :mod:`costmodels.steps.serving_compiled`: an edit to any of them must drop every
+    cached piece, or ``simulate`` would run code compiled from the old sources. A digest of
+    their sources kept beside numba's cache decides (best effort: an unwritable cache is
+    left to numba)."""
+    mods = (policy, fastlayout, fastsched, serving_compiled)
+    files = (*(m.__file__ for m in mods), __file__)
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
+    try:
+        stamp = Path(simulate._cache._cache_path) / "simcli-serving-kernel.sources"
+        if stamp.exists() and stamp.read_text() == digest:
+            return
+        for ns in (globals(), vars(fastsched), vars(fastlayout)):
+            for obj in list(ns.values()):
+                if isinstance(obj, CPUDispatcher) and getattr(obj, "_cache", None) is not None:
+                    obj._cache.flush()
+        stamp.write_text(digest)
+    except (AttributeError, OSError):
+        pass
+
+
+_drop_stale_caches()

@@ -29,6 +29,7 @@ NCFG = 11
 # the policy codes (simcli.serving.policy)
 VLLM, ORCA, SARATHI = policy.VLLM, policy.ORCA, policy.SARATHI
 VLLM_V1, SGLANG, TRTLLM, PRIORITY = policy.VLLM_V1, policy.SGLANG, policy.TRTLLM, policy.PRIORITY
+TRTLLM_MU = policy.TRTLLM_MU
 LEAST_OUTSTANDING, ROUND_ROBIN, KV_AWARE = range(3)
 
 # --- global counters (G, int64) and clocks (GF, float64) -------------------------------

@@ -71,6 +71,7 @@ from simcli.serving.fastlayout import (
     S_TARGET,
     SGLANG,
     TRTLLM,
+    TRTLLM_MU,
     VLLM,
     VLLM_V1,
     dec_remove,
@@ -455,7 +456,7 @@ def schedule(G, GF, RI, RF, SI, SF, RA, RES, CFG, r):
     if RI[r, R_N]:
         n_dec = decodes(G, RI, RF, SI, SF, RA, RES, bs, kind, r)
     RI[r, R_BNDEC] = n_dec
-    if kind in (ORCA, TRTLLM):
+    if kind in (ORCA, TRTLLM, TRTLLM_MU):
         if RI[r, R_WLEN]:
             _admit(RI, SI, RA, CFG, r, CFG[C_MAX_TOKENS] - n_dec, False)
     elif kind in (VLLM_V1, PRIORITY):

@@ -31,15 +31,20 @@ Policies (``KINDS``; sources and versions in ``docs/schedulers.md``):
 - ``trtllm``: TensorRT-LLM's ``GUARANTEED_NO_EVICT`` capacity scheduler: a request starts
   only when its whole sequence (prompt + output) fits the blocks not already promised to
   the running requests; it never preempts.
+- ``trtllm-max-util``: TensorRT-LLM's ``MAX_UTILIZATION``: a request starts when its
+  context's blocks fit now; when a started request's next step does not fit, the last
+  started request is paused (its KV freed, recomputed later).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-KINDS = ("vllm", "orca", "sarathi", "vllm-v1", "sglang", "trtllm", "priority")
-SchedulerKind = Literal["vllm", "orca", "sarathi", "vllm-v1", "sglang", "trtllm", "priority"]
-VLLM, ORCA, SARATHI, VLLM_V1, SGLANG, TRTLLM, PRIORITY = range(7)
+KINDS = ("vllm", "orca", "sarathi", "vllm-v1", "sglang", "trtllm", "priority", "trtllm-max-util")
+SchedulerKind = Literal[
+    "vllm", "orca", "sarathi", "vllm-v1", "sglang", "trtllm", "priority", "trtllm-max-util"
+]
+VLLM, ORCA, SARATHI, VLLM_V1, SGLANG, TRTLLM, PRIORITY, TRTLLM_MU = range(8)
 
 # SGLang's defaults (python/sglang/srt/environ.py; earlier global_config.py):
 # SGLANG_INIT_NEW_TOKEN_RATIO 0.7, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14,
@@ -62,8 +67,8 @@ def victim_key(kind: int, priority: int, arrival_s: float, admitted: int, genera
                prompt: int) -> tuple[float, float]:  # fmt: skip
     """The running sequence with the largest key (compared as a pair, the first of equals
     in scan order) is preempted first."""
-    if kind == VLLM_V1:
-        return float(admitted), 0.0  # running.pop(): the last one admitted
+    if kind in (VLLM_V1, TRTLLM_MU):
+        return float(admitted), 0.0  # running.pop() / the last started request
     if kind == PRIORITY:
         return float(priority), arrival_s  # max(running, key=(priority, arrival_time))
     if kind == SGLANG:
@@ -109,7 +114,7 @@ def admit_fits(kind: int, free_blocks: int, cost_blocks: int, watermark_blocks: 
     if kind == TRTLLM:
         # GUARANTEED_NO_EVICT: what every running request may still need is kept back
         return reserved_blocks + final_blocks <= num_blocks and cost_blocks <= free_blocks
-    if kind in (VLLM_V1, PRIORITY, SGLANG):
+    if kind in (VLLM_V1, PRIORITY, SGLANG, TRTLLM_MU):
         return cost_blocks <= free_blocks  # allocate_slots: the free blocks, no watermark
     return free_blocks - cost_blocks >= (watermark_blocks if running else 0)
 

@@ -52,7 +52,7 @@ SCHEDULERS = policy.KINDS
 PREEMPTION = ("recompute", "swap")
 SchedulerKind = policy.SchedulerKind
 # the schedulers of real engines (not V0-style): recompute only, no branches/spec/disagg
-ENGINE_SCHEDULERS = ("vllm-v1", "sglang", "trtllm", "priority")
+ENGINE_SCHEDULERS = ("vllm-v1", "sglang", "trtllm", "priority", "trtllm-max-util")
 
 
 class SchedulerConfig(BaseModel):
@@ -221,6 +221,16 @@ class TrtllmScheduler(OrcaScheduler):
     context is off by default) within ``max_num_tokens`` (``max_tokens``), as Orca's
     mixed batches. The output length stands for ``max_tokens`` of the request, as a
     benchmark client sets it."""
+
+
+@register("trtllm-max-util")
+class TrtllmMaxUtilScheduler(OrcaScheduler):
+    """TensorRT-LLM's ``MAX_UTILIZATION`` capacity policy (``MaxUtilizationScheduler`` in
+    ``capacityScheduler.cpp`` at 02a10fed): requests are taken in order while the blocks
+    of their next step fit (``prepareNewNumberOfBlocksIfWeEndUpScheduling``: a context's
+    whole prompt, a generation step's new block); when one does not fit, the last started
+    request is paused (``schedulingRemoveSequence``: its KV freed, its context recomputed
+    later) and the request retried. Batching as :class:`TrtllmScheduler`."""
 
 
 @register("sarathi")
@@ -468,6 +478,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SglangScheduler",
+    "TrtllmMaxUtilScheduler",
     "TrtllmScheduler",
     "VllmScheduler",
     "VllmV1Scheduler",

@@ -103,7 +103,7 @@ def test_draft_with_another_vocabulary_is_one_line():
             ServeOptions,
             {"scheduler": "fifo"},
             "unknown --scheduler 'fifo'; allowed: vllm, orca, sarathi, vllm-v1, sglang, trtllm, "
-            "priority",
+            "priority, trtllm-max-util",
         ),
         (
             ServeOptions,

@@ -21,7 +21,7 @@ from simcli.serving.requests import RequestChunk, RequestStream, trace_requests
 from simcli.serving.schedulers import SCHEDULERS, SchedulerConfig, make_scheduler
 from simcli.serving.simulator import ServeConfig, Simulator
 
-NEW = ("vllm-v1", "priority", "sglang", "trtllm")
+NEW = ("vllm-v1", "priority", "sglang", "trtllm", "trtllm-max-util")
 # KV room for ~12k tokens per replica: the decode batches run out of blocks often
 TIGHT = {
     "model": "llama3-8b",

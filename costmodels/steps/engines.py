@@ -157,8 +157,8 @@ class Defaults(_Sourced):
     """What the engine runs with when the user does not say. ``scheduler``: the policy the
     simulator should use for this engine (``vllm`` = V0 prefill-first, ``sarathi`` = a
     chunked decode-first token budget, ``vllm-v1``, ``sglang``, ``trtllm`` = reserve the
-    whole sequence, GUARANTEED_NO_EVICT); ``simulator_scheduler``: the closest kind the
-    simulator has today (the lead maps the rest at merge)."""
+    whole sequence, GUARANTEED_NO_EVICT): one of the simulator's scheduler kinds
+    (``simcli.serving.schedulers``; a test checks each profile's)."""
 
     max_num_batched_tokens: int | None = Field(None, gt=0)
     max_num_seqs: int = Field(gt=0)
@@ -166,7 +166,6 @@ class Defaults(_Sourced):
     chunked_prefill: bool
     preemption: Literal["recompute", "swap", "none"]
     scheduler: str
-    simulator_scheduler: Literal["vllm", "orca", "sarathi"]
     tiers: tuple[Tier, ...] = ()
 
 
@@ -179,7 +178,6 @@ class EngineDefaults(_Spec):
     chunked_prefill: bool
     preemption: str
     scheduler: str
-    simulator_scheduler: str
     cuda_graph_max_bs: int | None
 
 
@@ -245,7 +243,6 @@ class EngineProfile(_Spec):
             chunked_prefill=d.chunked_prefill,
             preemption=d.preemption,
             scheduler=d.scheduler,
-            simulator_scheduler=d.simulator_scheduler,
             cuda_graph_max_bs=t.cuda_graph_max_bs if t is not None else None,
         )
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from costmodels.ops.select import provenance_fields
 from costmodels.steps.composition import Composition, load_composition
+from costmodels.steps.engines import load_engine
 from costmodels.steps.serving import StepModel
 from costmodels.steps.serving_fidelity import serving_fidelity_fields
 from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, GIB
@@ -48,6 +49,7 @@ from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.plan_inputs import SLO, Candidate, PlanSpace, Workload
 from simcli.serving.plan_result import PlanResult
 from simcli.serving.planner import search_deployments
+from simcli.serving.priority import PriorityMix, parse_priority_mix, with_priorities
 from simcli.serving.requests import (
     Request,
     SyntheticSpec,
@@ -172,6 +174,21 @@ def default_kv_transfer(options: ServeOptions, gpus_per_node: int) -> str:
     return "intra" if gpus <= gpus_per_node else "inter"
 
 
+def default_max_tokens(scheduler: str, model_len: int, hardware: Hardware) -> int:
+    """``max_num_batched_tokens`` when ``--max-tokens`` is not given: vLLM V0's
+    ``max(max_model_len, 2048)`` for the V0-style schedulers; vLLM V1's API-server
+    default for ``vllm-v1``/``priority`` (``EngineArgs.get_batch_defaults``: 8192 on GPUs
+    of 70 GiB or more other than A100, else 2048); TensorRT-LLM's ``max_num_tokens`` 8192
+    (``BuildConfig``/LLM API default)."""
+    if scheduler in ("vllm-v1", "priority"):
+        gpu = hardware.gpu
+        big = gpu.memory_gib >= 70 and "a100" not in gpu.id.lower()
+        return 8192 if big else 2048
+    if scheduler == "trtllm":
+        return 8192
+    return max(model_len, 2048)  # vLLM V0's default
+
+
 def serve_config(
     options: ServeOptions,
     model: ModelConfig,
@@ -203,6 +220,12 @@ def serve_config(
         )
         price = mean_price(disaggregation)
     limit = model_len_limit(model, o.max_model_len)
+    # the engine's own token budget on this GPU when it runs its own scheduler
+    gpu = hardware.gpu
+    eng = load_engine(o.engine).defaults_for(gpu.id, gpu.memory_gib, o.tp)
+    budget = eng.max_num_batched_tokens if o.scheduler == eng.scheduler else None
+    max_tokens = o.max_tokens or budget or default_max_tokens(o.scheduler, limit, hardware)
+    extra = {"chunked_prefill_size": o.max_tokens or budget} if o.scheduler == "sglang" else {}
     return ServeConfig(
         max_model_len=limit,
         replicas=o.total_replicas,
@@ -215,9 +238,10 @@ def serve_config(
         scheduler=SchedulerConfig(
             kind=o.scheduler,
             max_batch_size=o.max_batch_size,
-            max_tokens=o.max_tokens or max(limit, 2048),  # vLLM's default
+            max_tokens=max_tokens,
             chunk_size=o.chunk_size,
             preemption=o.preemption,
+            **{k: v for k, v in extra.items() if v},
         ),
         router=o.router,
         block_size=o.block_size,
@@ -262,7 +286,11 @@ def resolve_deployment(
         weight_sparsity=o.weight_sparsity,
         activation_sparsity=o.activation_sparsity,
         composition=_composition(o.composition),
-        max_num_batched_tokens=o.chunk_size if o.scheduler == "sarathi" else sched.max_tokens,
+        max_num_batched_tokens=o.chunk_size
+        if o.scheduler == "sarathi"
+        else sched.chunked_prefill_size
+        if o.scheduler == "sglang"
+        else sched.max_tokens,
         max_num_seqs=o.max_batch_size,
     )
     if o.disaggregate:
@@ -302,6 +330,8 @@ class Arrivals:
     empirical: tuple[np.ndarray, np.ndarray] | None = None
     source: TraceSource | None = None  # how --trace is read (--trace-format)
     max_concurrency: int | None = None  # closed loop (the label says so)
+    priority_mix: PriorityMix | None = None  # --priority-mix, drawn from priority_seed
+    priority_seed: int = 0
 
     @property
     def replay(self) -> bool:
@@ -326,8 +356,12 @@ class Arrivals:
 
     def requests(self) -> Iterator[Request]:
         if self.synthetic is None:
-            return self._replay(self.num_requests)  # type: ignore[return-value]
-        return synthetic_requests(self.synthetic, self.empirical)
+            stream = self._replay(self.num_requests)
+        else:
+            stream = synthetic_requests(self.synthetic, self.empirical)
+        if self.priority_mix is not None:
+            return with_priorities(stream, self.priority_mix, self.priority_seed)
+        return stream  # type: ignore[return-value]
 
     def at_rates(self, n: int) -> tuple[Callable[[float], Iterable[Request]], float | None, str]:
         """(requests of the first ``n`` at ``m`` x this run's arrival rate, the run's rate,
@@ -340,7 +374,10 @@ class Arrivals:
 
             def synthetic_at(m: float) -> Iterable[Request]:
                 spec = syn.model_copy(update={"qps": syn.qps * m, "num_requests": n})
-                return synthetic_requests(spec, self.empirical)
+                stream = synthetic_requests(spec, self.empirical)
+                if self.priority_mix is not None:
+                    return with_priorities(stream, self.priority_mix, self.priority_seed)
+                return stream
 
             return synthetic_at, syn.qps, ""
         arrivals = [r.arrival_s for r in self._replay(n)]
@@ -352,7 +389,7 @@ class Arrivals:
             for r in self._replay(n):
                 yield Request(
                     r.id, r.arrival_s / m, r.prompt_tokens, r.output_tokens, r.prefix_key,
-                    r.prefix_tokens,
+                    r.prefix_tokens, priority=r.priority,
                 )  # fmt: skip
 
         return replay_at, (len(arrivals) - 1) / span, ""
@@ -363,13 +400,17 @@ def resolve_arrivals(options: ServeOptions) -> Arrivals:
     ``--trace``'s rows when given, else from the DISTs). A bad trace header or first row
     fails here, before anything is simulated."""
     o = options
+    mix = parse_priority_mix(o.priority_mix) if o.priority_mix else None
     src = None
     if o.trace is not None:
         src = trace_source(o.trace, o.trace_format, o.trace_columns, o.trace_time_unit)
     mc = o.max_concurrency
     if src is not None and o.qps is None:
         src.check(need_arrivals=True)
-        return Arrivals(o.trace, o.num_requests, None, source=src, max_concurrency=mc)
+        return Arrivals(
+            o.trace, o.num_requests, None, source=src, max_concurrency=mc,
+            priority_mix=mix, priority_seed=o.seed,
+        )  # fmt: skip
     empirical = src.lengths() if src is not None else None
     spec = SyntheticSpec(
         qps=o.qps,  # type: ignore[arg-type]
@@ -382,7 +423,9 @@ def resolve_arrivals(options: ServeOptions) -> Arrivals:
         prefix_groups=o.prefix_groups,
         seed=o.seed,
     )
-    return Arrivals(o.trace, o.num_requests, spec, empirical, src, mc)
+    return Arrivals(
+        o.trace, o.num_requests, spec, empirical, src, mc, priority_mix=mix, priority_seed=o.seed
+    )
 
 
 # --------------------------------------------------------------------------- simcli serve

@@ -34,8 +34,8 @@ def attn_backend_field() -> Any:
     """``--attn-backend``: the op backend of prefill and decode attention."""
     return Field(
         None,
-        description="Attention kernels: flash | cudnn | flex | efficient | flashinfer (default: the "
-        "engine's per GPU architecture).",
+        description="Attention kernels: flash | cudnn | flex | efficient | flashinfer "
+        "(default: the engine's per GPU architecture).",
     )
 
 
@@ -46,7 +46,7 @@ def hardware_field() -> Any:
 
 def fill_engine_defaults(data: Any, fields: dict[str, str]) -> Any:
     """``data`` (a command's raw values) with each of ``fields`` (field -> the engine
-    default it takes: max_num_seqs, block_size, simulator_scheduler, max_num_batched_tokens)
+    default it takes: max_num_seqs, block_size, scheduler, max_num_batched_tokens)
     that is missing or None set from ``--engine``'s profile on ``--gpu`` (its memory tier);
     a bad engine or GPU is left for the field checks to report."""
     if not isinstance(data, dict):
@@ -74,7 +74,7 @@ def serve_engine_defaults(data: Any) -> Any:
     """``simcli serve``'s raw values with the engine's scheduler, max_num_seqs, block size
     and Sarathi budget (its max_num_batched_tokens, else Sarathi-Serve's 512) where the
     flags are not given."""
-    data = fill_engine_defaults(data, {"scheduler": "simulator_scheduler",
+    data = fill_engine_defaults(data, {"scheduler": "scheduler",
                                        "max_batch_size": "max_num_seqs",
                                        "block_size": "block_size"})  # fmt: skip
     if isinstance(data, dict) and data.get("chunk_size") is None:

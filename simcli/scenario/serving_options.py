@@ -68,10 +68,12 @@ from simcli.serving.plan_inputs import (
     pd_weights,
     split_replicas,
 )
-from simcli.serving.schedulers import SCHEDULERS
+from simcli.serving.priority import parse_priority_mix
+from simcli.serving.schedulers import ENGINE_SCHEDULERS, SCHEDULERS, SchedulerKind
 from simcli.serving.spec import SpecConfig
 from workloads.models import moe_imbalance_field
 
+SCHED_HELP = ", ".join(SCHEDULERS) + " (docs/schedulers.md)."
 DIST_HELP = "e.g. fixed:512, uniform:128:1024, lognormal:512:1:4096"
 PERCENTILE_HELP = (
     "met by --attainment of the requests: a p90 target by default (--attainment 0.99: p99)"
@@ -109,9 +111,13 @@ class ServeOptions(LoadOptions):
     replicas: int = count_field(
         1, MAX_REPLICAS, REPLICAS_WHY, description="Model replicas behind the router."
     )
-    scheduler: Literal["vllm", "orca", "sarathi"] = Field(
-        None, description="Replica scheduler: vllm | orca | sarathi (default: the engine's)."
+    scheduler: SchedulerKind | None = Field(
+        None, description="Replica scheduler (default: the engine's): " + SCHED_HELP
     )
+    priority_mix: str | None = Field(
+        None, description="Request priority classes CLASS:SHARE,... (e.g. 0:0.2,1:0.8; lower "
+        "served first by --scheduler priority), drawn from --seed."
+    )  # fmt: skip
     router: Literal["round_robin", "least_outstanding", "kv_aware"] = Field(
         "least_outstanding",
         description="Request routing: round_robin | least_outstanding | kv_aware",
@@ -370,6 +376,14 @@ class ServeOptions(LoadOptions):
             check_pool_options(self)
         if spec is not None and self.pp > 1:
             raise ValueError(f"--draft-model with --pp {self.pp}; allowed: --pp 1 (as in vLLM)")
+        if self.priority_mix is not None:
+            parse_priority_mix(self.priority_mix)
+        flags = {"--preemption swap": self.preemption == "swap", "--disaggregate":
+                 self.disaggregate, "--draft-model": spec, "--branches": branching}  # fmt: skip
+        for flag, on in flags.items():
+            if self.scheduler in ENGINE_SCHEDULERS and on:
+                raise ValueError(f"--scheduler {self.scheduler} with {flag} is not modelled; "
+                                 "allowed: --scheduler vllm, orca or sarathi for it")  # fmt: skip
         return self
 
     def require(self) -> None:
@@ -523,7 +537,7 @@ class ServePlanOptions(LoadOptions):
     )
     tp: str = Field("1,2,4", description="Tensor-parallel degrees to consider, comma-separated.")
     schedulers: str = Field(
-        "vllm,sarathi", description="Schedulers to consider, comma-separated: vllm, orca, sarathi."
+        "vllm,sarathi", description="Schedulers to consider, comma-separated: " + SCHED_HELP
     )
     chunk_sizes: str = Field(
         "512,2048",

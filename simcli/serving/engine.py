@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from simcli.serving import policy
 from simcli.serving.batch import Batch, CappedDecodeBatch, DecodeBatch, StepModelLike
 from simcli.serving.kv import BlockManager
 from simcli.serving.requests import (
@@ -38,7 +39,11 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class Scheduling(Protocol):
-    """What an engine asks of its scheduler (:class:`simcli.serving.schedulers.Scheduler`)."""
+    """What an engine asks of its scheduler (:class:`simcli.serving.schedulers.Scheduler`):
+    the next batch, and the policy code (:mod:`simcli.serving.policy`) whose queue order
+    and preemption victim the engine's mechanism follows."""
+
+    kind_code: int
 
     def schedule(self, engine: Engine) -> Batch | None: ...
 
@@ -134,6 +139,10 @@ class Engine:
         self.in_transit = 0  # transfers in flight to this engine
         # multi-branch: requests whose branches a PRM checks, by decode iteration
         self.prune_at: dict[int, list[Request]] = {}
+        # the scheduler's policy (simcli.serving.policy): queue order, victim, admission
+        self.kind = getattr(replica.scheduler, "kind_code", policy.VLLM)
+        self.admissions = 0  # sequences admitted so far (vLLM V1's running-list order)
+        self.reserved_blocks = 0  # TensorRT-LLM: whole-sequence blocks of the running ones
 
     # --- admission -----------------------------------------------------------------------
     def blocks_for(self, tokens: int) -> int:
@@ -147,21 +156,40 @@ class Engine:
         return self.decode.n + len(self.prefilling)
 
     def enqueue(self, seq: Sequence, front: bool = False) -> None:
+        """Queue ``seq`` (``front``: a preempted one): by the policy's key in an ordered
+        queue (vLLM's priority heap), else at the back or the front."""
         seq.state = WAITING
-        if front:
-            self.waiting.appendleft(seq)
+        waiting = self.waiting
+        if policy.ordered_queue(self.kind) and waiting:
+            p, t = seq.request.priority, seq.request.arrival_s
+            k1, k2 = policy.queue_key(self.kind, p, t)
+            last = waiting[-1].request
+            l1, l2 = policy.queue_key(self.kind, last.priority, last.arrival_s)
+            if policy.key_greater(l1, l2, k1, k2):  # not the back: before the first greater
+                i = 0
+                for w in waiting:
+                    w1, w2 = policy.queue_key(self.kind, w.request.priority, w.request.arrival_s)
+                    if policy.key_greater(w1, w2, k1, k2):
+                        break
+                    i += 1
+                waiting.insert(i, seq)
+            else:
+                waiting.append(seq)
+        elif front:
+            waiting.appendleft(seq)
         else:
-            self.waiting.append(seq)
+            waiting.append(seq)
         self.queued_blocks += self.blocks_for(seq.prefill_target)
 
-    def admission_cost(self, seq: Sequence) -> tuple[int, int, object]:
+    def admission_cost(self, seq: Sequence, upto: int | None = None) -> tuple[int, int, object]:
         """``(blocks taken from available, prefix tokens reused, plan)`` for admitting the
-        waiting sequence ``seq``; ``plan`` is the prefix entry to reuse, a key to create, or
+        waiting sequence ``seq`` (``upto``: with KV for its first ``upto`` tokens only, the
+        per-chunk allocators); ``plan`` is the prefix entry to reuse, a key to create, or
         None. A multi-branch root also takes a copy of its partial last block per extra
         branch."""
         bs = self.block_size
         target = seq.prefill_target
-        total = self.blocks_for(target)
+        total = self.blocks_for(target if upto is None else upto)
         req = seq.request
         if req.branch is not None:
             total += req.branch.extra_blocks(req, bs)
@@ -185,14 +213,21 @@ class Engine:
         watermark = self.watermark_blocks if running else 0
         return self.kv.available_blocks - cost >= watermark
 
-    def admit(self, seq: Sequence, cached_tokens: int, plan: object) -> None:
-        """Take the waiting queue's head: allocate its prompt's blocks, reuse/create the
+    def admit(
+        self, seq: Sequence, cached_tokens: int, plan: object, upto: int | None = None
+    ) -> None:
+        """Take the waiting queue's head: allocate its prompt's blocks (``upto``: those of
+        its first ``upto`` tokens, the rest as its chunks are scheduled), reuse/create the
         prefix entry; it becomes PREFILLING (``seq.prefilled`` = reused tokens)."""
         popped = self.waiting.popleft()
         assert popped is seq
         bs = self.block_size
-        total = self.blocks_for(seq.prefill_target)
-        self.queued_blocks -= total
+        self.queued_blocks -= self.blocks_for(seq.prefill_target)
+        total = self.blocks_for(seq.prefill_target if upto is None else upto)
+        self.admissions += 1
+        seq.admitted = self.admissions
+        if self.kind == policy.TRTLLM:  # the whole sequence's blocks stay promised to it
+            self.reserved_blocks += self.final_blocks(seq)
         req = seq.request
         if req.branch is not None:
             total += req.branch.extra_blocks(req, bs)
@@ -213,6 +248,49 @@ class Engine:
         seq.prefilled = cached_tokens
         seq.state = PREFILLING
         self.prefilling.append(seq)
+
+    def final_blocks(self, seq: Sequence) -> int:
+        """Blocks ``seq`` holds at its last decode step (prompt + output - 1 tokens in the
+        cache): what TensorRT-LLM's ``GUARANTEED_NO_EVICT`` reserves for it."""
+        return self.blocks_for(seq.prompt_tokens + seq.output_tokens - 1)
+
+    def grow_prefill(self, seq: Sequence, upto: int) -> int:
+        """Blocks a prefilling sequence still needs for KV of its first ``upto`` tokens
+        (per-chunk allocation)."""
+        need = self.blocks_for(upto) - seq.shared_blocks - seq.private_blocks
+        return need if need > 0 else 0
+
+    def preempt_prefill(self, seq: Sequence) -> None:
+        """Evict a partly prefilled sequence (vLLM V1 preempts any running request): its
+        blocks are freed and it waits again, its prefill to be redone."""
+        self.prefilling.remove(seq)
+        self.release_seq(seq)
+        seq.request.preemptions += 1
+        self.preemptions += 1
+        seq.prefilled = 0
+        self.enqueue(seq, front=policy.requeue_front(self.kind))
+
+    def victim(self, with_prefilling: bool) -> Sequence:
+        """The running sequence the policy preempts first (:func:`policy.victim_key`):
+        over the decode batch (slot order), then the partly prefilled ones."""
+        kind = self.kind
+        dec = self.decode
+        best = None
+        b1 = b2 = 0.0
+        lockstep = not dec.variable
+        cands = [*dec.seqs, *self.prefilling] if with_prefilling else dec.seqs
+        for s in cands:
+            gen = s.generated
+            if lockstep and s.slot >= 0:
+                gen += dec.dit - s.join_dit
+            req = s.request
+            k1, k2 = policy.victim_key(
+                kind, req.priority, req.arrival_s, s.admitted, gen, s.prompt_tokens
+            )
+            if best is None or policy.key_greater(k1, k2, b1, b2):
+                best, b1, b2 = s, k1, k2
+        assert best is not None
+        return best
 
     # --- decode-phase KV -----------------------------------------------------------------
     def leave_decode(self, seq: Sequence) -> None:
@@ -264,19 +342,24 @@ class Engine:
             seq.prefill_target = seq.ctx_tokens + 1
             seq.prefilled = 0
             seq.ctx_tokens = 0
-            self.enqueue(seq, front=True)
+            self.enqueue(seq, front=policy.requeue_front(self.kind))
 
     def reserve_decode_blocks(self, mode: str) -> bool:
-        """Blocks for every decoding sequence's next token(s), preempting the newest
-        sequences while they do not fit (vLLM). True if anything was preempted."""
+        """Blocks for every decoding sequence's next token(s), preempting the policy's
+        victims (:meth:`victim`) while they do not fit; a per-chunk policy (vLLM V1) takes
+        partly prefilled sequences too. True if anything was preempted."""
         dec = self.decode
         kv = self.kv
         need = dec.needing_blocks()
         preempted = False
+        partial = policy.allocates_per_chunk(self.kind)
         while need > kv.available_blocks and dec.n:
-            victim = dec.newest()
-            need -= dec.blocks_needed(victim)
-            self.preempt(victim, mode)
+            victim = self.victim(partial)
+            if victim.state == PREFILLING:
+                self.preempt_prefill(victim)
+            else:
+                need -= dec.blocks_needed(victim)
+                self.preempt(victim, mode)
             preempted = True
         kv.allocate(need)
         dec.reserved()
@@ -519,6 +602,8 @@ class Engine:
         """``seq`` produced its last token: free its KV; the request completes when its
         last sequence does (a multi-branch request: see ``BranchState.finished``)."""
         self.release_seq(seq)
+        if self.kind == policy.TRTLLM:
+            self.reserved_blocks -= self.final_blocks(seq)
         seq.state = FINISHED
         req = seq.request
         done = req.sequence_finished(now_s)

@@ -2,10 +2,12 @@
 
 :mod:`simcli.serving.fastpath` drives it; this module holds only the compiled part. Every
 sequence, replica, queue, decode batch and heap is a row or a column of a numpy array
-(the layouts are the ``S_*``, ``R_*`` ... column numbers below), so the whole loop -- the
-routers, the vLLM / Orca / Sarathi-Serve admissions, the lockstep decode batch with its
-per-residue block counting, recompute preemption of the newest decode, the step prices
-and the clock -- runs without the interpreter. It mirrors, line for line, the Python
+(the layouts are the ``S_*``, ``R_*`` ... column numbers of
+:mod:`simcli.serving.fastlayout`), so the whole loop -- the routers, the schedulers'
+admissions, budgets and preemptions (:mod:`simcli.serving.fastsched`, calling the policy
+functions of :mod:`simcli.serving.policy`), the lockstep decode batch with its
+per-residue block counting, the step prices and the clock -- runs without the
+interpreter. It mirrors, line for line, the Python
 methods of the general loop (:mod:`simcli.serving.engine`, :mod:`simcli.serving.schedulers`)
 and prices with the compiled copy of the step model's scalar pricing
 (:mod:`costmodels.steps.serving_compiled`); the tests
@@ -24,370 +26,140 @@ all state lives in the arrays, so the loop resumes where it stopped.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
-from numba import njit
+from numba.core.registry import CPUDispatcher
 
+from costmodels.steps import serving_compiled
 from costmodels.steps.serving_compiled import price_decode, price_mixed
-
-# Compiled without numba's reference counting (``_nrt=False``): the kernel allocates
-# nothing, only indexes the arrays its driver owns, and the counting of every array passed
-# to every helper cost two thirds of its time.
-_jit = njit(cache=True, _nrt=False)
-
-# --- return codes --------------------------------------------------------------------
-DONE, NEED_ARRIVALS, FLUSH, GROW, PROGRESS, PRICE = range(6)
-
-# --- configuration (CFG, int64) ------------------------------------------------------
-C_KIND, C_BS, C_MAX_SEQS, C_MAX_TOKENS, C_CHUNK, C_ROUTER, C_NREP, C_FLUSH = range(8)
-VLLM, ORCA, SARATHI = range(3)
-LEAST_OUTSTANDING, ROUND_ROBIN, KV_AWARE = range(3)
-
-# --- global counters (G, int64) and clocks (GF, float64) -------------------------------
-(G_SEQ_NO, G_HEAPN, G_FREE, G_FREE_N, G_COMPLETED, G_PROG_NEXT, G_PROG_EVERY, G_PROG_DUE,
- G_RR, G_POS, G_PEND, G_GROW, G_TBT_N, G_IT_N, G_PRE_N, G_PRE2_N, G_DONE_N,
- G_STAMP) = range(18)  # fmt: skip
-NG = 18
-GF_NOW, GF_PRICE = range(2)
-NGF = 2
-
-# --- a sequence (SI int64, SF float64; rows of a pool with a free list) ----------------
-(S_RID, S_PROMPT, S_OUTPUT, S_TARGET, S_GEN, S_CTX, S_PREF, S_BLOCKS, S_PREEMPTED, S_SLOT,
- S_JOIN_DIT, S_RES, S_FINISH_DIT, S_NEXT, S_MARK) = range(15)  # fmt: skip
-NSI = 15
-F_ARRIVAL, F_LAST, F_FIRST = range(3)
-NSF = 3
-
-# --- a replica's engine (RI int64, RF float64) ----------------------------------------
-(R_NUM_BLOCKS, R_WM, R_USED, R_PEAK, R_N, R_DIT, R_SUM_CTX0, R_QUEUED, R_PREEMPTIONS,
- R_WHEAD, R_WTAIL, R_WLEN, R_NPREF, R_NJOINS, R_BUSY, R_BNPRE, R_BNDEC, R_BNJOIN, R_FHN,
- R_FCOUNT, R_OUTS) = range(21)  # fmt: skip
-NRI = 21
-RF_LAST_DEC_END, RF_BUSY_S = range(2)
-NRF = 2
-# a replica's lists (RA int64 [replica, list, item]): prefilling (in order), the decode
-# batch's sequences and their ctx0, joins since the last decode iteration and their ids,
-# the batch in flight (prefill sequences, their new tokens and cached tokens, joined)
-A_PF, A_DS, A_DC0, A_JN, A_JNR, A_BPRE, A_BNEW, A_BPAST, A_BJOIN = range(9)
-NRA = 9
-# a replica's finish heap (FH int64 [replica, field, entry]): key, sequence, its id
-H_KEY, H_SEQ, H_RID = range(3)
-# the event heap (EH float64 [field, entry]): iteration end, order, replica
-E_T, E_O, E_R = range(3)
-
-# --- buffered metrics (BI int64, BF float64 [row, column]) -------------------------------
-(B_TBTW, B_IT_USED, B_IT_NDEC, B_IT_CTX, B_PRE_AT, B_PRE_LEN, B_PRE_NEW, B_PRE_PAST,
- B_D_RID, B_D_REPLICA, B_D_PROMPT, B_D_OUTPUT, B_D_PREEMPTED) = range(13)  # fmt: skip
-NBI = 13
-BF_TBT, BF_IT_DT, BF_D_ARRIVAL, BF_D_FIRST, BF_D_FINISH = range(5)
-NBF = 5
-
-
-# === heaps ==============================================================================
-@_jit
-def _ev_less(EH, a, b):
-    return EH[E_T, a] < EH[E_T, b] or (EH[E_T, a] == EH[E_T, b] and EH[E_O, a] < EH[E_O, b])
-
-
-@_jit
-def _ev_swap(EH, a, b):
-    for f in range(3):
-        EH[f, a], EH[f, b] = EH[f, b], EH[f, a]
-
-
-@_jit
-def _ev_push(G, EH, t, r):
-    """Push an iteration's end (t, order, replica) on the event heap (heapq's order)."""
-    G[G_SEQ_NO] += 1
-    k = G[G_HEAPN]
-    G[G_HEAPN] = k + 1
-    EH[E_T, k], EH[E_O, k], EH[E_R, k] = t, G[G_SEQ_NO], r
-    while k > 0:
-        up = (k - 1) >> 1
-        if not _ev_less(EH, k, up):
-            break
-        _ev_swap(EH, k, up)
-        k = up
-
-
-@_jit
-def _ev_pop(G, EH):
-    t, r = EH[E_T, 0], int(EH[E_R, 0])
-    last = G[G_HEAPN] - 1
-    G[G_HEAPN] = last
-    if last > 0:
-        for f in range(3):
-            EH[f, 0] = EH[f, last]
-        k = 0
-        while True:
-            c = 2 * k + 1
-            if c >= last:
-                break
-            if c + 1 < last and _ev_less(EH, c + 1, c):
-                c += 1
-            if not _ev_less(EH, c, k):
-                break
-            _ev_swap(EH, k, c)
-            k = c
-    return t, r
-
-
-@_jit
-def _fh_swap(FH, r, a, b):
-    for f in range(3):
-        FH[r, f, a], FH[r, f, b] = FH[r, f, b], FH[r, f, a]
-
-
-@_jit
-def _fh_push(FH, RI, r, key, s, rid):
-    """Push (finish iteration << 32 | insertion count) on replica r's finish heap: the
-    general loop's dict of buckets by finish iteration, in insertion order."""
-    k = RI[r, R_FHN]
-    RI[r, R_FHN] = k + 1
-    FH[r, H_KEY, k], FH[r, H_SEQ, k], FH[r, H_RID, k] = key, s, rid
-    while k > 0:
-        up = (k - 1) >> 1
-        if FH[r, H_KEY, k] >= FH[r, H_KEY, up]:
-            break
-        _fh_swap(FH, r, k, up)
-        k = up
-
-
-@_jit
-def _fh_pop(FH, RI, r):
-    s, rid = FH[r, H_SEQ, 0], FH[r, H_RID, 0]
-    last = RI[r, R_FHN] - 1
-    RI[r, R_FHN] = last
-    if last > 0:
-        for f in range(3):
-            FH[r, f, 0] = FH[r, f, last]
-        k = 0
-        while True:
-            c = 2 * k + 1
-            if c >= last:
-                break
-            if c + 1 < last and FH[r, H_KEY, c + 1] < FH[r, H_KEY, c]:
-                c += 1
-            if FH[r, H_KEY, c] >= FH[r, H_KEY, k]:
-                break
-            _fh_swap(FH, r, k, c)
-            k = c
-    return s, rid
+from simcli.serving import fastlayout, fastsched, policy
+from simcli.serving.fastlayout import (
+    A_BJOIN,
+    A_BNEW,
+    A_BPAST,
+    A_BPRE,
+    A_JN,
+    A_JNR,
+    A_PF,
+    B_D_OUTPUT,
+    B_D_PREEMPTED,
+    B_D_PRIO,
+    B_D_PROMPT,
+    B_D_REPLICA,
+    B_D_RID,
+    B_IT_CTX,
+    B_IT_NDEC,
+    B_IT_USED,
+    B_PRE_AT,
+    B_PRE_LEN,
+    B_PRE_NEW,
+    B_PRE_PAST,
+    B_TBTW,
+    BF_D_ARRIVAL,
+    BF_D_FINISH,
+    BF_D_FIRST,
+    BF_IT_DT,
+    BF_TBT,
+    C_BS,
+    C_FLUSH,
+    C_KIND,
+    C_MAX_SEQS,
+    C_NREP,
+    C_ROUTER,
+    DONE,
+    E_T,
+    F_ARRIVAL,
+    F_FIRST,
+    F_LAST,
+    FLUSH,
+    G_COMPLETED,
+    G_DONE_N,
+    G_FREE,
+    G_FREE_N,
+    G_GROW,
+    G_HEAPN,
+    G_IT_N,
+    G_PEND,
+    G_POS,
+    G_PRE2_N,
+    G_PRE_N,
+    G_PROG_DUE,
+    G_PROG_EVERY,
+    G_PROG_NEXT,
+    G_RR,
+    G_TBT_N,
+    GF_NOW,
+    GF_PRICE,
+    GROW,
+    H_KEY,
+    LEAST_OUTSTANDING,
+    NBF,
+    NBI,
+    NCFG,
+    NEED_ARRIVALS,
+    NG,
+    NGF,
+    NRA,
+    NRF,
+    NRI,
+    NSF,
+    NSI,
+    PRICE,
+    PROGRESS,
+    R_BNDEC,
+    R_BNJOIN,
+    R_BNPRE,
+    R_BUSY,
+    R_DIT,
+    R_FHN,
+    R_N,
+    R_NJOINS,
+    R_NPREF,
+    R_NUM_BLOCKS,
+    R_OUTS,
+    R_QUEUED,
+    R_RESERVED,
+    R_SUM_CTX0,
+    R_USED,
+    R_WHEAD,
+    R_WLEN,
+    R_WTAIL,
+    RF_BUSY_S,
+    RF_LAST_DEC_END,
+    ROUND_ROBIN,
+    S_BLOCKS,
+    S_CTX,
+    S_FINISH_DIT,
+    S_GEN,
+    S_NEXT,
+    S_OUTPUT,
+    S_PREEMPTED,
+    S_PREF,
+    S_PRIO,
+    S_PROMPT,
+    S_RID,
+    S_SLOT,
+    S_TARGET,
+    SGLANG,
+    TRTLLM,
+    dec_add,
+    dec_remove,
+    ev_pop,
+    ev_push,
+    fh_pop,
+    jit,
+)
+from simcli.serving.fastsched import (
+    decodes,
+    reserve,
+    schedule,
+    w_insert,
+)
 
 
-# === the waiting queue: a linked list through the sequence pool (preempted at its head) ===
-@_jit
-def _w_append(RI, SI, r, s, left):
-    SI[s, S_NEXT] = -1
-    if RI[r, R_WLEN] == 0:
-        RI[r, R_WHEAD] = s
-        RI[r, R_WTAIL] = s
-    elif left:
-        h = RI[r, R_WHEAD]
-        SI[s, S_NEXT] = h
-        RI[r, R_WHEAD] = s
-    else:
-        t = RI[r, R_WTAIL]
-        SI[t, S_NEXT] = s
-        RI[r, R_WTAIL] = s
-    RI[r, R_WLEN] += 1
-
-
-@_jit
-def _w_popleft(RI, SI, r):
-    s = RI[r, R_WHEAD]
-    nxt = SI[s, S_NEXT]
-    RI[r, R_WHEAD] = nxt
-    if nxt < 0:
-        RI[r, R_WTAIL] = -1
-    RI[r, R_WLEN] -= 1
-    return s
-
-
-# === the decode batch (DecodeBatch: a context is ctx0[slot] + dit) ========================
-@_jit
-def _dec_add(G, RI, SI, RA, RES, FH, bs, ms, r, s):
-    n = RI[r, R_N]
-    dit = RI[r, R_DIT]
-    c0 = SI[s, S_CTX] - dit
-    RA[r, A_DC0, n] = c0
-    RA[r, A_DS, n] = s
-    RI[r, R_SUM_CTX0] += c0
-    RI[r, R_N] = n + 1
-    SI[s, S_SLOT] = n
-    SI[s, S_JOIN_DIT] = dit
-    key = c0 % bs
-    SI[s, S_RES] = key
-    RES[r, key] += 1
-    fd = dit + SI[s, S_OUTPUT] - SI[s, S_GEN]
-    SI[s, S_FINISH_DIT] = fd
-    RI[r, R_FCOUNT] += 1
-    _fh_push(FH, RI, r, (fd << 32) | RI[r, R_FCOUNT], s, SI[s, S_RID])
-    if RI[r, R_FHN] > FH.shape[2] - ms:
-        G[G_GROW] = 1  # room for one more iteration's joins only: grow before the next
-
-
-@_jit
-def _dec_remove(RI, RF, SI, SF, RA, RES, bs, r, s):
-    """Leave the decode batch (last token time, context, generated and blocks updated)."""
-    d = RI[r, R_DIT] - SI[s, S_JOIN_DIT]
-    if d > 0:
-        SF[s, F_LAST] = RF[r, RF_LAST_DEC_END]
-    SI[s, S_CTX] += d
-    SI[s, S_GEN] += d
-    slot = SI[s, S_SLOT]
-    last = RI[r, R_N] - 1
-    RI[r, R_SUM_CTX0] -= RA[r, A_DC0, slot]
-    if slot != last:
-        moved = RA[r, A_DS, last]
-        RA[r, A_DS, slot] = moved
-        RA[r, A_DC0, slot] = RA[r, A_DC0, last]
-        SI[moved, S_SLOT] = slot
-    RI[r, R_N] = last
-    RES[r, SI[s, S_RES]] -= 1
-    SI[s, S_SLOT] = -1
-    SI[s, S_BLOCKS] = -(-SI[s, S_CTX] // bs)
-
-
-# === scheduling ===========================================================================
-@_jit
-def _reserve(RI, r, blocks):
-    RI[r, R_USED] += blocks
-    if RI[r, R_USED] > RI[r, R_PEAK]:
-        RI[r, R_PEAK] = RI[r, R_USED]
-
-
-@_jit
-def _batch_prefill(RI, RA, r, s, k, past):
-    b = RI[r, R_BNPRE]
-    RA[r, A_BPRE, b], RA[r, A_BNEW, b], RA[r, A_BPAST, b] = s, k, past
-    RI[r, R_BNPRE] = b + 1
-
-
-@_jit
-def _admit(RI, SI, RA, bs, ms, r, room, chunked):
-    """Scheduler._admit: waiting sequences FCFS into the batch while seats, tokens and KV
-    blocks allow."""
-    while RI[r, R_WLEN] and RI[r, R_N] + RI[r, R_NPREF] < ms:
-        s = RI[r, R_WHEAD]
-        target = SI[s, S_TARGET]
-        cost = -(-target // bs)
-        if chunked:
-            if room <= 0:
-                break
-            k = target if target < room else room
-        else:
-            k = target
-            if k > room and RI[r, R_BNPRE]:
-                break
-        mark = RI[r, R_WM] if (RI[r, R_N] or RI[r, R_NPREF]) else 0
-        if RI[r, R_NUM_BLOCKS] - RI[r, R_USED] - cost < mark:
-            break
-        _w_popleft(RI, SI, r)
-        RI[r, R_QUEUED] -= cost
-        SI[s, S_BLOCKS] = cost
-        _reserve(RI, r, cost)
-        SI[s, S_PREF] = 0
-        RA[r, A_PF, RI[r, R_NPREF]] = s
-        RI[r, R_NPREF] += 1
-        _batch_prefill(RI, RA, r, s, k, 0)
-        room -= k
-
-
-@_jit
-def _take_joins(G, RI, SI, RA, r):
-    """The sequences that joined since the last decode iteration and are still decoding,
-    once each in first-join order, into the batch's joined list; the joins cleared."""
-    G[G_STAMP] += 1
-    stamp = G[G_STAMP]
-    b = 0
-    for q in range(RI[r, R_NJOINS]):
-        s = RA[r, A_JN, q]
-        if SI[s, S_RID] == RA[r, A_JNR, q] and SI[s, S_SLOT] >= 0 and SI[s, S_MARK] != stamp:
-            SI[s, S_MARK] = stamp
-            RA[r, A_BJOIN, b] = s
-            b += 1
-    RI[r, R_BNJOIN] = b
-    RI[r, R_NJOINS] = 0
-
-
-@_jit
-def _decodes(G, RI, RF, SI, SF, RA, RES, bs, r):
-    """Engine.reserve_decode_blocks and Scheduler._decodes: a block for every decode's next
-    token, preempting the newest by recompute while they do not fit; the decodes' count
-    (the batch's joined list holds those that joined since the last decode iteration)."""
-    due = -RI[r, R_DIT] % bs
-    need = RES[r, due]
-    while need > RI[r, R_NUM_BLOCKS] - RI[r, R_USED] and RI[r, R_N]:
-        victim = RA[r, A_DS, 0]
-        for q in range(RI[r, R_N]):
-            s = RA[r, A_DS, q]
-            if SF[s, F_ARRIVAL] > SF[victim, F_ARRIVAL]:
-                victim = s
-        if SI[victim, S_RES] == due:
-            need -= 1
-        _dec_remove(RI, RF, SI, SF, RA, RES, bs, r, victim)
-        RI[r, R_USED] -= SI[victim, S_BLOCKS]
-        SI[victim, S_BLOCKS] = 0
-        SI[victim, S_PREEMPTED] += 1
-        RI[r, R_PREEMPTIONS] += 1
-        SI[victim, S_TARGET] = SI[victim, S_CTX] + 1
-        SI[victim, S_PREF] = 0
-        SI[victim, S_CTX] = 0
-        _w_append(RI, SI, r, victim, True)
-        RI[r, R_QUEUED] += -(-SI[victim, S_TARGET] // bs)
-    if need > 0:
-        _reserve(RI, r, need)
-    RI[r, R_BNJOIN] = 0
-    if RI[r, R_N] and RI[r, R_NJOINS]:
-        _take_joins(G, RI, SI, RA, r)
-    return RI[r, R_N]
-
-
-@_jit
-def _schedule(G, RI, RF, SI, SF, RA, RES, CFG, r):
-    """Scheduler.schedule of replica r into its batch lists; whether there is work."""
-    bs, ms = CFG[C_BS], CFG[C_MAX_SEQS]
-    RI[r, R_BNPRE] = 0
-    RI[r, R_BNDEC] = 0
-    RI[r, R_BNJOIN] = 0
-    kind = CFG[C_KIND]
-    if kind == VLLM:
-        if RI[r, R_WLEN]:
-            _admit(RI, SI, RA, bs, ms, r, CFG[C_MAX_TOKENS], False)
-            if RI[r, R_BNPRE]:
-                return True
-        if not RI[r, R_N]:
-            return False
-        n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, r)
-        if n_dec:
-            RI[r, R_BNDEC] = n_dec
-            return True
-        if RI[r, R_WLEN]:  # everything was preempted: prefill again
-            _admit(RI, SI, RA, bs, ms, r, CFG[C_MAX_TOKENS], False)
-        return RI[r, R_BNPRE] > 0
-    n_dec = 0
-    if RI[r, R_N]:
-        n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, r)
-    RI[r, R_BNDEC] = n_dec
-    if kind == ORCA:
-        if RI[r, R_WLEN]:
-            _admit(RI, SI, RA, bs, ms, r, CFG[C_MAX_TOKENS] - n_dec, False)
-    else:  # sarathi: decodes, then partly-done prefills, then new ones, in the budget
-        room = CFG[C_CHUNK] - n_dec
-        for q in range(RI[r, R_NPREF]):
-            if room <= 0:
-                break
-            s = RA[r, A_PF, q]
-            todo = SI[s, S_TARGET] - SI[s, S_PREF]
-            k = todo if todo < room else room
-            _batch_prefill(RI, RA, r, s, k, SI[s, S_PREF])
-            room -= k
-        if room > 0 and RI[r, R_WLEN]:
-            _admit(RI, SI, RA, bs, ms, r, room, True)
-    return RI[r, R_BNPRE] > 0 or n_dec > 0
-
-
-@_jit
+@jit
 def _launch(G, RI, RF, RA, EH, BI, BF, r, dt, now):
     """Record the iteration (Metrics.iteration through the buffers) and put its end on the
     event heap."""
@@ -409,33 +181,34 @@ def _launch(G, RI, RF, RA, EH, BI, BF, r, dt, now):
     G[G_IT_N] = it + 1
     RF[r, RF_BUSY_S] += dt
     RI[r, R_BUSY] = 1
-    _ev_push(G, EH, now + dt, r)
+    ev_push(G, EH, now + dt, r)
 
 
-@_jit
-def _start(G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, now):
+@jit
+def _start(G, GF, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, now):
     """Engine.try_start: schedule, price and launch r's next iteration if there is work.
     Returns whether one was launched; a batch the tables cannot price is left pending for
     the driver (G_PEND) and counts as launched."""
     bs = CFG[C_BS]
+    kind = CFG[C_KIND]
     while True:
-        if RI[r, R_N] and not RI[r, R_WLEN] and not RI[r, R_NPREF]:  # decode-only
+        if RI[r, R_N] and not RI[r, R_WLEN] and not RI[r, R_NPREF] and kind != SGLANG:
             need = RES[r, -RI[r, R_DIT] % bs]
             RI[r, R_BNPRE] = 0
             if need > RI[r, R_NUM_BLOCKS] - RI[r, R_USED] or RI[r, R_NJOINS]:
-                n_dec = _decodes(G, RI, RF, SI, SF, RA, RES, bs, r)
+                n_dec = decodes(G, RI, RF, SI, SF, RA, RES, bs, kind, r)
                 if not n_dec:  # everything was preempted: prefill again
                     continue
             else:
                 n_dec = RI[r, R_N]
                 RI[r, R_BNJOIN] = 0
                 if need:
-                    _reserve(RI, r, need)
+                    reserve(RI, r, need)
             RI[r, R_BNDEC] = n_dec
             ctx_sum = RI[r, R_SUM_CTX0] + n_dec * RI[r, R_DIT]
             dt = price_decode(PI, PF, PG, WDEC, DT, n_dec, ctx_sum)
         else:
-            if not _schedule(G, RI, RF, SI, SF, RA, RES, CFG, r):
+            if not schedule(G, GF, RI, RF, SI, SF, RA, RES, CFG, r):
                 return False
             n_dec = RI[r, R_BNDEC]
             ctx_sum = RI[r, R_SUM_CTX0] + RI[r, R_N] * RI[r, R_DIT] if n_dec else 0
@@ -451,9 +224,12 @@ def _start(G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT
 
 
 # === an iteration's end ===================================================================
-@_jit
-def _done(G, RI, SI, SF, BI, BF, r, s, now):
+@jit
+def _done(G, RI, SI, SF, BI, BF, CFG, r, s, now):
     """Engine.finish_sequence and Metrics.request_done (buffered); the pool row freed."""
+    if CFG[C_KIND] == TRTLLM:
+        bs = CFG[C_BS]
+        RI[r, R_RESERVED] -= -(-(SI[s, S_PROMPT] + SI[s, S_OUTPUT] - 1) // bs)
     RI[r, R_USED] -= SI[s, S_BLOCKS]
     SI[s, S_BLOCKS] = 0
     RI[r, R_OUTS] -= 1
@@ -463,6 +239,7 @@ def _done(G, RI, SI, SF, BI, BF, r, s, now):
     BI[d, B_D_PROMPT] = SI[s, S_PROMPT]
     BI[d, B_D_OUTPUT] = SI[s, S_OUTPUT]
     BI[d, B_D_PREEMPTED] = SI[s, S_PREEMPTED]
+    BI[d, B_D_PRIO] = SI[s, S_PRIO]
     BF[d, BF_D_ARRIVAL] = SF[s, F_ARRIVAL]
     BF[d, BF_D_FIRST] = SF[s, F_FIRST]
     BF[d, BF_D_FINISH] = now
@@ -477,7 +254,7 @@ def _done(G, RI, SI, SF, BI, BF, r, s, now):
         G[G_PROG_DUE] += 1
 
 
-@_jit
+@jit
 def _tbt(G, BI, BF, gap, weight):
     i = G[G_TBT_N]
     BF[i, BF_TBT] = gap
@@ -485,7 +262,7 @@ def _tbt(G, BI, BF, gap, weight):
     G[G_TBT_N] = i + 1
 
 
-@_jit
+@jit
 def _prefilled(G, RI, SI, SF, RA, RES, FH, BI, BF, CFG, r, now):
     """Engine.finish_batch's prefill part: finished prompts produce their first token and
     join the decode batch (or finish)."""
@@ -510,15 +287,15 @@ def _prefilled(G, RI, SI, SF, RA, RES, FH, BI, BF, CFG, r, now):
             _tbt(G, BI, BF, now - SF[s, F_LAST], 1)
         SF[s, F_LAST] = now
         if SI[s, S_GEN] >= SI[s, S_OUTPUT]:
-            _done(G, RI, SI, SF, BI, BF, r, s, now)
+            _done(G, RI, SI, SF, BI, BF, CFG, r, s, now)
         else:
-            _dec_add(G, RI, SI, RA, RES, FH, CFG[C_BS], CFG[C_MAX_SEQS], r, s)
+            dec_add(G, RI, SI, RA, RES, FH, CFG[C_BS], CFG[C_MAX_SEQS], r, s)
             j = RI[r, R_NJOINS]
             RA[r, A_JN, j], RA[r, A_JNR, j] = s, SI[s, S_RID]
             RI[r, R_NJOINS] = j + 1
 
 
-@_jit
+@jit
 def _finish(G, RI, RF, SI, SF, RA, RES, FH, BI, BF, CFG, r, now):
     """Engine.finish_batch: the decodes' tokens (gaps, finished sequences), then the
     prefill chunks."""
@@ -535,18 +312,18 @@ def _finish(G, RI, RF, SI, SF, RA, RES, FH, BI, BF, CFG, r, now):
             _tbt(G, BI, BF, now - SF[RA[r, A_BJOIN, q], F_LAST], 1)
         RF[r, RF_LAST_DEC_END] = now
         while RI[r, R_FHN] and (FH[r, H_KEY, 0] >> 32) == dit:
-            s, rid = _fh_pop(FH, RI, r)
+            s, rid = fh_pop(FH, RI, r)
             # skip stale entries (finished, preempted, maybe rejoined)
             if SI[s, S_RID] == rid and SI[s, S_SLOT] >= 0 and SI[s, S_FINISH_DIT] == dit:
                 SI[s, S_FINISH_DIT] = -1
-                _dec_remove(RI, RF, SI, SF, RA, RES, CFG[C_BS], r, s)
-                _done(G, RI, SI, SF, BI, BF, r, s, now)
+                dec_remove(RI, RF, SI, SF, RA, RES, CFG[C_BS], r, s)
+                _done(G, RI, SI, SF, BI, BF, CFG, r, s, now)
     if RI[r, R_BNPRE]:
         _prefilled(G, RI, SI, SF, RA, RES, FH, BI, BF, CFG, r, now)
 
 
 # === arrivals ==============================================================================
-@_jit
+@jit
 def _route(G, RI, CFG):
     """The router's replica for the next arrival (Router.pick without prefixes)."""
     nrep = CFG[C_NREP]
@@ -573,9 +350,9 @@ def _route(G, RI, CFG):
     return best
 
 
-@_jit
-def _arrive(G, RI, SI, SF, CFG, t, rid, p, o):
-    """Route a request and queue it; its replica."""
+@jit
+def _arrive(G, RI, SI, SF, CFG, t, rid, p, o, prio):
+    """Route a request and queue it (in the policy's order); its replica."""
     r = _route(G, RI, CFG)
     s = G[G_FREE]
     G[G_FREE] = SI[s, S_NEXT]
@@ -584,19 +361,21 @@ def _arrive(G, RI, SI, SF, CFG, t, rid, p, o):
         SI[s, c] = 0
     SI[s, S_RID], SI[s, S_PROMPT], SI[s, S_OUTPUT], SI[s, S_TARGET] = rid, p, o, p
     SI[s, S_SLOT] = -1
+    SI[s, S_PRIO] = prio
     SF[s, F_ARRIVAL], SF[s, F_LAST], SF[s, F_FIRST] = t, 0.0, -1.0
     RI[r, R_OUTS] += 1
-    _w_append(RI, SI, r, s, False)
+    w_insert(RI, SI, SF, r, s, CFG[C_KIND], False)
     RI[r, R_QUEUED] += -(-p // CFG[C_BS])
     return r
 
 
 # === the loop ==============================================================================
-@_jit
-def simulate(st, buf, pt, arr_t, arr_p, arr_o, first_rid, final):
+@jit
+def simulate(st, buf, pt, arr_t, arr_p, arr_o, arr_q, first_rid, final):
     """Run until a reason to return (the module's codes). ``arr_*``: the current chunk's
-    arrivals (outputs 0: refused), read from G_POS on; ``final``: no chunk follows it. A
-    pending price (G_PEND >= 0) must have been written to GF_PRICE by the driver."""
+    arrivals (outputs 0: refused; ``arr_q`` their priorities), read from G_POS on;
+    ``final``: no chunk follows it. A pending price (G_PEND >= 0) must have been written
+    to GF_PRICE by the driver."""
     G, GF, CFG, RI, RF, SI, SF, RA, RES, FH, EH = st
     BI, BF = buf
     PI, PF, PG, W2, WDEC, DT = pt
@@ -629,11 +408,12 @@ def simulate(st, buf, pt, arr_t, arr_p, arr_o, first_rid, final):
                 G[G_POS] = pos + 1
                 if ta > GF[GF_NOW]:
                     GF[GF_NOW] = ta
-                r = _arrive(G, RI, SI, SF, CFG, ta, first_rid + pos, arr_p[pos], o)
+                r = _arrive(G, RI, SI, SF, CFG, ta, first_rid + pos, arr_p[pos], o, arr_q[pos])
                 if not RI[r, R_BUSY]:
                     _start(
-                        G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, ta
-                    )
+                        G, GF, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT,
+                        r, ta,
+                    )  # fmt: skip
                     if G[G_PEND] >= 0:
                         return PRICE
                 continue
@@ -641,11 +421,11 @@ def simulate(st, buf, pt, arr_t, arr_p, arr_o, first_rid, final):
             return NEED_ARRIVALS
         elif not G[G_HEAPN]:
             return DONE
-        now, r = _ev_pop(G, EH)
+        now, r = ev_pop(G, EH)
         if now > GF[GF_NOW]:
             GF[GF_NOW] = now
         _finish(G, RI, RF, SI, SF, RA, RES, FH, BI, BF, CFG, r, now)
-        _start(G, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, now)
+        _start(G, GF, RI, RF, SI, SF, RA, RES, EH, BI, BF, CFG, PI, PF, PG, W2, WDEC, DT, r, now)
         if G[G_PEND] >= 0:
             return PRICE
 
@@ -667,7 +447,7 @@ def state_arrays(nrep: int, bs: int, max_seqs: int, pool: int, buffer: int) -> t
     RI = np.zeros((nrep, NRI), i8)
     RI[:, R_WHEAD] = RI[:, R_WTAIL] = -1
     st = (
-        G, np.zeros(NGF, f8), np.zeros(8, i8), RI, np.zeros((nrep, NRF), f8), SI,
+        G, np.zeros(NGF, f8), np.zeros(NCFG, i8), RI, np.zeros((nrep, NRF), f8), SI,
         np.zeros((pool, NSF), f8), np.zeros((nrep, NRA, max_seqs + 1), i8),
         np.zeros((nrep, bs), i8), np.zeros((nrep, 3, FINISH_HEAP_PER_SEAT * max_seqs), i8),
         np.zeros((3, nrep), f8),
@@ -698,3 +478,29 @@ def grow(st: tuple) -> tuple:
         SI, SF = SI2, SF2
     G[G_GROW] = 0
     return G, GF, CFG, RI, RF, SI, SF, RA, RES, FH, EH
+
+
+def _drop_stale_caches() -> None:
+    """numba checks only a function's own file when it loads a cached compile, but the
+    kernel's code spans this module, :mod:`fastsched`, :mod:`fastlayout`, :mod:`policy`
+    and :mod:`costmodels.steps.serving_compiled`: an edit to any of them must drop every
+    cached piece, or ``simulate`` would run code compiled from the old sources. A digest of
+    their sources kept beside numba's cache decides (best effort: an unwritable cache is
+    left to numba)."""
+    mods = (policy, fastlayout, fastsched, serving_compiled)
+    files = (*(m.__file__ for m in mods), __file__)
+    digest = hashlib.sha256(b"".join(Path(f).read_bytes() for f in files)).hexdigest()
+    try:
+        stamp = Path(simulate._cache._cache_path) / "simcli-serving-kernel.sources"
+        if stamp.exists() and stamp.read_text() == digest:
+            return
+        for ns in (globals(), vars(fastsched), vars(fastlayout)):
+            for obj in list(ns.values()):
+                if isinstance(obj, CPUDispatcher) and getattr(obj, "_cache", None) is not None:
+                    obj._cache.flush()
+        stamp.write_text(digest)
+    except (AttributeError, OSError):
+        pass
+
+
+_drop_stale_caches()

@@ -7,10 +7,10 @@ invariant checks. For them :func:`run` replaces the event objects, the ``Request
 :mod:`simcli.serving.engine` and :mod:`simcli.serving.schedulers` by one compiled loop over
 flat arrays (:mod:`simcli.serving.fastkernel`, numba), and the per-sample histogram updates
 of :class:`~simcli.serving.metrics.Metrics` by buffers reduced here in vectorised batches.
-The mechanism is the same step for step -- the vLLM, Orca and Sarathi-Serve admissions and
-token budgets, the watermark, the lockstep decode batch with its per-residue block
-counting, preemption of the newest decode by recompute, the routers, the step prices and
-so the clock -- so a run reports what the general loop reports
+The mechanism is the same step for step -- every scheduler's admissions, token budgets and
+preemption victims (the functions of :mod:`simcli.serving.policy`, compiled), the lockstep
+decode batch with its per-residue block counting, recompute preemption, the routers, the
+step prices and so the clock -- so a run reports what the general loop reports
 (``tests/simcli/serving/test_fastpath.py`` compares every summary key, per-replica row
 and per-request row on scenarios chosen to preempt, cap outputs and refuse prompts). Only
 float sums are added in another order (histogram totals, KV-time, energy): they agree to
@@ -117,33 +117,39 @@ class _Driver:
 
     def __init__(self, sim: Any) -> None:
         from simcli.serving import fastkernel as K
+        from simcli.serving import fastlayout as L
 
-        self.K = K
+        self.K, self.L = K, L
         cfg = sim.config
         sc = cfg.scheduler
         self.sim = sim
         self.m = sim.metrics
         reps = sim.replicas
-        max_seqs = (
-            min(sc.max_batch_size, sc.chunk_size) if sc.kind == "sarathi" else sc.max_batch_size
-        )
+        sched = reps[0].scheduler  # the event loop's scheduler: its seats and policy
+        max_seqs = sched.max_seqs
         self.st, self.buf = K.state_arrays(len(reps), cfg.block_size, max_seqs, POOL, FLUSH)
-        G, CFG, RI = self.st[0], self.st[2], self.st[3]
-        CFG[K.C_KIND] = {"vllm": K.VLLM, "orca": K.ORCA, "sarathi": K.SARATHI}[sc.kind]
-        CFG[K.C_BS] = cfg.block_size
-        CFG[K.C_MAX_SEQS] = max_seqs
-        CFG[K.C_MAX_TOKENS] = sc.max_tokens
-        CFG[K.C_CHUNK] = sc.chunk_size
-        CFG[K.C_ROUTER] = {"least_outstanding": K.LEAST_OUTSTANDING,
-                           "round_robin": K.ROUND_ROBIN}.get(cfg.router, K.KV_AWARE)  # fmt: skip
-        CFG[K.C_NREP] = len(reps)
-        CFG[K.C_FLUSH] = FLUSH
+        G, GF, CFG, RI, RF = self.st[0], self.st[1], self.st[2], self.st[3], self.st[4]
+        CFG[L.C_KIND] = sched.kind_code
+        CFG[L.C_BS] = cfg.block_size
+        CFG[L.C_MAX_SEQS] = max_seqs
+        CFG[L.C_MAX_TOKENS] = sc.max_tokens
+        CFG[L.C_CHUNK] = sc.chunk_size
+        CFG[L.C_ROUTER] = {"least_outstanding": L.LEAST_OUTSTANDING,
+                           "round_robin": L.ROUND_ROBIN}.get(cfg.router, L.KV_AWARE)  # fmt: skip
+        CFG[L.C_NREP] = len(reps)
+        CFG[L.C_FLUSH] = FLUSH
+        CFG[L.C_THRESH] = sc.long_prefill_token_threshold
+        CFG[L.C_PCHUNK] = sc.chunked_prefill_size
+        CFG[L.C_PMAX] = sc.max_prefill_tokens
+        if sc.kind == "sglang":
+            GF[L.GF_MIN_RATIO], GF[L.GF_DECAY] = sched.min_ratio, sched.decay
+            RF[:, L.RF_RATIO] = sched.init_ratio
         for i, r in enumerate(reps):
-            RI[i, K.R_NUM_BLOCKS] = r.blocks_per_engine
-            RI[i, K.R_WM] = int(sc.watermark * r.blocks_per_engine)
+            RI[i, L.R_NUM_BLOCKS] = r.blocks_per_engine
+            RI[i, L.R_WM] = int(sc.watermark * r.blocks_per_engine)
         every, nxt = self.m._progress_every, self.m._progress_next
-        G[K.G_PROG_EVERY] = every
-        G[K.G_PROG_NEXT] = nxt if math.isfinite(nxt) else np.iinfo(np.int64).max
+        G[L.G_PROG_EVERY] = every
+        G[L.G_PROG_NEXT] = nxt if math.isfinite(nxt) else np.iinfo(np.int64).max
         self.tables = _tables(reps[0].step_model, max_seqs)
         self.price = reps[0].step_summary
         self.decode_price = _decode_pricer(reps[0])
@@ -152,30 +158,34 @@ class _Driver:
         self.meter = next(iter(meters.values()), None)
         self.num_blocks = reps[0].blocks_per_engine
 
-    def _call(self, a: np.ndarray, p: np.ndarray, o: np.ndarray, first: int, final: bool) -> None:
+    def _call(
+        self, a: np.ndarray, p: np.ndarray, o: np.ndarray, q: np.ndarray, first: int, final: bool
+    ) -> None:
         """Run the kernel over one chunk of arrivals (or the end), acting on each return."""
-        K = self.K
-        self.st[0][K.G_POS] = 0
+        K, L = self.K, self.L
+        self.st[0][L.G_POS] = 0
         while True:
-            code = self._simulate(a, p, o, first, final)
-            if code == K.NEED_ARRIVALS or code == K.DONE:
+            code = self._simulate(a, p, o, q, first, final)
+            if code == L.NEED_ARRIVALS or code == L.DONE:
                 return
-            if code == K.FLUSH:
+            if code == L.FLUSH:
                 self.flush()
-            elif code == K.PRICE:
+            elif code == L.PRICE:
                 self._price_pending()
-            elif code == K.GROW:
+            elif code == L.GROW:
                 self.st = K.grow(self.st)
             else:  # PROGRESS: a call at each mark passed (completed was the mark then)
                 G = self.st[0]
-                due, every = int(G[K.G_PROG_DUE]), int(G[K.G_PROG_EVERY])
-                G[K.G_PROG_DUE] = 0
+                due, every = int(G[L.G_PROG_DUE]), int(G[L.G_PROG_EVERY])
+                G[L.G_PROG_DUE] = 0
                 for j in range(due, 0, -1):
-                    self.m.progress(int(G[K.G_PROG_NEXT]) - j * every, self.m.progress_total)
+                    self.m.progress(int(G[L.G_PROG_NEXT]) - j * every, self.m.progress_total)
 
-    def _simulate(self, a: np.ndarray, p: np.ndarray, o: np.ndarray, first: int, final: bool):
+    def _simulate(
+        self, a: np.ndarray, p: np.ndarray, o: np.ndarray, q: np.ndarray, first: int, final: bool
+    ):
         """One kernel call; the first of the process says so on stderr if it compiles."""
-        args = (self.st, self.buf, self.tables, a, p, o, first, final)
+        args = (self.st, self.buf, self.tables, a, p, o, q, first, final)
         if _warm["done"]:
             return self.K.simulate(*args)
         from simcli.progress import quiet
@@ -191,69 +201,71 @@ class _Driver:
 
     def _price_pending(self) -> None:
         """Price the batch the kernel left pending with the step model itself."""
-        K = self.K
+        L = self.L
         G, GF, RI, RA = self.st[0], self.st[1], self.st[3], self.st[7]
-        r = int(G[K.G_PEND])
-        n_dec, k = int(RI[r, K.R_BNDEC]), int(RI[r, K.R_BNPRE])
-        ctx_sum = int(RI[r, K.R_SUM_CTX0] + n_dec * RI[r, K.R_DIT]) if n_dec else 0
+        r = int(G[L.G_PEND])
+        n_dec, k = int(RI[r, L.R_BNDEC]), int(RI[r, L.R_BNPRE])
+        ctx_sum = int(RI[r, L.R_SUM_CTX0] + n_dec * RI[r, L.R_DIT]) if n_dec else 0
         if k:
-            new = RA[r, K.A_BNEW, :k].tolist()
-            past = RA[r, K.A_BPAST, :k].tolist()
-            GF[K.GF_PRICE] = self.price(new, past, n_dec, ctx_sum) + 0.0
+            new = RA[r, L.A_BNEW, :k].tolist()
+            past = RA[r, L.A_BPAST, :k].tolist()
+            GF[L.GF_PRICE] = self.price(new, past, n_dec, ctx_sum) + 0.0
         else:
-            GF[K.GF_PRICE] = self.decode_price(n_dec, ctx_sum) + 0.0
+            GF[L.GF_PRICE] = self.decode_price(n_dec, ctx_sum) + 0.0
 
     def run(self, chunks: Any) -> float:
         """Simulate every request of ``chunks``; the time of the last event."""
         sim = self.sim
         for chunk in chunks:
             a, p, o = sim.admissible(chunk)
-            self._call(a, p, o, chunk.first_id, False)
+            q = getattr(chunk, "priority", None)
+            q = np.zeros(a.size, np.int64) if q is None else np.ascontiguousarray(q, np.int64)
+            self._call(a, p, o, q, chunk.first_id, False)
         empty = np.zeros(0, np.int64)
-        self._call(np.zeros(0), empty, empty, 0, True)
+        self._call(np.zeros(0), empty, empty, empty, 0, True)
         self.flush()
-        K = self.K
+        L = self.L
         RI, RF = self.st[3], self.st[4]
         for i, rep in enumerate(sim.replicas):
             eng = rep.engines[0]
-            eng.preemptions = int(RI[i, K.R_PREEMPTIONS])
-            eng.busy_s = float(RF[i, K.RF_BUSY_S])
-            eng.kv.used_blocks = int(RI[i, K.R_USED])
-            eng.kv.peak_used_blocks = int(RI[i, K.R_PEAK])
-            rep.outstanding = eng.outstanding = int(RI[i, K.R_OUTS])
-        return float(self.st[1][K.GF_NOW])
+            eng.preemptions = int(RI[i, L.R_PREEMPTIONS])
+            eng.busy_s = float(RF[i, L.RF_BUSY_S])
+            eng.kv.used_blocks = int(RI[i, L.R_USED])
+            eng.kv.peak_used_blocks = int(RI[i, L.R_PEAK])
+            rep.outstanding = eng.outstanding = int(RI[i, L.R_OUTS])
+        return float(self.st[1][L.GF_NOW])
 
     # --- the buffers, reduced into Metrics (and the energy meter) -------------------------
     def flush(self) -> None:
         """What ``Metrics.iteration``, ``Metrics.tbt``, ``Metrics.request_done`` and
         ``EnergyMeter.add`` accumulate one by one, from the buffered samples."""
-        K = self.K
+        L = self.L
         G = self.st[0]
         BI, BF = self.buf
         m = self.m
-        k = int(G[K.G_IT_N])
+        k = int(G[L.G_IT_N])
         if k:
-            dt = BF[:k, K.BF_IT_DT].copy()
-            n_dec = BI[:k, K.B_IT_NDEC].copy()
-            util = BI[:k, K.B_IT_USED] / self.num_blocks
+            dt = BF[:k, L.BF_IT_DT].copy()
+            n_dec = BI[:k, L.B_IT_NDEC].copy()
+            util = BI[:k, L.B_IT_USED] / self.num_blocks
             m.iterations += k
             m.decode_seq_iters += int(n_dec.sum())
             m.kv_block_s += float(np.dot(util, dt))
             m.kv_util_max = max(m.kv_util_max, float(util.max()))
             m.engine_busy_s += float(dt.sum())
-            npre, nch = int(G[K.G_PRE_N]), int(G[K.G_PRE2_N])
-            new = BI[:nch, K.B_PRE_NEW].copy()
+            npre, nch = int(G[L.G_PRE_N]), int(G[L.G_PRE2_N])
+            new = BI[:nch, L.B_PRE_NEW].copy()
             m.batched_tokens += int(new.sum()) + int(n_dec.sum())
             if self.meter is not None:
-                at = np.repeat(BI[:npre, K.B_PRE_AT], BI[:npre, K.B_PRE_LEN])
-                ctx = BI[:k, K.B_IT_CTX].copy()
-                self.meter.add_iterations(dt, n_dec, ctx, at, new, BI[:nch, K.B_PRE_PAST].copy())
-        d = int(G[K.G_DONE_N])
+                at = np.repeat(BI[:npre, L.B_PRE_AT], BI[:npre, L.B_PRE_LEN])
+                ctx = BI[:k, L.B_IT_CTX].copy()
+                self.meter.add_iterations(dt, n_dec, ctx, at, new, BI[:nch, L.B_PRE_PAST].copy())
+        d = int(G[L.G_DONE_N])
         if d:
-            arr = BF[:d, K.BF_D_ARRIVAL].copy()
-            first = BF[:d, K.BF_D_FIRST].copy()
-            fin = BF[:d, K.BF_D_FINISH].copy()
-            out = BI[:d, K.B_D_OUTPUT].copy()
+            arr = BF[:d, L.BF_D_ARRIVAL].copy()
+            first = BF[:d, L.BF_D_FIRST].copy()
+            fin = BF[:d, L.BF_D_FINISH].copy()
+            out = BI[:d, L.B_D_OUTPUT].copy()
             ttft = first - arr
             multi = out > 1
             tpot = (fin[multi] - first[multi]) / (out[multi] - 1)
@@ -264,30 +276,39 @@ class _Driver:
             ok[multi] &= tpot <= m.slo_tpot_s
             m.completed += d
             m.slo_met += int(ok.sum())
-            m.prompt_tokens += int(BI[:d, K.B_D_PROMPT].sum())
+            m.prompt_tokens += int(BI[:d, L.B_D_PROMPT].sum())
             m.output_tokens += int(out.sum())
-            m.preempted_requests += int(np.count_nonzero(BI[:d, K.B_D_PREEMPTED]))
+            m.preempted_requests += int(np.count_nonzero(BI[:d, L.B_D_PREEMPTED]))
+            if m.track_priority:
+                prio = BI[:d, L.B_D_PRIO]
+                for c in np.unique(prio).tolist():
+                    sel = prio == c
+                    hs = m.priority_hists(int(c))
+                    hs[0].add_many(ttft[sel])
+                    hs[2].add_many((fin - arr)[sel])
+                    hs[1].add_many((fin[sel & multi] - first[sel & multi]) / (out[sel & multi] - 1))
             m.first_arrival_s = min(m.first_arrival_s, float(arr.min()))
             m.last_finish_s = max(m.last_finish_s, float(fin.max()))
             if m.sink is not None:
                 self._sink(d)
-        t = int(G[K.G_TBT_N])
+        t = int(G[L.G_TBT_N])
         if t:
-            m.tbt_hist.add_many(BF[:t, K.BF_TBT].copy(), BI[:t, K.B_TBTW].copy())
-        for c in (K.G_IT_N, K.G_PRE_N, K.G_PRE2_N, K.G_DONE_N, K.G_TBT_N):
+            m.tbt_hist.add_many(BF[:t, L.BF_TBT].copy(), BI[:t, L.B_TBTW].copy())
+        for c in (L.G_IT_N, L.G_PRE_N, L.G_PRE2_N, L.G_DONE_N, L.G_TBT_N):
             G[c] = 0
 
     def _sink(self, d: int) -> None:
         """The per-request rows, in the order the requests finished."""
-        K = self.K
+        L = self.L
         BI, BF = self.buf
-        cols = [K.B_D_RID, K.B_D_REPLICA, K.B_D_PROMPT, K.B_D_OUTPUT, K.B_D_PREEMPTED]
-        fcols = [K.BF_D_ARRIVAL, K.BF_D_FIRST, K.BF_D_FINISH]
+        cols = [L.B_D_RID, L.B_D_REPLICA, L.B_D_PROMPT, L.B_D_OUTPUT, L.B_D_PREEMPTED,
+                L.B_D_PRIO]  # fmt: skip
+        fcols = [L.BF_D_ARRIVAL, L.BF_D_FIRST, L.BF_D_FINISH]
         sink = self.m.sink
-        for (rid, rep, prompt, out, pre), (a, f, fin) in zip(
+        for (rid, rep, prompt, out, pre, prio), (a, f, fin) in zip(
             BI[:d, cols].tolist(), BF[:d, fcols].tolist(), strict=True
         ):
-            req = Request(rid, a, prompt, out)
+            req = Request(rid, a, prompt, out, priority=prio)
             req.first_token_s = f
             req.finish_s = fin
             req.replica = rep

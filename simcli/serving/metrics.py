@@ -297,6 +297,10 @@ class Metrics:
         self.progress_total: int | None = None
         self._progress_every = 1
         self._progress_next = math.inf
+        # per priority class: (ttft, tpot, e2e) histograms, kept when track_priority is on
+        # (a priority scheduler or requests with priorities: the output's ``by_priority``)
+        self.track_priority = False
+        self.by_priority: dict[int, tuple[LogHistogram, LogHistogram, LogHistogram]] = {}
 
     def set_progress(
         self, progress: Callable[[int, int | None], None] | None, total: int | None
@@ -350,6 +354,12 @@ class Metrics:
             ok = ok and tpot <= self.slo_tpot_s
         if ok:
             self.slo_met += 1
+        if self.track_priority:
+            hs = self.priority_hists(req.priority)
+            hs[0].add(ttft)
+            hs[2].add(e2e)
+            if out > 1:
+                hs[1].add(tpot)
         self.prompt_tokens += req.prompt_tokens
         self.output_tokens += tokens
         if req.preemptions:
@@ -365,6 +375,13 @@ class Metrics:
         if self.completed >= self._progress_next:
             self._progress_next += self._progress_every
             self.progress(self.completed, self.progress_total)  # type: ignore[misc]
+
+    def priority_hists(self, priority: int) -> tuple[LogHistogram, LogHistogram, LogHistogram]:
+        """The (ttft, tpot, e2e) histograms of one priority class."""
+        hs = self.by_priority.get(priority)
+        if hs is None:
+            hs = self.by_priority[priority] = (LogHistogram(), LogHistogram(), LogHistogram())
+        return hs
 
     # results ------------------------------------------------------------------------------
     @property
@@ -405,6 +422,21 @@ class Metrics:
             if self.iterations
             else math.nan,
         }
+        if self.track_priority:
+            out["by_priority"] = self.priority_summary()  # type: ignore[assignment]
+        return out
+
+    def priority_summary(self) -> dict[str, dict[str, float | int]]:
+        """Per priority class (lowest value first): requests and TTFT/TPOT/E2E mean and
+        percentiles."""
+        out: dict[str, dict[str, float | int]] = {}
+        for p in sorted(self.by_priority):
+            row: dict[str, float | int] = {"requests_completed": self.by_priority[p][2].n}
+            for name, hist in zip(("ttft_s", "tpot_s", "e2e_s"), self.by_priority[p], strict=True):
+                row[f"{name}_mean"] = hist.mean
+                for label, q in QUANTILES:
+                    row[f"{name}_{label}"] = hist.quantile(q)
+            out[str(p)] = row
         return out
 
 

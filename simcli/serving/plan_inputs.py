@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from costmodels.steps.engines import EngineId
+from simcli.serving.policy import SchedulerKind
 from simcli.serving.requests import SyntheticSpec
 from workloads.lengths import joint_dataset, parse_dist
 from workloads.sparsity import parse_pattern
@@ -133,7 +134,7 @@ class PlanSpace(BaseModel):
 
     gpus: tuple[str, ...] = DEFAULT_GPUS
     tp: tuple[int, ...] = (1, 2, 4)
-    schedulers: tuple[Literal["vllm", "orca", "sarathi"], ...] = ("vllm", "sarathi")
+    schedulers: tuple[SchedulerKind, ...] = ("vllm", "sarathi")
     chunk_sizes: tuple[int, ...] = (512, 2048)
     pd_ratios: tuple[str | None, ...] = Field(
         default=(None, "1:1", "1:2"),

@@ -88,6 +88,7 @@ class Request:
         "replica",
         "preemptions",
         "branch",
+        "priority",
     )
 
     def __init__(
@@ -99,6 +100,7 @@ class Request:
         prefix_key: int | None = None,
         prefix_tokens: int = 0,
         num_seqs: int = 1,
+        priority: int = 0,
     ) -> None:
         self.id = rid
         self.arrival_s = arrival_s
@@ -113,12 +115,13 @@ class Request:
         self.replica = -1
         self.preemptions = 0
         self.branch = None  # multi-branch state (simcli.serving.branches.BranchState)
+        self.priority = priority  # scheduling class, lower first (vLLM's priority)
 
     def with_output(self, output_tokens: int) -> Request:
         """This request (not yet simulated) asking for ``output_tokens`` instead."""
         return Request(
             self.id, self.arrival_s, self.prompt_tokens, output_tokens, self.prefix_key,
-            self.prefix_tokens,
+            self.prefix_tokens, priority=self.priority,
         )  # fmt: skip
 
     @property
@@ -182,6 +185,7 @@ class Sequence:
         "fork",
         "score",
         "seats",
+        "admitted",
     )
 
     def __init__(self, request: Request, prompt_tokens: int, output_tokens: int) -> None:
@@ -207,6 +211,7 @@ class Sequence:
         self.fork = None  # multi-branch: the prompt blocks shared with sibling branches
         self.score = 0.0  # multi-branch: the branch's (seeded) process-reward score
         self.seats = 1  # batch seats taken at admission (a multi-branch root takes N)
+        self.admitted = 0  # its engine's admission count when last admitted (vLLM V1)
 
 
 class SyntheticSpec(BaseModel):
@@ -237,8 +242,8 @@ CHUNK = 4096  # requests drawn per chunk: bounded memory, same draws for any run
 
 
 class RequestChunk(NamedTuple):
-    """Consecutive requests as arrays: ids ``first_id ..``, arrival times, lengths and the
-    shared prefix (``prefix_key`` -1: none)."""
+    """Consecutive requests as arrays: ids ``first_id ..``, arrival times, lengths, the
+    shared prefix (``prefix_key`` -1: none) and the scheduling priority (None: all 0)."""
 
     first_id: int
     arrival_s: np.ndarray
@@ -246,6 +251,7 @@ class RequestChunk(NamedTuple):
     output_tokens: np.ndarray
     prefix_key: np.ndarray
     prefix_tokens: np.ndarray
+    priority: np.ndarray | None = None
 
 
 class RequestStream:
@@ -265,6 +271,7 @@ class RequestStream:
         self._chunks = chunks
         self.shared_prefixes = shared_prefixes
         self.expected = expected
+        self.priorities = False  # whether its requests carry scheduling priorities
 
     @classmethod
     def from_arrays(
@@ -289,11 +296,15 @@ class RequestStream:
     def __iter__(self) -> Iterator[Request]:
         for c in self.chunks():
             rid = c.first_id
-            for a, p, o, g, t in zip(
+            prio = [0] * len(c.arrival_s) if c.priority is None else c.priority.tolist()
+            for a, p, o, g, t, q in zip(
                 c.arrival_s.tolist(), c.prompt_tokens.tolist(), c.output_tokens.tolist(),
-                c.prefix_key.tolist(), c.prefix_tokens.tolist(), strict=True,
+                c.prefix_key.tolist(), c.prefix_tokens.tolist(), prio, strict=True,
             ):  # fmt: skip
-                yield Request(rid, a, p, o, g, t) if g >= 0 else Request(rid, a, p, o)
+                if g >= 0:
+                    yield Request(rid, a, p, o, g, t, priority=q)
+                else:
+                    yield Request(rid, a, p, o, priority=q)
                 rid += 1
 
 
@@ -355,7 +366,7 @@ def _synthetic_chunks(
 
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
-OPTIONAL_COLUMNS = ("prefix_id", "prefix_tokens")
+OPTIONAL_COLUMNS = ("prefix_id", "prefix_tokens", "priority")
 
 
 def _open_trace(path: Path) -> tuple[Iterator[list[str]], dict[str, int], object]:
@@ -402,12 +413,14 @@ def _cell_int(where: str, line: int, column: str, cell: str, low: int) -> int:
     return int(value)
 
 
-def _rows(path: Path) -> Iterator[tuple[int, float, int, int, int | None, int]]:
-    """Validated rows ``(line, arrival_s, prompt, output, prefix_key, prefix_tokens)``."""
+def _rows(path: Path) -> Iterator[tuple[int, float, int, int, int | None, int, int]]:
+    """Validated rows ``(line, arrival_s, prompt, output, prefix_key, prefix_tokens,
+    priority)`` (priority: an integer, lower served first; empty or absent: 0)."""
     where = f"trace {path}"
     reader, col, fh = _open_trace(path)
     ia, ip, io_ = col["arrival_s"], col["prompt_tokens"], col["output_tokens"]
     ig, it = col.get("prefix_id"), col.get("prefix_tokens")
+    iq = col.get("priority")
     keys: dict[str, int] = {}
     last = 0.0
     line = 1
@@ -456,8 +469,17 @@ def _rows(path: Path) -> Iterator[tuple[int, float, int, int, int | None, int]]:
                 and _cell_int(where, line, "prefix_tokens", row[it], 0) > 0
             ):
                 raise TraceError(f"{where} line {line}: prefix_tokens without a prefix_id")
+            prio = 0
+            if iq is not None and row[iq].strip():
+                try:
+                    prio = int(row[iq])
+                except ValueError:
+                    raise TraceError(
+                        f"{where} line {line}: priority {row[iq].strip()!r} is invalid; "
+                        "allowed: an integer (lower is served first)"
+                    ) from None
             seen += 1
-            yield line, arrival, prompt, output, key, ptoks
+            yield line, arrival, prompt, output, key, ptoks, prio
     except csv.Error as exc:
         raise TraceError(f"{where} line {line}: {str(exc).splitlines()[0]}") from None
     except UnicodeDecodeError:
@@ -476,9 +498,11 @@ def trace_requests(path: str | Path, num_requests: int | None = None) -> Request
     fh.close()  # type: ignore[attr-defined]
     rows = line_count(path) - 1  # about the rows: a blank last line counts too
     expected = rows if num_requests is None else min(rows, num_requests)
-    return RequestStream(
+    stream = RequestStream(
         lambda: _trace_chunks(path, num_requests), "prefix_id" in col, max(expected, 0)
     )
+    stream.priorities = "priority" in col
+    return stream
 
 
 def line_count(path: Path) -> int:
@@ -493,12 +517,12 @@ def line_count(path: Path) -> int:
 
 
 def _trace_chunks(path: Path, num_requests: int | None) -> Iterator[RequestChunk]:
-    rows: list[tuple[float, int, int, int, int]] = []
+    rows: list[tuple[float, int, int, int, int, int]] = []
     rid = 0
-    for _, arrival, prompt, output, key, ptoks in _rows(path):
+    for _, arrival, prompt, output, key, ptoks, prio in _rows(path):
         if num_requests is not None and rid + len(rows) >= num_requests:
             break
-        rows.append((arrival, prompt, output, -1 if key is None else key, ptoks))
+        rows.append((arrival, prompt, output, -1 if key is None else key, ptoks, prio))
         if len(rows) == CHUNK:
             yield trace_chunk(rid, rows)
             rid += len(rows)
@@ -507,12 +531,16 @@ def _trace_chunks(path: Path, num_requests: int | None) -> Iterator[RequestChunk
         yield trace_chunk(rid, rows)
 
 
-def trace_chunk(first_id: int, rows: list[tuple[float, int, int, int, int]]) -> RequestChunk:
-    a, p, o, g, t = zip(*rows, strict=True)
+def trace_chunk(first_id: int, rows: list[tuple]) -> RequestChunk:
+    """A chunk of trace rows ``(arrival, prompt, output, prefix key, prefix tokens[,
+    priority])`` (priority 0 where the reader has none)."""
+    cols = list(zip(*rows, strict=True))
+    a, p, o, g, t = cols[:5]
+    q = cols[5] if len(cols) > 5 else (0,) * len(a)
     i64 = np.int64
     return RequestChunk(
         first_id, np.array(a, dtype=float), np.array(p, dtype=i64), np.array(o, dtype=i64),
-        np.array(g, dtype=i64), np.array(t, dtype=i64),
+        np.array(g, dtype=i64), np.array(t, dtype=i64), np.array(q, dtype=i64),
     )  # fmt: skip
 
 
@@ -520,7 +548,7 @@ def trace_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """All ``(prompt_tokens, output_tokens)`` of a trace, for empirical resampling."""
     prompts: list[int] = []
     outputs: list[int] = []
-    for _, _, p, o, _, _ in _rows(Path(path)):
+    for _, _, p, o, _, _, _ in _rows(Path(path)):
         prompts.append(p)
         outputs.append(o)
     return np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)

@@ -58,7 +58,7 @@ from simcli.serving.requests import (
     outputs_within_model_len,
 )
 from simcli.serving.router import make_router
-from simcli.serving.schedulers import SchedulerConfig, make_scheduler
+from simcli.serving.schedulers import ENGINE_SCHEDULERS, SchedulerConfig, make_scheduler
 from simcli.serving.spec import (
     SpecConfig,
     SpecCost,
@@ -217,6 +217,19 @@ class Simulator:
             slo_ttft_s=config.slo_ttft_s, slo_tpot_s=config.slo_tpot_s, sink=sink, energy=energy
         )
         sched = make_scheduler(config.scheduler)
+        # per priority class metrics with a priority scheduler (and with requests that
+        # carry priorities: run() turns it on)
+        self.metrics.track_priority = config.scheduler.kind == "priority"
+        if config.scheduler.kind in ENGINE_SCHEDULERS and (
+            dis is not None
+            or spec is not None
+            or (config.branching is not None and config.branching.branches > 1)
+            or config.scheduler.preemption == "swap"
+        ):
+            raise SimulationError(
+                f"scheduler {config.scheduler.kind} with disaggregation, speculative decoding, "
+                "branches or swap preemption is not modelled; allowed: vllm, orca or sarathi"
+            )
         gpr = config.gpus_per_replica
         if spec is not None:
             if draft_step_model is None:
@@ -504,6 +517,8 @@ class Simulator:
         (:mod:`simcli.serving.fastpath`, the same result sooner) when that pays:
         ``compiled`` True / False forces the choice, None leaves it to the stream's size
         (:func:`~simcli.serving.fastpath.worth_compiling`)."""
+        if getattr(requests, "priorities", False):
+            self.metrics.track_priority = True
         if fastpath.eligible(self, requests) and fastpath.worth_compiling(requests, compiled):
             self.now_s = fastpath.run(self, requests)
             if not self.arrived and not self.rejected_too_long:

@@ -130,3 +130,4 @@ def test_frontend_functions():
     assert v0.frontend_ingress_s(1000) == pytest.approx(1000 * 8e-8)
     assert v0.frontend_egress_s(10) == pytest.approx(0.043)
     assert load_engine("sglang").frontend_egress_s(10) == 0.0  # no public figure
+

@@ -103,7 +103,8 @@ def test_draft_with_another_vocabulary_is_one_line():
         (
             ServeOptions,
             {"scheduler": "fifo"},
-            "unknown --scheduler 'fifo'; allowed: vllm, orca, sarathi",
+            "unknown --scheduler 'fifo'; allowed: vllm, orca, sarathi, vllm-v1, sglang, trtllm, "
+            "priority, trtllm-max-util",
         ),
         (
             ServeOptions,

@@ -45,6 +45,7 @@ from simcli.scenario.serving_pools import (
 from simcli.scenario.serving_precision import activation_dtype, check_precision
 from simcli.scenario.sparsity_options import sparsity_fields
 from simcli.serving.disagg import DisaggConfig
+from simcli.serving.frontend import FrontendConfig
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.plan_inputs import SLO, Candidate, PlanSpace, Workload
 from simcli.serving.plan_result import PlanResult
@@ -222,7 +223,14 @@ def serve_config(
     limit = model_len_limit(model, o.max_model_len)
     # the engine's own token budget on this GPU when it runs its own scheduler
     gpu = hardware.gpu
-    eng = load_engine(o.engine).defaults_for(gpu.id, gpu.memory_gib, o.tp)
+    profile = load_engine(o.engine)
+    eng = profile.defaults_for(gpu.id, gpu.memory_gib, o.tp)
+    fe = profile.frontend  # the API server (parts with no figure count 0)
+    frontend = FrontendConfig(
+        request_s=fe.per_request_s or 0.0,
+        per_prompt_token_s=fe.per_prompt_token_s or 0.0,
+        per_output_token_s=fe.per_output_token_s or 0.0,
+    )
     budget = eng.max_num_batched_tokens if o.scheduler == eng.scheduler else None
     max_tokens = o.max_tokens or budget or default_max_tokens(o.scheduler, limit, hardware)
     extra = {"chunked_prefill_size": o.max_tokens or budget} if o.scheduler == "sglang" else {}
@@ -252,6 +260,7 @@ def serve_config(
         slo_tpot_s=o.slo_tpot_s,
         price_per_gpu_hour=price,
         max_concurrency=o.max_concurrency,
+        frontend=frontend,
     )
 
 

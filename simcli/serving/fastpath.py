@@ -124,6 +124,9 @@ class _Driver:
         sc = cfg.scheduler
         self.sim = sim
         self.m = sim.metrics
+        # the frontend's time per request id (simcli.serving.frontend), None: no frontend
+        self.fe_in: np.ndarray | None = None
+        self.fe_out = sim.config.frontend.per_output_token_s
         reps = sim.replicas
         sched = reps[0].scheduler  # the event loop's scheduler: its seats and policy
         max_seqs = sched.max_seqs
@@ -213,6 +216,16 @@ class _Driver:
         else:
             GF[L.GF_PRICE] = self.decode_price(n_dec, ctx_sum) + 0.0
 
+    def _frontend(self, first_id: int, extra: np.ndarray) -> None:
+        """Keep the frontend's time of requests ``first_id ..`` (grown by doubling)."""
+        end = first_id + extra.size
+        if self.fe_in is None or self.fe_in.size < end:
+            grown = np.zeros(max(end, 2 * (0 if self.fe_in is None else self.fe_in.size)))
+            if self.fe_in is not None:
+                grown[: self.fe_in.size] = self.fe_in
+            self.fe_in = grown
+        self.fe_in[first_id:end] = extra
+
     def run(self, chunks: Any) -> float:
         """Simulate every request of ``chunks``; the time of the last event."""
         sim = self.sim
@@ -220,6 +233,8 @@ class _Driver:
             a, p, o = sim.admissible(chunk)
             q = getattr(chunk, "priority", None)
             q = np.zeros(a.size, np.int64) if q is None else np.ascontiguousarray(q, np.int64)
+            if getattr(chunk, "frontend_in_s", None) is not None:
+                self._frontend(chunk.first_id, chunk.frontend_in_s)
             self._call(a, p, o, q, chunk.first_id, False)
         empty = np.zeros(0, np.int64)
         self._call(np.zeros(0), empty, empty, empty, 0, True)
@@ -261,6 +276,11 @@ class _Driver:
                 ctx = BI[:k, L.B_IT_CTX].copy()
                 self.meter.add_iterations(dt, n_dec, ctx, at, new, BI[:nch, L.B_PRE_PAST].copy())
         d = int(G[L.G_DONE_N])
+        if d and (self.fe_in is not None or self.fe_out):  # as the client sees it
+            if self.fe_in is not None:
+                BF[:d, L.BF_D_ARRIVAL] -= self.fe_in[BI[:d, L.B_D_RID]]
+            BF[:d, L.BF_D_FIRST] += self.fe_out
+            BF[:d, L.BF_D_FINISH] += self.fe_out
         if d:
             arr = BF[:d, L.BF_D_ARRIVAL].copy()
             first = BF[:d, L.BF_D_FIRST].copy()

@@ -337,6 +337,11 @@ class Metrics:
         self.handoff.add(handoff_s)
 
     def request_done(self, req: Request) -> None:
+        if req.frontend_in_s or req.frontend_out_s:  # as the client sees it (frontend.py)
+            req.arrival_s -= req.frontend_in_s
+            req.first_token_s += req.frontend_out_s  # type: ignore[operator]
+            req.finish_s += req.frontend_out_s  # type: ignore[operator]
+            req.frontend_in_s = req.frontend_out_s = 0.0
         self.completed += 1
         ttft = req.first_token_s - req.arrival_s  # type: ignore[operator]
         e2e = req.finish_s - req.arrival_s  # type: ignore[operator]

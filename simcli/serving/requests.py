@@ -89,6 +89,8 @@ class Request:
         "preemptions",
         "branch",
         "priority",
+        "frontend_in_s",
+        "frontend_out_s",
     )
 
     def __init__(
@@ -116,13 +118,19 @@ class Request:
         self.preemptions = 0
         self.branch = None  # multi-branch state (simcli.serving.branches.BranchState)
         self.priority = priority  # scheduling class, lower first (vLLM's priority)
+        # the API server's time before the engine saw it and after each token left it
+        # (simcli.serving.frontend); the metrics report latency as the client sees it
+        self.frontend_in_s = 0.0
+        self.frontend_out_s = 0.0
 
     def with_output(self, output_tokens: int) -> Request:
         """This request (not yet simulated) asking for ``output_tokens`` instead."""
-        return Request(
+        req = Request(
             self.id, self.arrival_s, self.prompt_tokens, output_tokens, self.prefix_key,
             self.prefix_tokens, priority=self.priority,
         )  # fmt: skip
+        req.frontend_in_s, req.frontend_out_s = self.frontend_in_s, self.frontend_out_s
+        return req
 
     @property
     def generated_tokens(self) -> int:
@@ -252,6 +260,7 @@ class RequestChunk(NamedTuple):
     prefix_key: np.ndarray
     prefix_tokens: np.ndarray
     priority: np.ndarray | None = None
+    frontend_in_s: np.ndarray | None = None  # API-server time before the engine (frontend)
 
 
 class RequestStream:
@@ -272,6 +281,7 @@ class RequestStream:
         self.shared_prefixes = shared_prefixes
         self.expected = expected
         self.priorities = False  # whether its requests carry scheduling priorities
+        self.frontend_out_s = 0.0  # the frontend's time after each token (frontend.py)
 
     @classmethod
     def from_arrays(
@@ -297,14 +307,16 @@ class RequestStream:
         for c in self.chunks():
             rid = c.first_id
             prio = [0] * len(c.arrival_s) if c.priority is None else c.priority.tolist()
-            for a, p, o, g, t, q in zip(
+            fe = [0.0] * len(c.arrival_s) if c.frontend_in_s is None else c.frontend_in_s.tolist()
+            for a, p, o, g, t, q, f in zip(
                 c.arrival_s.tolist(), c.prompt_tokens.tolist(), c.output_tokens.tolist(),
-                c.prefix_key.tolist(), c.prefix_tokens.tolist(), prio, strict=True,
+                c.prefix_key.tolist(), c.prefix_tokens.tolist(), prio, fe, strict=True,
             ):  # fmt: skip
-                if g >= 0:
-                    yield Request(rid, a, p, o, g, t, priority=q)
-                else:
-                    yield Request(rid, a, p, o, priority=q)
+                req = Request(rid, a, p, o, g, t, priority=q) if g >= 0 else Request(
+                    rid, a, p, o, priority=q
+                )
+                req.frontend_in_s, req.frontend_out_s = f, self.frontend_out_s
+                yield req
                 rid += 1
 
 

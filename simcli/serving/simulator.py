@@ -48,6 +48,7 @@ from simcli.serving.disagg import (
     default_transfer,
     pool_summary,
 )
+from simcli.serving.frontend import FrontendConfig, with_frontend
 from simcli.serving.load import ClientArrival, ClientPool
 from simcli.serving.metrics import EnergyMeter, Metrics
 from simcli.serving.replica import Replica
@@ -110,6 +111,11 @@ class ServeConfig(BaseModel):
         description="closed loop: at most this many requests in flight, the next one sent "
         "when one completes (vllm bench serve --max-concurrency; simcli.serving.load); "
         "None: open loop, every request sent at its arrival time",
+    )
+    frontend: FrontendConfig = Field(
+        default=FrontendConfig(),
+        description="the engine's API server (simcli.serving.frontend): its time is in the "
+        "latencies clients see; all zero = the engine alone",
     )
 
     @model_validator(mode="after")
@@ -519,6 +525,8 @@ class Simulator:
         (:func:`~simcli.serving.fastpath.worth_compiling`)."""
         if getattr(requests, "priorities", False):
             self.metrics.track_priority = True
+        if self.config.frontend.active:  # the API server in front of the engines
+            requests = with_frontend(requests, self.config.frontend, self.clients is None)
         if fastpath.eligible(self, requests) and fastpath.worth_compiling(requests, compiled):
             self.now_s = fastpath.run(self, requests)
             if not self.arrived and not self.rejected_too_long:

@@ -1,8 +1,8 @@
 """``simcli step``: latency of one serving-engine iteration (prefill, decode or mixed).
 
-Parses (:class:`~simcli.scenario.serving.StepOptions`), resolves the hardware and step
-model (:func:`~simcli.scenario.serving.resolve_step`), prices the iteration
-(:func:`~simcli.scenario.serving.run_step`) and emits it.
+Parses (:class:`~simcli.scenario.step_options.StepOptions`), resolves the hardware and step
+model (:func:`~simcli.scenario.step.resolve_step`), prices the iteration
+(:func:`~simcli.scenario.step.run_step`) and emits it.
 """
 
 import typer
@@ -10,7 +10,7 @@ import typer
 from simcli.errors import user_errors
 from simcli.options import SimcliGroup, config_options
 from simcli.output import Format, emit_object
-from simcli.scenario.serving_options import StepOptions
+from simcli.scenario.step_options import StepOptions
 
 app = typer.Typer(
     cls=SimcliGroup,
@@ -26,7 +26,7 @@ def step(
 ) -> None:
     """Step time, tokens/s and a per-op breakdown of one engine iteration on one replica."""
     # the step model (and pandas) load to run, not for `simcli step --help`
-    from simcli.scenario.serving import resolve_step, run_step
+    from simcli.scenario.step import resolve_step, run_step
 
     with user_errors():
         scenario = resolve_step(config)

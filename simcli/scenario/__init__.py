@@ -35,13 +35,13 @@ _WHERE = {
     "scenario_command": "simcli.scenario.registry",
     "ServeOptions": "simcli.scenario.serving",
     "ServePlanOptions": "simcli.scenario.serving",
-    "StepOptions": "simcli.scenario.serving",
+    "StepOptions": "simcli.scenario.step_options",
     "resolve_serve": "simcli.scenario.serving",
     "resolve_serve_plan": "simcli.scenario.serving",
-    "resolve_step": "simcli.scenario.serving",
+    "resolve_step": "simcli.scenario.step",
     "run_serve": "simcli.scenario.serving",
     "run_serve_plan": "simcli.scenario.serving",
-    "run_step": "simcli.scenario.serving",
+    "run_step": "simcli.scenario.step",
     "SparsityConfig": "simcli.scenario.sparsity",
     "resolve_sparsity": "simcli.scenario.sparsity",
     "run_sparsity": "simcli.scenario.sparsity",
@@ -78,15 +78,14 @@ if TYPE_CHECKING:
     from simcli.scenario.serving import (
         ServeOptions,
         ServePlanOptions,
-        StepOptions,
         resolve_serve,
         resolve_serve_plan,
-        resolve_step,
         run_serve,
         run_serve_plan,
-        run_step,
     )
     from simcli.scenario.sparsity import SparsityConfig, resolve_sparsity, run_sparsity
+    from simcli.scenario.step import resolve_step, run_step
+    from simcli.scenario.step_options import StepOptions
     from simcli.scenario.training import (
         PlanConfig,
         PlanScenario,

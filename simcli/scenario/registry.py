@@ -37,16 +37,11 @@ from simcli.scenario.predict import (
     run_op,
     run_predict_batch,
 )
-from simcli.scenario.serving import (
-    resolve_serve,
-    resolve_serve_plan,
-    resolve_step,
-    run_serve,
-    run_serve_plan,
-    run_step,
-)
-from simcli.scenario.serving_options import ServeOptions, ServePlanOptions, StepOptions
+from simcli.scenario.serving import resolve_serve, resolve_serve_plan, run_serve, run_serve_plan
+from simcli.scenario.serving_options import ServeOptions, ServePlanOptions
 from simcli.scenario.sparsity import SparsityConfig, resolve_sparsity, run_sparsity
+from simcli.scenario.step import resolve_step, run_step
+from simcli.scenario.step_options import StepOptions
 from simcli.scenario.training import (
     PlanConfig,
     TrainConfig,

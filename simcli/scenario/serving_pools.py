@@ -14,11 +14,13 @@ byte). See docs/disaggregation.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hardware_specs.registry import load_catalog
 from simcli.scenario.serving_precision import check_precision
-from simcli.serving.disagg import DisaggConfig
+
+if TYPE_CHECKING:  # pandas: not loaded by `serve --help`
+    from simcli.serving.disagg import DisaggConfig
 
 
 def default_pool_gpu(data: Any) -> Any:

@@ -29,12 +29,12 @@ because routing and batching change, hence "monotone-ish"), so:
    and the simulator's ``ServeConfig`` of every probe come from a
    :class:`DeploymentBuilder`: :mod:`simcli.scenario.serving` builds them through the
    same code as ``simcli serve`` (hardware, prices, KV swap rate, step model).
-2. *Idle bound.* Every request is priced alone on an idle replica (prefill, or its
-   Sarathi chunks, then decode steps at its mean context): queueing and batching only
-   make requests slower (and a KV transfer between pools adds time), so the fraction
-   meeting the SLO there bounds the attainment of any replica count. Below the target
-   (with 2% slack on the thresholds for the interpolation of a per-request mean), the
-   config is infeasible without simulating.
+2. *Idle bound* (this and the work bound: :mod:`simcli.serving.plan_bounds`). Every
+   request is priced alone on an idle replica (prefill, or its Sarathi chunks, then decode
+   steps at its mean context): queueing and batching only make requests slower (and a KV
+   transfer between pools adds time), so the fraction meeting the SLO there bounds the
+   attainment of any replica count. Below the target (with 2% slack on the thresholds for
+   the interpolation of a per-request mean), the config is infeasible without simulating.
 3. *Work bound* ``R_lb`` on replicas. Each replica runs one iteration at a time, so in
    the window from the first arrival to the last arrival plus the latency limit it is
    busy at most that long, and every request meeting an E2E limit has all its work done
@@ -118,6 +118,7 @@ import numpy as np
 
 from costmodels.steps.engines import load_engine
 from simcli.serving.batch import StepModelLike
+from simcli.serving.plan_bounds import capacity_units, held_units, idle_attainment, replica_bounds
 from simcli.serving.plan_inputs import (
     DEFAULT_GPUS,
     SLO,
@@ -142,8 +143,6 @@ from simcli.serving.requests import (
 from simcli.serving.schedulers import SchedulerConfig
 from simcli.serving.simulator import ServeConfig, Simulator
 from workloads.models import ModelConfig
-
-IDLE_SLACK = 1.02  # idle-bound thresholds relaxed by 2% (mean-context step interpolation)
 
 
 class _Missed(Exception):
@@ -183,24 +182,6 @@ class _Judge:
         """TTFT, TPOT and E2E at the SLO's percentile over every request (nearest rank)."""
         names = ("ttft_s", "tpot_s", "e2e_s")
         return {k: self.slo.at_percentile(v) for k, v in zip(names, self.seen, strict=True)}
-
-
-def _held_units(step: Any, tokens: int, block_size: int) -> int:
-    """KV block units a sequence of ``tokens`` holds at most on ``step``'s replica: whole
-    blocks, or a sparse-attention KV layout's capped count (``step.kv_layout``,
-    :class:`costmodels.steps.sparse.KvLayout`: a sliding window frees old blocks)."""
-    layout = getattr(step, "kv_layout", None)
-    if layout is None:
-        return -(-int(tokens) // block_size)
-    return int(layout.held_units(tokens, block_size))
-
-
-def _capacity_units(step: Any, kv_capacity_tokens: int, block_size: int) -> int:
-    """KV block units of a replica of ``kv_capacity_tokens`` (see :func:`_held_units`)."""
-    layout = getattr(step, "kv_layout", None)
-    if layout is None:
-        return int(kv_capacity_tokens) // block_size
-    return int(layout.capacity_units(kv_capacity_tokens, block_size))
 
 
 class DeploymentBuilder(Protocol):
@@ -371,10 +352,10 @@ class Planner:
                 "with dense KV"
             )
         longest = int((self.prompts + self.outputs - 1).max())
-        if _held_units(st.step, longest, bs) > _capacity_units(st.step, st.kv_capacity, bs):
+        if held_units(st.step, longest, bs) > capacity_units(st.step, st.kv_capacity, bs):
             return f"a request needs {longest} tokens of KV cache, a replica holds {st.kv_capacity}"
         prompt = int(self.prompts.max())
-        if c.per_pool and _held_units(st.pre_step, prompt, bs) > _capacity_units(
+        if c.per_pool and held_units(st.pre_step, prompt, bs) > capacity_units(
             st.pre_step, pre_capacity, bs
         ):
             return (
@@ -384,113 +365,6 @@ class Planner:
         st.sched = base.scheduler
         st.block_size = base.block_size
         return None
-
-    def idle_attainment(self, st: _State) -> float:
-        """Fraction of requests meeting the SLO (2% slack) alone on an idle replica (per-pool
-        search: the prompt on an idle prefill replica, its decode on an idle decode one)."""
-        c = st.config
-        sm = st.pre_step if st.pre_step is not None else st.step
-        none = np.zeros(0, np.int64)
-        ttft_of: dict[int, float] = {}
-        for p in np.unique(self.prompts).tolist():
-            if c.scheduler == "sarathi":
-                t, done = 0.0, 0
-                while done < p:
-                    n = min(c.chunk_size, p - done)  # type: ignore[type-var]
-                    t += sm.step_s(np.array([n]), np.array([done]), none)
-                    done += n
-            else:
-                t = sm.step_s(np.array([p]), np.array([0]), none)
-            ttft_of[p] = t
-        ttft = np.array([ttft_of[p] for p in self.prompts.tolist()])
-        ctx = self.prompts + self.outputs // 2
-        sm = st.step
-        dec_of = {x: sm.step_s(none, none, np.array([x])) for x in np.unique(ctx).tolist()}
-        tpot = np.array([dec_of[x] for x in ctx.tolist()])
-        e2e = ttft + (self.outputs - 1) * tpot
-        lt, lp, le = self.slo.limits(IDLE_SLACK)
-        ok = (ttft <= lt) & (e2e <= le) & ((self.outputs <= 1) | (tpot <= lp))
-        return float(ok.mean())
-
-    def replica_bounds(self, st: _State) -> tuple[int, int]:
-        """(``R_lb``, ``R_est``) of the module docstring."""
-        sm, c = st.step, st.config
-        none = np.zeros(0, np.int64)
-        prompts, outputs = self.prompts, self.outputs
-        decodes = np.maximum(outputs - 1, 0).astype(float)
-        ctx = prompts + decodes / 2.0  # mean context of a request's decode steps
-        seats, budget = st.sched.max_batch_size, st.sched.max_tokens  # type: ignore[union-attr]
-        if c.scheduler == "sarathi":
-            seats = min(seats, c.chunk_size)  # type: ignore[type-var]
-            budget = c.chunk_size  # type: ignore[assignment]
-        c_mean = max(2, round(float(ctx.mean())))
-        kv_seats = st.kv_capacity // c_mean
-        if getattr(sm, "kv_layout", None) is not None:  # a pattern's KV: by block units
-            bs = st.block_size
-            kv_seats = _capacity_units(sm, st.kv_capacity, bs) // _held_units(sm, c_mean, bs)
-        b = max(1, min(seats, kv_seats))
-        # a decode token at context x in a batch of b: fixed share + attention over x keys
-        one = sm.step_s(none, none, np.ones(b, np.int64)) / b
-        at_mean = sm.step_s(none, none, np.full(b, c_mean)) / b
-        per_key = max(at_mean - one, 0.0) / (c_mean - 1)
-        dec = decodes * (one + per_key * ctx)
-        plen = max(1, min(round(float(prompts.mean())), budget))
-        k = max(1, budget // plen)
-        pre_sm = st.pre_step if st.pre_step is not None else sm  # the prefill pool's
-        tok_s = pre_sm.step_s(np.full(k, plen), np.zeros(k, np.int64), none) / (k * plen)
-        pre = prompts * tok_s
-        t0, t1 = self.arrivals[0], self.arrivals[-1]
-        n_all = len(prompts)
-        n_good = math.ceil(self.slo.attainment * n_all - 1e-9)
-        windows = [
-            t1 - t0 + v for v in (self.slo.e2e_s, self.slo.ttft_s) if v is not None
-        ]  # E2E first
-        slack = min(v for v in (self.slo.e2e_s, self.slo.ttft_s, math.inf) if v is not None)
-        span = t1 - t0 + (0.0 if math.isinf(slack) else slack)
-
-        def least(x: np.ndarray, m: int) -> float:
-            return float(np.sort(x)[:m].sum())
-
-        def up(x: float) -> int:
-            return math.ceil(x - 1e-9)
-
-        if c.pd_ratio:  # separate pools: each does its own share of the work
-            need_pre = max([least(pre, n_good) / w for w in windows], default=0.0)
-            need_dec = least(dec, n_good) / windows[0] if self.slo.e2e_s is not None else 0.0
-            st.pool_lb = (max(1, up(need_pre)), max(1, up(need_dec)))
-            r_lb = self._fewest_split(c, up(need_pre), up(need_dec), 2)
-            est = self._fewest_split(c, up(pre.sum() / span), up(dec.sum() / span), r_lb)
-            return r_lb, est
-        if c.scheduler == "vllm":  # prefill-only and decode-only iterations
-            full = pre + dec
-
-            def work(m: int) -> float:
-                return least(full, m)
-        else:  # mixed iterations: decode seats and the per-token floor both bind
-            toks = (prompts + decodes) * tok_s
-
-            def work(m: int) -> float:
-                return max(least(dec, m), least(toks, m))
-
-        need = 0.0
-        if self.slo.e2e_s is not None:
-            need = work(n_good) / windows[0]
-        if self.slo.ttft_s is not None:
-            need = max(need, least(pre, n_good) / windows[-1])
-        r_lb = max(1, up(need))
-        r_est = up(work(n_all) / span) if span > 0 else r_lb
-        return r_lb, max(r_lb, r_est)
-
-    def _fewest_split(self, c: Candidate, pre: int, dec: int, start: int) -> int:
-        """Fewest replicas >= ``start`` whose P:D split has >= ``pre`` prefill and >=
-        ``dec`` decode replicas (``max_replicas + 1`` when none within reach)."""
-        r = max(start, 2, pre + dec)
-        while r <= self.space.max_replicas:
-            p, d = c.pools(r)  # type: ignore[misc]
-            if p >= pre and d >= dec:
-                return r
-            r += 1
-        return r
 
     # --- probes ------------------------------------------------------------------------
     def probe(self, st: _State, replicas: int, pools: tuple[int, int] | None = None) -> Probe:
@@ -632,7 +506,9 @@ class Planner:
                     skipped.setdefault((c.gpu, c.tp, why), []).append(c.label)
                     self._finish(st, "skipped", why)
                     continue
-                idle = self.idle_attainment(st)
+                idle = idle_attainment(
+                    c, st.step, st.pre_step, self.prompts, self.outputs, self.slo
+                )
                 if idle < self.slo.attainment:
                     res.configs_infeasible += 1
                     res.notes.append(
@@ -642,7 +518,11 @@ class Planner:
                     self._note_best(idle, f"{c.label} (idle replica)")
                     self._finish(st, "infeasible", f"idle replica: {idle:.1%} meet the SLO")
                     continue
-                st.r_lb, st.r_est = self.replica_bounds(st)
+                assert st.sched is not None  # set by _prepare
+                st.r_lb, st.r_est, st.pool_lb = replica_bounds(
+                    c, st.step, st.pre_step, st.sched, st.kv_capacity, st.block_size,
+                    self.arrivals, self.prompts, self.outputs, self.slo, self.space.max_replicas,
+                )  # fmt: skip
                 if self.workload.max_concurrency is not None:
                     # closed loop: requests are sent later than their arrival times (a
                     # client waits for a slot), so the work bound's window does not hold

@@ -74,14 +74,32 @@ def serve_engine_defaults(data: Any) -> Any:
     """``simcli serve``'s raw values with the engine's scheduler, max_num_seqs, block size
     and Sarathi budget (its max_num_batched_tokens, else Sarathi-Serve's 512) where the
     flags are not given."""
+    chose = isinstance(data, dict) and data.get("scheduler") is not None
     data = fill_engine_defaults(data, {"scheduler": "scheduler",
                                        "max_batch_size": "max_num_seqs",
                                        "block_size": "block_size"})  # fmt: skip
+    if isinstance(data, dict) and not chose and _needs_classic_scheduler(data):
+        # the engines' own schedulers model plain serving only: disaggregation, drafts,
+        # branches and swap run on the closest classic one (chunked or prefill-first)
+        chunked = load_engine(data.get("engine") or "vllm").defaults.chunked_prefill
+        data["scheduler"] = "sarathi" if chunked else "vllm"
     if isinstance(data, dict) and data.get("chunk_size") is None:
         data = fill_engine_defaults(data, {"chunk_size": "max_num_batched_tokens"})
         if data.get("chunk_size") is None:
             data["chunk_size"] = 512
     return data
+
+
+def _needs_classic_scheduler(data: dict[str, Any]) -> bool:
+    """Whether a ``serve`` run asks for a feature only the classic schedulers model."""
+    branches = data.get("branches")
+    return bool(
+        data.get("disaggregate")
+        or data.get("draft_model")
+        or data.get("triforce_kv_budget")
+        or (isinstance(branches, int) and branches > 1)
+        or data.get("preemption") == "swap"
+    )
 
 
 def engine_inputs(options: Any) -> dict[str, Any]:

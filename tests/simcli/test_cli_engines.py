@@ -26,7 +26,7 @@ def _json(args):
 def test_step_names_the_engine_profile_and_its_host_part():
     out = _json([*STEP, "--engine", "vllm"])
     assert out["engine"] == "vllm" and out["engine_version_family"].startswith("vllm>=0.8")
-    assert out["attn_backend_decode"] == "cudnn" and out["cuda_graph"] == "full"
+    assert out["attn_backend_decode"] == "flashinfer" and out["cuda_graph"] == "full"
     assert out["padded_tokens"] == 104  # 100 decodes replay the graph captured for 104
     assert out["breakdown_ms"]["host"] == pytest.approx(out["host_ms"])
     assert sum(out["breakdown_ms"].values()) == pytest.approx(out["step_ms"])
@@ -44,7 +44,7 @@ def test_a_bad_engine_is_one_line(command):
 
 def test_serve_takes_the_engine_defaults_unless_given():
     out = _json([*SERVE, "--engine", "sglang"])
-    assert out["engine"] == "sglang" and out["scheduler"] == "sarathi"
+    assert out["engine"] == "sglang" and out["scheduler"] == "sglang"
     assert out["engine_version_family"].startswith("sglang")
     given = _json([*SERVE, "--engine", "trtllm", "--scheduler", "orca", "--attn-backend", "flash"])
     assert given["scheduler"] == "orca" and given["attn_backend_decode"] == "flash"
@@ -74,9 +74,9 @@ def test_a_gpu_from_the_hardware_file_serves_with_its_engine_defaults(tmp_path):
     path.write_text(json.dumps({"gpus": [gpu], "nodes": [node]}))
     hw = ["--gpu", "h100-custom", "--hardware", str(path)]
     step = _json([*STEP[:3], *STEP[5:], *hw, "--engine", "sglang"])
-    assert step["gpu"] == "h100-custom" and step["attn_backend_decode"] == "cudnn"  # Hopper
+    assert step["gpu"] == "h100-custom" and step["attn_backend_decode"] == "flashinfer"  # Hopper
     serve = _json([*SERVE[:3], *SERVE[5:], *hw])
-    assert serve["gpu"] == "h100-custom" and serve["scheduler"] == "sarathi"
+    assert serve["gpu"] == "h100-custom" and serve["scheduler"] == "vllm-v1"
 
 
 def test_serve_plan_candidates_take_their_gpus_engine_defaults():

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from costmodels.steps.serving_fidelity import serving_fidelity_fields
 from simcli.serving.plan_inputs import SLO, Candidate, Workload
 
 
@@ -251,6 +252,8 @@ class PlanResult:
     searched: list[tuple[Candidate, str, str, dict[int, Probe]]] = field(default_factory=list)
     prices: dict[str, float] = field(default_factory=dict)  # gpu -> US$ per GPU-hour
     cost_model_labels: dict[str, str] = field(default_factory=dict)  # gpu -> StepModel.label
+    # gpu -> op_model_provenance / op_model_expected_error_pct of its step model
+    op_provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
     # engine, precision, memory fraction, max model length and what it refused or cut
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -284,7 +287,24 @@ class PlanResult:
         }
 
     def records(self) -> list[dict[str, Any]]:
-        return [{"rank": i + 1, **d.record(self.settings)} for i, d in enumerate(self.deployments)]
+        """The ranked deployments, each with how far its answer is expected to be from the
+        real engine (its GPU's op models and the engine's published-results validation;
+        a per-pool deployment: the decode pool's op models, the larger error)."""
+        out = []
+        engine = str(self.settings.get("engine") or "vllm")
+        for i, d in enumerate(self.deployments):
+            c = d.candidate
+            provs = [self.op_provenance.get(g, {}) for g in (c.gpu, c.decode_gpu_or_gpu)]
+            prov = max(provs, key=lambda p: p.get("op_model_expected_error_pct") or 0.0)
+            fields = {
+                "op_model_provenance": prov.get("op_model_provenance"),
+                "op_model_expected_error_pct": prov.get("op_model_expected_error_pct"),
+            }
+            fields |= serving_fidelity_fields(
+                engine, fields["op_model_expected_error_pct"], fields["op_model_provenance"]
+            )
+            out.append({"rank": i + 1, **d.record(self.settings), **fields})
+        return out
 
     def evaluated(self) -> list[dict[str, Any]]:
         """Every deployment the search looked at: one row per (config, replica count)

@@ -116,6 +116,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from costmodels.ops.select import provenance_fields
 from costmodels.steps.engines import load_engine
 from simcli.serving.batch import StepModelLike
 from simcli.serving.plan_bounds import capacity_units, held_units, idle_attainment, replica_bounds
@@ -333,6 +334,9 @@ class Planner:
             labels = self.result.cost_model_labels
             labels.setdefault(c.decode_gpu_or_gpu, str(getattr(st.step, "label", "")))
             labels.setdefault(c.gpu, str(getattr(st.pre_step, "label", "")))
+            provs = self.result.op_provenance
+            provs.setdefault(c.decode_gpu_or_gpu, provenance_fields(st.step.cost_model))
+            provs.setdefault(c.gpu, provenance_fields(st.pre_step.cost_model))
             st.kv_capacity = int(
                 st.step.kv_capacity_tokens(base.block_size, base.gpu_memory_utilization)
             )

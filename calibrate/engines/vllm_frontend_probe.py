@@ -1,7 +1,7 @@
 """Measure vLLM V1's own API-server (frontend) CPU cost per request on this machine.
 
     python calibrate/engines/vllm_frontend_probe.py --out DIR [--tokenizer-dir DIR]
-        [--what tokenizer,tokenize,server,fit] [--reps 5]
+        [--what tokenizer,tokenize,server,concurrency,fit] [--reps 5]
 
 Runs in a virtualenv with vLLM 0.11.0 installed (see calibrate/data/vllm-frontend-cpu/README.md);
 it imports nothing of simcli. No GPU, no weights, no hub access.
@@ -21,6 +21,13 @@ the ``RequestOutput`` that V1's ``OutputProcessor`` would hand to the API server
 incremental detokenisation, which it does here with vLLM's own ``IncrementalDetokenizer``
 (so detokenisation is priced in-process, as in ``AsyncLLM``, where the OutputProcessor runs
 in the API-server process). The engine core (scheduler, model) costs nothing and takes no time.
+
+Outputs (``--out``): ``server.csv`` (one streaming ``/v1/completions`` request at a time over
+prompt families x output lengths: wall and CPU to the first chunk and to the end),
+``concurrency.csv`` (bursts of concurrent requests, a diagnostic), ``tokenize.csv``
+(``encode`` alone), ``meta.json`` (versions, CPU, load, the fits and their held-out error).
+Needs transformers 4.x (vLLM 0.11's tokenizer cache reads ``all_special_tokens_extended``):
+see the data's README for the ``PYTHONPATH`` side folder.
 """
 
 from __future__ import annotations
@@ -380,7 +387,7 @@ def prompt_text(tokenizer, ids: list[int], n_tokens: int, offset: int) -> str:
     return tokenizer.decode(seq)
 
 
-def run_server(model_dir: str, reps: int, out: Path) -> list[dict]:
+def run_server(model_dir: str, reps: int, out: Path, what: set[str]) -> list[dict]:
     import asyncio
 
     from vllm.transformers_utils.tokenizer import get_tokenizer
@@ -390,7 +397,48 @@ def run_server(model_dir: str, reps: int, out: Path) -> list[dict]:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     app, eng, args = build_server(model_dir, ids[5000:])
-    rows = []
+    rows, crows = [], []
+
+    def request_body(family: int, n_out: int, offset: int) -> bytes:
+        text = prompt_text(tok, ids, family, offset=offset)
+        return json.dumps(
+            {
+                "model": model_dir,
+                "prompt": text,
+                "max_tokens": n_out,
+                "stream": True,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            }
+        ).encode()
+
+    async def burst(conc: int, rep: int):
+        """``conc`` requests of one shape sent at once; aggregate CPU and wall."""
+        bodies = [request_body(CONC_PROMPT, CONC_OUTPUT, 7919 * rep + 131 * i) for i in range(conc)]
+        chunks = [0]
+
+        def on_chunk(b: bytes):
+            chunks[0] += b.count(b'"text"')
+
+        core0 = eng.engine_core.core_cpu_s
+        w0, c0 = time.perf_counter(), time.process_time()
+        st = await asyncio.gather(*(asgi_post(app, "/v1/completions", b, on_chunk) for b in bodies))
+        w1, c1 = time.perf_counter(), time.process_time()
+        core = eng.engine_core.core_cpu_s - core0
+        assert all(x == 200 for x in st), st
+        crows.append(
+            dict(
+                concurrency=conc,
+                rep=rep,
+                prompt_tokens=CONC_PROMPT,
+                output_tokens=CONC_OUTPUT,
+                chunks=chunks[0],
+                total_wall_s=w1 - w0,
+                total_cpu_s=c1 - c0,
+                core_cpu_s=core,
+                net_cpu_s=c1 - c0 - core,
+            )
+        )
 
     async def one(family: int, n_out: int, rep: int, record: bool):
         text = prompt_text(tok, ids, family, offset=997 * rep + 31 * n_out)
@@ -442,14 +490,45 @@ def run_server(model_dir: str, reps: int, out: Path) -> list[dict]:
     async def main():
         for f in PROMPT_FAMILIES[:3]:  # warm-up: imports, JIT-like caches, the output handler
             await one(f, 16, 99, record=False)
-        for rep in range(reps):
+        for rep in range(reps if "server" in what else 0):
             for f in PROMPT_FAMILIES:
                 for n in OUTPUT_LENGTHS:
                     await one(f, n, rep, record=True)
+        for rep in range(reps if "concurrency" in what else 0):
+            for c in CONCURRENCY:
+                await burst(c, rep)
 
     loop.run_until_complete(main())
-    write_csv(out / "server.csv", SERVER_COLUMNS, rows)
+    if "server" in what:
+        write_csv(out / "server.csv", SERVER_COLUMNS, rows)
+    if "concurrency" in what:
+        write_csv(out / "concurrency.csv", CONC_COLUMNS, crows)
     return rows
+
+
+# Concurrency diagnostic: bursts of requests of one shape sent at once (not fitted).
+CONCURRENCY = [1, 4, 16, 64]
+CONC_PROMPT, CONC_OUTPUT = 500, 128
+CONC_COLUMNS = [
+    "concurrency", "rep", "prompt_tokens", "output_tokens", "chunks", "total_wall_s",
+    "total_cpu_s", "core_cpu_s", "net_cpu_s",
+]  # fmt: skip
+
+
+def concurrency_summary(conc_rows: list[dict], fit: dict) -> dict:
+    """Median net CPU per request by burst size, and the per-output-token cost it implies
+    once the fitted per-request and per-prompt-token parts are taken out."""
+    outd = {}
+    for c in sorted({r["concurrency"] for r in conc_rows}):
+        rs = [r for r in conc_rows if r["concurrency"] == c]
+        per_req = statistics.median(r["net_cpu_s"] / c for r in rs)
+        fixed = fit["per_request_s"] + fit["per_prompt_token_s"] * rs[0]["prompt_tokens"]
+        outd[str(int(c))] = {
+            "net_cpu_per_request_s": per_req,
+            "implied_per_output_token_s": (per_req - fixed) / rs[0]["output_tokens"],
+            "wall_per_request_s": statistics.median(r["total_wall_s"] / c for r in rs),
+        }
+    return outd
 
 
 # --- tokenisation alone ------------------------------------------------------------------------
@@ -625,7 +704,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokenizer-dir", default=None, help="where to build/keep the tokenizer")
-    ap.add_argument("--what", default="tokenizer,tokenize,server,fit")
+    ap.add_argument("--what", default="tokenizer,tokenize,server,concurrency,fit")
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -643,24 +722,25 @@ def main(argv=None) -> None:
     load0 = list(os.getloadavg())
     if "tokenize" in what:
         run_tokenize(tdir, a.reps, out)
-    if "server" in what:
-        run_server(tdir, a.reps, out)
+    if what & {"server", "concurrency"}:
+        run_server(tdir, a.reps, out, what)
     meta.update(machine_meta())
     meta["loadavg_at_start"] = load0
     if "fit" in what and (out / "server.csv").exists():
         meta["fit"] = fit_frontend(read_csv(out / "server.csv"))
         meta["first_chunk_fit"] = fit_first_chunk(read_csv(out / "server.csv"))
         meta["subsequent_tokens"] = subsequent_tokens(read_csv(out / "server.csv"))
+        if (out / "concurrency.csv").exists():
+            meta["concurrency"] = concurrency_summary(
+                read_csv(out / "concurrency.csv"), meta["fit"]
+            )
     if "fit" in what and (out / "tokenize.csv").exists():
         meta["tokenize_fit"] = fit_tokenize(read_csv(out / "tokenize.csv"))
     meta["prompt_families"], meta["output_lengths"] = PROMPT_FAMILIES, OUTPUT_LENGTHS
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     print(
         json.dumps(
-            {
-                k: meta.get(k)
-                for k in ("fit", "first_chunk_fit", "subsequent_tokens", "tokenize_fit")
-            },
+            {k: meta.get(k) for k in ("fit", "first_chunk_fit", "concurrency", "tokenize_fit")},
             indent=1,
         )
     )

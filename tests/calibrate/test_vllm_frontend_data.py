@@ -36,6 +36,12 @@ def test_csv_schema_and_grid():
         assert 0 < r["first_chunk_cpu_s"] <= r["total_cpu_s"]
         assert 0 <= r["core_cpu_s"] < r["total_cpu_s"]
         assert r["net_cpu_s"] == pytest.approx(r["total_cpu_s"] - r["core_cpu_s"], abs=1e-8)
+    assert _header("concurrency.csv") == probe.CONC_COLUMNS
+    conc = probe.read_csv(DATA / "concurrency.csv")
+    assert {r["concurrency"] for r in conc} == set(probe.CONCURRENCY)
+    for r in conc:  # every stream got one chunk per token
+        assert r["chunks"] == r["concurrency"] * r["output_tokens"]
+        assert 0 <= r["core_cpu_s"] < r["net_cpu_s"]
     tok = probe.read_csv(DATA / "tokenize.csv")
     assert {r["family"] for r in tok} == set(probe.PROMPT_FAMILIES)
     assert all(r["encode_cpu_s"] > 0 and r["chars"] > r["prompt_tokens"] for r in tok)
@@ -51,6 +57,9 @@ def test_meta_records_machine_and_fits():
     for k, v in fit.items():
         assert meta["fit"][k] == (pytest.approx(v, rel=1e-9) if isinstance(v, float) else v), k
     assert 0 < fit["heldout_mape"] < 0.3
+    assert meta["concurrency"] == probe.concurrency_summary(
+        probe.read_csv(DATA / "concurrency.csv"), meta["fit"]
+    )
     tfit = probe.fit_tokenize(probe.read_csv(DATA / "tokenize.csv"))
     assert meta["tokenize_fit"]["per_prompt_token_s"] == pytest.approx(tfit["per_prompt_token_s"])
 

@@ -35,6 +35,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from costmodels.steps.serving_fidelity import FIDELITY_PATH, summarise
+
+ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = Path(__file__).resolve().parent / "data" / "serving_published.yaml"
 
 Engine = Literal["vllm", "vllm-v0", "sglang", "trtllm"]
@@ -508,6 +511,28 @@ def select(published: Published, patterns: str | None, quick: bool) -> list[Row]
     return rows
 
 
+def write_fidelity(path: Path, results: list[dict[str, Any]], published: Any) -> None:
+    """The expected-error table (:mod:`costmodels.steps.serving_fidelity`) of ``results``,
+    written atomically with the command and the rows it rests on."""
+    ran = [r for r in results if r.get("error_pct") is not None]
+    table = summarise(ran)
+    table |= {
+        "written_by": "python benchmarks/validate_serving.py --write-fidelity",
+        "date": time.strftime("%Y-%m-%d"),
+        "rows_run": len(ran),
+        "rows_not_runnable": len(results) - len(ran),
+        "near_saturation_rows_left_out": sum(1 for r in ran if r["near_saturation"]),
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        "# MAPE of simcli serve against published results of real engines, per engine and\n"
+        "# metric class (near-saturation rows left out); serving answers quote it as their\n"
+        "# expected error. Regenerate, never edit: see the keys below.\n"
+        + yaml.safe_dump(table, sort_keys=False)
+    )
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
@@ -520,7 +545,16 @@ def main(argv: list[str] | None = None) -> int:
         "the validation)",
     )  # fmt: skip
     parser.add_argument("--data", type=Path, default=PUBLISHED, help="the published-results YAML")
+    parser.add_argument(
+        "--write-fidelity", type=Path, nargs="?", const=FIDELITY_PATH, default=None,
+        help="write the MAPE per engine and metric class that serving answers quote as their "
+        f"expected error (default {FIDELITY_PATH.relative_to(ROOT)}; every row, no stand-ins)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.write_fidelity is not None and (args.stand_ins or args.rows or args.quick):
+        sys.stderr.write("error: --write-fidelity takes every row, without stand-ins; allowed: "
+                         "no --rows, --quick or --stand-ins with it\n")  # fmt: skip
+        return 2
     if args.jobs < 1:
         sys.stderr.write(f"error: --jobs {args.jobs} is invalid; allowed: an integer >= 1\n")
         return 2
@@ -540,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run_rows(rows, published, jobs=args.jobs, stand_ins=args.stand_ins)
     summary = summarize(results)
     wall_s = time.perf_counter() - start
+    if args.write_fidelity is not None:
+        write_fidelity(args.write_fidelity, results, published)
     if args.format == "json":
         print(json.dumps({"stand_ins": args.stand_ins, "wall_s": wall_s, "summary": summary,
                           "results": results}, indent=1))  # fmt: skip

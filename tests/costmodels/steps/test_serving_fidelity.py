@@ -1,5 +1,6 @@
 """The serving expected-error rule on a small fidelity table."""
 
+import pytest
 import yaml
 
 from costmodels.steps.serving_fidelity import serving_fidelity_fields, summarise
@@ -47,3 +48,18 @@ def test_rule(tmp_path):
         "serving_expected_error_pct_e2e": None,
         "serving_expected_error_pct_throughput": None,
     }
+
+
+def test_the_shipped_table_is_the_validation_runners():
+    """costmodels/data/serving_fidelity.yaml is written by validate_serving.py: every row
+    ran, and each class's all-engine figure is the row-weighted mean of the engines'."""
+    from costmodels.steps.serving_fidelity import METRIC_CLASSES, load_fidelity
+
+    t = load_fidelity()
+    assert t["written_by"].startswith("python benchmarks/validate_serving.py")
+    every = t["by_engine"]["all"]
+    for cls in METRIC_CLASSES:
+        parts = [e[cls] for k, e in t["by_engine"].items() if k != "all" and cls in e]
+        assert sum(p["rows"] for p in parts) == every[cls]["rows"]
+        mean = sum(p["mape_pct"] * p["rows"] for p in parts) / every[cls]["rows"]
+        assert mean == pytest.approx(every[cls]["mape_pct"], abs=0.02)

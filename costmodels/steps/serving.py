@@ -239,8 +239,11 @@ class StepModel(VllmMemory, SummaryPricing):
         cost_model: Any = None,
         profile: str | Path | None = None,
         composition: Composition | None | str = "shipped",
+        scheduler_steps: int = 1,
     ) -> None:
         self.model = model if isinstance(model, ModelConfig) else load_model(model)
+        if not isinstance(scheduler_steps, int) or scheduler_steps < 1:
+            raise StepError(f"scheduler_steps must be a positive integer, got {scheduler_steps!r}")
         try:
             self.profile = load_engine(engine)
         except EngineError as exc:
@@ -316,7 +319,8 @@ class StepModel(VllmMemory, SummaryPricing):
         self.decode_backend = attn_backend or kernels.decode_backend
         self.attn_backend = self.prefill_backend
         self.launch = EngineLaunch.of(
-            self.profile, gpu_id, self.gpu.memory_gib, tp, max_num_seqs)  # fmt: skip
+            self.profile, gpu_id, self.gpu.memory_gib, tp, max_num_seqs
+        ).with_scheduler_steps(scheduler_steps)  # fmt: skip
         self.sparsity = linear_sparsity(
             weight_sparsity, activation_sparsity, model=m, gpu=self.gpu, weight_dtype=weight_dtype
         )  # fmt: skip

@@ -13,6 +13,7 @@ and runs its prefill through the launch queue of :mod:`costmodels.steps.serving_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,19 @@ class EngineLaunch:
             exact=g.exact,
             host=profile.host,
         )
+
+    def with_scheduler_steps(self, n: int) -> EngineLaunch:
+        """vLLM V0's multi-step scheduling (``--num-scheduler-steps n``): the scheduler,
+        input preparation and output processing run once per ``n`` decode steps (vLLM
+        v0.6.0 blog), so each iteration carries ``1/n`` of the host work. Simplification:
+        prefill iterations are amortised alike."""
+        if n == 1:
+            return self
+        h = self.host
+        host = h.model_copy(
+            update={k: getattr(h, k) / n for k in ("per_step_s", "per_seq_s", "per_token_s")}
+        )
+        return dataclasses.replace(self, host=host)
 
     @property
     def cap_max(self) -> int:

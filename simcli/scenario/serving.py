@@ -259,6 +259,7 @@ def resolve_deployment(
         if o.scheduler == "sglang"
         else sched.max_tokens,
         max_num_seqs=o.max_batch_size,
+        scheduler_steps=o.num_scheduler_steps,
     )
     if o.disaggregate:
         pre = build_step_model(model, pre_hw, tp=ptp, attn_pattern=o.attn_pattern, **kw)

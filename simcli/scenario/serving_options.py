@@ -113,6 +113,10 @@ class ServeOptions(LoadOptions):
     scheduler: SchedulerKind | None = Field(
         None, description="Replica scheduler (default: the engine's): " + SCHED_HELP
     )
+    num_scheduler_steps: int = Field(
+        1, gt=0, le=64, description="vLLM V0's --num-scheduler-steps: host work once per N "
+        "decode steps (multi-step scheduling; --engine vllm-v0 only)."
+    )  # fmt: skip
     priority_mix: str | None = Field(
         None, description="Request priority classes CLASS:SHARE,... (e.g. 0:0.2,1:0.8; lower "
         "served first by --scheduler priority), drawn from --seed."
@@ -377,6 +381,11 @@ class ServeOptions(LoadOptions):
             raise ValueError(f"--draft-model with --pp {self.pp}; allowed: --pp 1 (as in vLLM)")
         if self.priority_mix is not None:
             parse_priority_mix(self.priority_mix)
+        if self.num_scheduler_steps > 1 and self.engine != "vllm-v0":
+            raise ValueError(
+                f"--num-scheduler-steps {self.num_scheduler_steps} with --engine {self.engine}: "
+                "multi-step scheduling is vLLM V0's; allowed: --engine vllm-v0, or 1"
+            )
         flags = {"--preemption swap": self.preemption == "swap", "--disaggregate":
                  self.disaggregate, "--draft-model": spec, "--branches": branching}  # fmt: skip
         for flag, on in flags.items():

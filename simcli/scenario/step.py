@@ -41,6 +41,7 @@ def build_step_model(
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
     max_num_seqs: int = DEFAULT_MAX_SEQS,
     composition: Composition | None | str = "shipped",
+    scheduler_steps: int = 1,
 ) -> StepModel:
     """The step model of one replica of ``tp x pp`` ``hardware`` GPUs, priced by the
     hardware's op cost model and ``composition`` (default: the GPU's shipped file); with
@@ -64,6 +65,7 @@ def build_step_model(
         max_num_seqs=max_num_seqs,
         cost_model=hardware.cost_model,
         composition=composition,
+        scheduler_steps=scheduler_steps,
     )
     if attn_pattern is not None:
         from costmodels.steps.sparse import PatternStepModel

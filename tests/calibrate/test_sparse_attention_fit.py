@@ -128,6 +128,6 @@ def test_refit_reproduces_the_shipped_parameters_and_figures(gpu, tmp_path):
     old = yaml.safe_load(SHIPPED.read_text())["backends"]["flex"][gpu]
     keys = ("fwd", "bwd", "exp_overlap", "memory_efficiency", "fit_mape_pct", "held_out_mape_pct")
     got, want = _flat({k: new[k] for k in keys}), _flat({k: old[k] for k in keys})
-    assert got == pytest.approx(want, rel=1e-9, abs=0)
+    assert got == pytest.approx(want, rel=1e-8, abs=0)  # least squares: BLAS builds differ at ~2e-9
     assert round(new["held_out_mape_pct"]["all"], 1) == {"h100-sxm": 3.3, "h200-sxm": 2.5}[gpu]
     assert new["source"].startswith("fitted by python -m calibrate.sparse.attention on")

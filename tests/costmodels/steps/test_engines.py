@@ -131,3 +131,14 @@ def test_frontend_functions():
     assert v0.frontend_egress_s(10) == pytest.approx(0.043)
     assert load_engine("sglang").frontend_egress_s(10) == 0.0  # no public figure
 
+
+
+def test_multi_step_scheduling_amortises_the_host_work():
+    """vLLM V0's --num-scheduler-steps n: each iteration carries 1/n of the host work."""
+    dc = np.full(64, 500)
+    one = StepModel("llama3-8b", "a100-sxm-80gb", engine="vllm-v0")
+    ten = StepModel("llama3-8b", "a100-sxm-80gb", engine="vllm-v0", scheduler_steps=10)
+    host = one.launch.host.step_s(64, 64)
+    assert one.step_s(NONE, NONE, dc) - ten.step_s(NONE, NONE, dc) == pytest.approx(0.9 * host)
+    with pytest.raises(StepError, match="scheduler_steps"):
+        StepModel("llama3-8b", "a100-sxm-80gb", engine="vllm-v0", scheduler_steps=0)

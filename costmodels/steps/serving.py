@@ -242,17 +242,12 @@ class StepModel(VllmMemory, SummaryPricing):
         scheduler_steps: int = 1,
     ) -> None:
         self.model = model if isinstance(model, ModelConfig) else load_model(model)
-        if not isinstance(scheduler_steps, int) or scheduler_steps < 1:
-            raise StepError(f"scheduler_steps must be a positive integer, got {scheduler_steps!r}")
         try:
             self.profile = load_engine(engine)
         except EngineError as exc:
             raise StepError(str(exc)) from None
-        for name, v in (
-            ("pp", pp),
-            ("max_num_batched_tokens", max_num_batched_tokens),
-            ("max_num_seqs", max_num_seqs),
-        ):
+        for name, v in (("pp", pp), ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("max_num_seqs", max_num_seqs), ("scheduler_steps", scheduler_steps)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise StepError(f"{name} must be a positive integer, got {v!r}")
         shard = tp_shard(self.model, tp)  # one-line ModelError for a bad tp

@@ -345,6 +345,10 @@ DEPLOYMENTS_SCHEMA = {
     "attainment_one_fewer_prefill": "per-pool search: attainment with one prefill replica "
     "fewer (empty: the pool has one)",
     "attainment_one_fewer_decode": "per-pool search: attainment with one decode replica fewer",
+    "op_model_provenance": SUMMARY_SCHEMA["op_model_provenance"],
+    "op_model_expected_error_pct": SUMMARY_SCHEMA["op_model_expected_error_pct"]
+    + " (per-pool rows: the pool with the larger error)",
+    **{k: SUMMARY_SCHEMA[k] for k in SUMMARY_SCHEMA if k.startswith("serving_")},
 }
 
 CSV_SCHEMAS: dict[str, dict[str, str]] = {

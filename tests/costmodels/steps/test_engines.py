@@ -127,7 +127,7 @@ def test_defaults_follow_the_gpu_tier():
 def test_frontend_functions():
     v0 = load_engine("vllm-v0")
     assert v0.frontend.in_engine_process and not load_engine("vllm").frontend.in_engine_process
-    assert v0.frontend_ingress_s(1000) == pytest.approx(1000 * 8e-8)
+    assert v0.frontend_ingress_s(1000) == pytest.approx(1000 * 3.07e-6)
     assert v0.frontend_egress_s(10) == pytest.approx(0.043)
     assert load_engine("sglang").frontend_egress_s(10) == 0.0  # no public figure
 

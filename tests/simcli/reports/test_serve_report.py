@@ -78,7 +78,7 @@ def test_serve_bundle_files_schemas_and_config(served):
     inputs = cfg["inputs"]
     assert inputs["qps"] == 8 and inputs["replicas"] == 2 and inputs["seed"] == 0
     # defaults resolved, not just what was typed: vLLM V1's on an H100 (engine profile)
-    assert inputs["scheduler"] == "sarathi" and inputs["chunk_size"] == 8192
+    assert inputs["scheduler"] == "vllm-v1" and inputs["chunk_size"] == 8192
     resolved = cfg["resolved"]
     assert resolved["model_id"] == "llama3-8b" and resolved["gpu"] == "h100-sxm"
     assert "h100-sxm" in resolved["cost_model"]

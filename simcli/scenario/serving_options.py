@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from costmodels.steps.engines import EngineId
+from costmodels.steps.engines import EngineId, load_engine
 from hardware_specs.registry import load_catalog
 from simcli.scenario import sparsity_options as so
 from simcli.scenario.config_base import (
@@ -544,8 +544,10 @@ class ServePlanOptions(LoadOptions):
         json_schema_extra={"cli": ["--gpus-types", "--gpu-types"]},
     )
     tp: str = Field("1,2,4", description="Tensor-parallel degrees to consider, comma-separated.")
-    schedulers: str = Field(
-        "vllm,sarathi", description="Schedulers to consider, comma-separated: " + SCHED_HELP
+    schedulers: str | None = Field(
+        None,
+        description="Schedulers to consider, comma-separated (default: the engine's own; "
+        "disaggregated ratios run the closest classic one): " + SCHED_HELP,
     )
     chunk_sizes: str = Field(
         "512,2048",
@@ -644,8 +646,8 @@ class ServePlanOptions(LoadOptions):
 
     @field_validator("schedulers")
     @classmethod
-    def _scheduler_list(cls, v: str) -> str:
-        return _schedulers(v)
+    def _scheduler_list(cls, v: str | None) -> str | None:
+        return None if v is None else _schedulers(v)
 
     @field_validator("pd_ratios")
     @classmethod
@@ -682,7 +684,9 @@ class ServePlanOptions(LoadOptions):
             prefill_gpus=parse_list(pre) if pre else None,
             decode_gpus=parse_list(dec) if dec else None,
             tp=parse_ints(self.tp),
-            schedulers=parse_list(self.schedulers),  # type: ignore[arg-type]
+            schedulers=parse_list(self.schedulers)  # type: ignore[arg-type]
+            if self.schedulers
+            else (load_engine(self.engine).defaults.scheduler,),
             chunk_sizes=parse_ints(self.chunk_sizes),
             pd_ratios=parse_ratios(self.pd_ratios),
             max_replicas=self.max_replicas,

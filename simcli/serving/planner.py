@@ -141,7 +141,7 @@ from simcli.serving.requests import (
     outputs_within_model_len,
     synthetic_requests,
 )
-from simcli.serving.schedulers import SchedulerConfig
+from simcli.serving.schedulers import ENGINE_SCHEDULERS, SchedulerConfig
 from simcli.serving.simulator import ServeConfig, Simulator
 from workloads.models import ModelConfig
 
@@ -217,6 +217,10 @@ class _State:
     pool_probes: dict[tuple[int, int], Probe] = field(default_factory=dict)  # explicit pools
     outcome: str = ""  # how the search left the config (see EVALUATED_STATUS)
     note: str = ""
+
+
+# the classic scheduler a disaggregated candidate of an engine's scheduler runs
+CLASSIC_OF = {"vllm-v1": "sarathi", "sglang": "sarathi", "priority": "sarathi"}
 
 
 class Planner:
@@ -300,13 +304,16 @@ class Planner:
         pairs = [(p, d) for p in sp.pool_gpus[0] for d in sp.pool_gpus[1]]
         for tp in sp.tp:
             for s in sp.schedulers:
-                chunks = sp.chunk_sizes if s == "sarathi" else (None,)
-                for c in chunks:
-                    for r in sp.pd_ratios:
+                for r in sp.pd_ratios:
+                    # the engines' own schedulers model colocated serving: disaggregated
+                    # pools run the closest classic one (as `simcli serve` does)
+                    k = s if r is None or s not in ENGINE_SCHEDULERS else CLASSIC_OF.get(s, "vllm")
+                    for c in sp.chunk_sizes if k == "sarathi" else (None,):
                         if r is not None and sp.pool_search:
-                            out.extend(Candidate(p, tp, s, c, r, d) for p, d in pairs)
+                            out.extend(Candidate(p, tp, k, c, r, d) for p, d in pairs)
                         else:
-                            out.extend(Candidate(g, tp, s, c, r) for g in sp.gpus)
+                            out.extend(Candidate(g, tp, k, c, r) for g in sp.gpus)
+        out = list(dict.fromkeys(out))  # an engine's and a classic scheduler can meet
         if not sp.pool_search:  # the order of earlier releases: by GPU first
             order = {g: i for i, g in enumerate(sp.gpus)}
             out.sort(key=lambda c: order[c.gpu])

@@ -22,7 +22,8 @@ from workloads.models import load_model
 
 # a small search: two GPU types, tp 1-2, vllm and one Sarathi chunk, 300 requests
 WORKLOAD = {"qps": 100.0, "num_requests": 300, "seed": 3}
-SPACE = ("--gpus-types", "h100-sxm,a100-sxm-80gb", "--tp", "1,2", "--chunk-sizes", "512")
+SPACE = ("--gpus-types", "h100-sxm,a100-sxm-80gb", "--tp", "1,2", "--chunk-sizes", "512",
+         "--schedulers", "vllm,sarathi")  # fmt: skip
 SLO_ARGS = ("--slo-ttft-s", "0.4", "--slo-tpot-s", "0.03", "--attainment", "0.9")
 
 

@@ -42,7 +42,6 @@ from simcli.serving.fastlayout import (
     A_BPRE,
     A_JN,
     A_JNR,
-    A_PF,
     B_D_OUTPUT,
     B_D_PREEMPTED,
     B_D_PRIO,
@@ -150,6 +149,7 @@ from simcli.serving.fastlayout import (
     ev_push,
     fh_pop,
     jit,
+    pf_remove,
 )
 from simcli.serving.fastsched import (
     decodes,
@@ -271,14 +271,7 @@ def _prefilled(G, RI, SI, SF, RA, RES, FH, BI, BF, CFG, r, now):
         SI[s, S_PREF] += RA[r, A_BNEW, c]
         if SI[s, S_PREF] < SI[s, S_TARGET]:
             continue
-        m = RI[r, R_NPREF]  # prefilling.remove(s), in order
-        q = 0
-        while RA[r, A_PF, q] != s:
-            q += 1
-        while q < m - 1:
-            RA[r, A_PF, q] = RA[r, A_PF, q + 1]
-            q += 1
-        RI[r, R_NPREF] = m - 1
+        pf_remove(RI, RA, r, s)
         SI[s, S_CTX] = SI[s, S_TARGET]
         SI[s, S_GEN] += 1
         if SF[s, F_FIRST] < 0:

@@ -193,6 +193,19 @@ def w_popleft(RI, SI, r):
     return s
 
 
+@jit
+def pf_remove(RI, RA, r, s):
+    """``engine.prefilling.remove(s)``: the partly prefilled list keeps its order."""
+    m = RI[r, R_NPREF]
+    q = 0
+    while RA[r, A_PF, q] != s:
+        q += 1
+    while q < m - 1:
+        RA[r, A_PF, q] = RA[r, A_PF, q + 1]
+        q += 1
+    RI[r, R_NPREF] = m - 1
+
+
 # === the decode batch (DecodeBatch: a context is ctx0[slot] + dit) ========================
 @jit
 def dec_add(G, RI, SI, RA, RES, FH, bs, ms, r, s):

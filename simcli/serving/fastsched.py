@@ -76,6 +76,7 @@ from simcli.serving.fastlayout import (
     VLLM_V1,
     dec_remove,
     jit,
+    pf_remove,
     w_append,
     w_popleft,
 )
@@ -252,14 +253,7 @@ def _preempt_dec(RI, RF, SI, SF, RA, RES, bs, kind, r, victim):
 @jit
 def _preempt_pf(RI, SI, SF, RA, bs, kind, r, s):
     """Engine.preempt_prefill: a partly prefilled sequence freed and requeued."""
-    m = RI[r, R_NPREF]
-    q = 0
-    while RA[r, A_PF, q] != s:
-        q += 1
-    while q < m - 1:
-        RA[r, A_PF, q] = RA[r, A_PF, q + 1]
-        q += 1
-    RI[r, R_NPREF] = m - 1
+    pf_remove(RI, RA, r, s)
     RI[r, R_USED] -= SI[s, S_BLOCKS]
     SI[s, S_BLOCKS] = 0
     SI[s, S_PREEMPTED] += 1

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from costmodels.steps.engines import ENGINE_IDS, load_engine
 from hardware_specs.registry import SpecError, load_catalog
+from simcli.serving.schedulers import classic_scheduler
 
 CHUNK_HELP = (
     "Sarathi token budget per iteration, tokens (default: the engine's max_num_batched_tokens "
@@ -80,9 +81,8 @@ def serve_engine_defaults(data: Any) -> Any:
                                        "block_size": "block_size"})  # fmt: skip
     if isinstance(data, dict) and not chose and _needs_classic_scheduler(data):
         # the engines' own schedulers model plain serving only: disaggregation, drafts,
-        # branches and swap run on the closest classic one (chunked or prefill-first)
-        chunked = load_engine(data.get("engine") or "vllm").defaults.chunked_prefill
-        data["scheduler"] = "sarathi" if chunked else "vllm"
+        # branches and swap run on the closest classic one
+        data["scheduler"] = classic_scheduler(data.get("scheduler"))
     if isinstance(data, dict) and data.get("chunk_size") is None:
         data = fill_engine_defaults(data, {"chunk_size": "max_num_batched_tokens"})
         if data.get("chunk_size") is None:

@@ -141,7 +141,7 @@ from simcli.serving.requests import (
     outputs_within_model_len,
     synthetic_requests,
 )
-from simcli.serving.schedulers import ENGINE_SCHEDULERS, SchedulerConfig
+from simcli.serving.schedulers import SchedulerConfig, classic_scheduler
 from simcli.serving.simulator import ServeConfig, Simulator
 from workloads.models import ModelConfig
 
@@ -217,10 +217,6 @@ class _State:
     pool_probes: dict[tuple[int, int], Probe] = field(default_factory=dict)  # explicit pools
     outcome: str = ""  # how the search left the config (see EVALUATED_STATUS)
     note: str = ""
-
-
-# the classic scheduler a disaggregated candidate of an engine's scheduler runs
-CLASSIC_OF = {"vllm-v1": "sarathi", "sglang": "sarathi", "priority": "sarathi"}
 
 
 class Planner:
@@ -307,7 +303,7 @@ class Planner:
                 for r in sp.pd_ratios:
                     # the engines' own schedulers model colocated serving: disaggregated
                     # pools run the closest classic one (as `simcli serve` does)
-                    k = s if r is None or s not in ENGINE_SCHEDULERS else CLASSIC_OF.get(s, "vllm")
+                    k = s if r is None else classic_scheduler(s)
                     for c in sp.chunk_sizes if k == "sarathi" else (None,):
                         if r is not None and sp.pool_search:
                             out.extend(Candidate(p, tp, k, c, r, d) for p, d in pairs)

@@ -53,6 +53,17 @@ PREEMPTION = ("recompute", "swap")
 SchedulerKind = policy.SchedulerKind
 # the schedulers of real engines (not V0-style): recompute only, no branches/spec/disagg
 ENGINE_SCHEDULERS = ("vllm-v1", "sglang", "trtllm", "priority", "trtllm-max-util")
+# the classic scheduler closest to each: chunked prefill under a token budget (sarathi) or
+# whole prefills first (vllm), for the features only the classic ones model
+_CLASSIC = {"vllm-v1": "sarathi", "sglang": "sarathi", "priority": "sarathi"}
+
+
+def classic_scheduler(kind: str | None) -> str | None:
+    """``kind`` itself, or for an engine's scheduler the closest classic one (what a
+    disaggregated, speculative, multi-branch or swapping run takes instead)."""
+    if kind not in ENGINE_SCHEDULERS:
+        return kind
+    return _CLASSIC.get(kind, "vllm")
 
 
 class SchedulerConfig(BaseModel):
@@ -470,6 +481,7 @@ def make_scheduler(config: SchedulerConfig) -> Scheduler:
 
 __all__ = [
     "ENGINE_SCHEDULERS",
+    "classic_scheduler",
     "PREEMPTION",
     "SCHEDULERS",
     "OrcaScheduler",

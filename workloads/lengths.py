@@ -362,15 +362,19 @@ def _quantiles(name: str, side: str, values: tuple[int, ...]) -> QuantileDist:
     return QuantileDist(name=f"dataset:{name}:{side}", probs=_PROBS, values=values)
 
 
+def _copula_rho(r_s: float) -> float:
+    """The normal copula's correlation of a Spearman rank correlation ``r_s``."""
+    return round(2.0 * math.sin(math.pi * r_s / 6.0), 4)
+
+
 def _measured(
     name: str, rows: int, ins: tuple, outs: tuple, r_s: float, src: str
 ) -> DatasetLengths:
-    rho = 2.0 * math.sin(math.pi * r_s / 6.0)
     return DatasetLengths(
         name=name,
         input=_quantiles(name, "input", ins),
         output=_quantiles(name, "output", outs),
-        rho=round(rho, 4),
+        rho=_copula_rho(r_s),
         source=f"{src}: {rows} rows; percentiles p0,1,5,10,25,50,75,90,95,99,100 and the "
         f"Spearman correlation {r_s} computed by us (docs/workloads.md)",
     )
@@ -441,7 +445,7 @@ DATASETS: dict[str, DatasetLengths] = {
         name="sharegpt",
         input=_quantiles("sharegpt", "input", (4, 7, 10, 15, 44, 157, 402, 514, 557, 595, 604)),
         output=_quantiles("sharegpt", "output", (4, 5, 22, 39, 99, 178, 273, 364, 404, 441, 454)),
-        rho=round(2.0 * math.sin(math.pi * 0.0231 / 6.0), 4),
+        rho=_copula_rho(0.0231),
         source="vLLM benchmarks/datasets.py and sglang bench_serving's ShareGPT filter; "
         "means from sglang issue #2097 (269,081 / 226,923 tokens over 1,200 prompts); shape "
         "of sharegpt4-8k under the filter (calibrate/workloads/sharegpt_lengths.py)",

@@ -207,6 +207,7 @@ def serve_config(
             max_tokens=max_tokens,
             chunk_size=o.chunk_size,
             preemption=o.preemption,
+            scheduler_steps=o.num_scheduler_steps,
             **{k: v for k, v in extra.items() if v},
         ),
         router=o.router,

@@ -114,8 +114,9 @@ class ServeOptions(LoadOptions):
         None, description="Replica scheduler (default: the engine's): " + SCHED_HELP
     )
     num_scheduler_steps: int = Field(
-        1, gt=0, le=64, description="vLLM V0's --num-scheduler-steps: host work once per N "
-        "decode steps (multi-step scheduling; --engine vllm-v0 only)."
+        1, gt=0, le=64, description="vLLM V0's --num-scheduler-steps: decode rounds of N steps "
+        "scheduled once (host work once per round, new requests wait for the round's end, "
+        "tokens streamed per round; --engine vllm-v0 only)."
     )  # fmt: skip
     priority_mix: str | None = Field(
         None, description="Request priority classes CLASS:SHARE,... (e.g. 0:0.2,1:0.8; lower "
@@ -385,6 +386,13 @@ class ServeOptions(LoadOptions):
             raise ValueError(
                 f"--num-scheduler-steps {self.num_scheduler_steps} with --engine {self.engine}: "
                 "multi-step scheduling is vLLM V0's; allowed: --engine vllm-v0, or 1"
+            )
+        if self.num_scheduler_steps > 1 and (self.scheduler != "vllm" or spec or branching
+                                             or self.disaggregate):  # fmt: skip
+            raise ValueError(
+                f"--num-scheduler-steps {self.num_scheduler_steps} runs vLLM 0.6's multi-step "
+                "rounds, without chunked prefill, drafts, branches or disaggregation; allowed: "
+                "--scheduler vllm alone, or --num-scheduler-steps 1"
             )
         flags = {"--preemption swap": self.preemption == "swap", "--disaggregate":
                  self.disaggregate, "--draft-model": spec, "--branches": branching}  # fmt: skip

@@ -143,6 +143,12 @@ class Engine:
         self.kind = getattr(replica.scheduler, "kind_code", policy.VLLM)
         self.admissions = 0  # sequences admitted so far (vLLM V1's running-list order)
         self.reserved_blocks = 0  # TensorRT-LLM: whole-sequence blocks of the running ones
+        # vLLM V0 multi-step: decode steps left in the running round, and what its end
+        # delivers (finished sequences decode on to the round's end, as in vLLM)
+        self.steps = getattr(getattr(replica.scheduler, "config", None), "scheduler_steps", 1)
+        self.round_left = 0
+        self.round_done: list[Sequence] = []
+        self.round_joined: list[Sequence] = []
 
     # --- admission -----------------------------------------------------------------------
     def blocks_for(self, tokens: int) -> int:
@@ -527,7 +533,18 @@ class Engine:
             dec = self.decode
             done = dec.advance()
             joined = batch.joined
-            if dec.variable:
+            if self.steps > 1:  # a multi-step round streams its tokens as one chunk at its end
+                self.round_done.extend(done)
+                self.round_joined.extend(joined)
+                if self.round_left:
+                    done = joined = []
+                else:
+                    done, self.round_done = self.round_done, []
+                    joined = [s for s in self.round_joined if s.slot >= 0]
+                    self.round_joined = []
+            if self.round_left:
+                pass  # mid-round: nothing reaches the client yet
+            elif dec.variable:
                 dec.record_tbt(metrics, now_s - self.last_decode_end_s, joined, now_s)  # type: ignore[attr-defined]
             else:
                 old = batch.n_decode - len(joined)
@@ -535,7 +552,8 @@ class Engine:
                     metrics.tbt(now_s - self.last_decode_end_s, old)
                 for s in joined:
                     metrics.tbt(now_s - s.last_token_s, 1)
-            self.last_decode_end_s = now_s
+            if not self.round_left:
+                self.last_decode_end_s = now_s
             for s in done:
                 if s.slot < 0:  # cancelled by a sibling branch that finished first
                     continue

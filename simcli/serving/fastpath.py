@@ -73,6 +73,7 @@ def eligible(sim: Any, requests: object) -> bool:
         and cfg.pp == 1
         and cfg.max_concurrency is None  # closed loop: completions feed arrivals (load.py)
         and cfg.scheduler.preemption == "recompute"
+        and cfg.scheduler.scheduler_steps == 1  # vLLM V0 multi-step rounds
         and sim._capped_layout is None
         and sim.metrics.recorder is None
         and not sim.check

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simcli.serving import policy
 from simcli.serving.batch import Batch
@@ -89,6 +89,19 @@ class SchedulerConfig(BaseModel):
     init_new_token_ratio: float = Field(
         default=policy.SGLANG_INIT_RATIO, gt=0, le=1, description="sglang: starting ratio"
     )
+    scheduler_steps: int = Field(
+        default=1, ge=1, le=64, description="vllm (V0): decode steps per scheduler call "
+        "(--num-scheduler-steps; rounds, see VllmScheduler)"
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _multi_step_is_vllm_v0(self) -> SchedulerConfig:
+        if self.scheduler_steps > 1 and self.kind != "vllm":
+            raise ValueError(
+                f"scheduler_steps {self.scheduler_steps} with scheduler {self.kind}: multi-step "
+                "rounds are vLLM V0's (no chunked prefill); allowed: scheduler vllm, or 1"
+            )
+        return self
 
 
 _REGISTRY: dict[str, type[Scheduler]] = {}
@@ -191,10 +204,24 @@ class Scheduler:
 
 @register("vllm")
 class VllmScheduler(Scheduler):
-    """Prefill-first, whole prefills, decodes when no prefill is admissible."""
+    """Prefill-first, whole prefills, decodes when no prefill is admissible.
+
+    With ``scheduler_steps`` N > 1 (vLLM 0.6's ``--num-scheduler-steps``, PR #7000 and
+    RFC #6854): a decode batch runs as a round of N steps scheduled once; nothing is
+    admitted until the round ends, so a new request waits for the running round (RFC
+    #6854: "new prefill requests will only start at every N steps"). A prefill step stays
+    a single step (``_get_num_lookahead_slots(is_prefill=True)`` is 0). The engine
+    (:meth:`Engine.finish_batch`) delivers a round's tokens together at its end.
+    """
 
     def schedule(self, engine: Engine) -> Batch | None:
         batch = Batch()
+        if engine.round_left:  # inside a multi-step round: its decodes only
+            engine.round_left -= 1
+            self._decodes(engine, batch)
+            if batch.n_decode:
+                return batch
+            engine.round_left = 0  # everything preempted: the round is over
         if engine.waiting and not engine.swapped:
             self._admit(engine, batch, self.config.max_tokens, chunked=False)
             if batch.prefills:
@@ -203,6 +230,7 @@ class VllmScheduler(Scheduler):
             return None
         self._decodes(engine, batch)
         if batch.n_decode:
+            engine.round_left = self.config.scheduler_steps - 1
             return batch
         if engine.waiting and not engine.swapped:  # everything was preempted: prefill again
             self._admit(engine, batch, self.config.max_tokens, chunked=False)

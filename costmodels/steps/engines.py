@@ -166,6 +166,11 @@ class Defaults(_Sourced):
     chunked_prefill: bool
     preemption: Literal["recompute", "swap", "none"]
     scheduler: str
+    # what the KV-cache memory fraction (--gpu-memory-utilization) is a fraction of: the
+    # GPU's total memory, from which the engine's other memory is then taken (vLLM's
+    # gpu_memory_utilization, SGLang's mem_fraction_static), or the memory left free
+    # after weights, activations and runtime (TensorRT-LLM's free_gpu_memory_fraction)
+    memory_fraction_of: Literal["total", "free"] = "total"
     tiers: tuple[Tier, ...] = ()
 
 

@@ -159,17 +159,24 @@ class VllmMemory:
     def memory_bytes_per_gpu(
         self, gpu_memory_utilization: float = 0.9, stage: int = 0
     ) -> dict[str, float]:
-        """Where one GPU's memory goes (vLLM's ``determine_available_memory``)."""
-        budget = self.gpu.memory_bytes * gpu_memory_utilization
+        """Where one GPU's memory goes (vLLM's ``determine_available_memory``). An engine
+        whose fraction is of the free memory (TensorRT-LLM's ``free_gpu_memory_fraction``,
+        the profile's ``memory_fraction_of: free``) gives the KV cache that fraction of
+        what weights, activations and runtime leave."""
         graphs = GRAPH_POOL_BYTES_PER_LAYER * self.stage_layers()[stage]
         parts = {
-            "budget": budget,
+            "budget": self.gpu.memory_bytes * gpu_memory_utilization,
             "weights": self.weight_bytes_per_gpu(stage),
             "activations": self.activation_bytes(),
             "non_torch": self._non_torch_bytes(),
             "cuda_graphs": graphs,
         }
-        parts["kv_cache"] = budget - sum(v for k, v in parts.items() if k != "budget")
+        others = sum(v for k, v in parts.items() if k != "budget")
+        profile = getattr(self, "profile", None)
+        if profile is not None and profile.defaults.memory_fraction_of == "free":
+            free = self.gpu.memory_bytes - others
+            parts["budget"] = others + max(free, 0.0) * gpu_memory_utilization
+        parts["kv_cache"] = parts["budget"] - others
         return parts
 
     def kv_capacity_tokens(self, block_size: int = 16, gpu_memory_utilization: float = 0.9) -> int:

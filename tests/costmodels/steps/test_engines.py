@@ -142,3 +142,19 @@ def test_multi_step_scheduling_amortises_the_host_work():
     assert one.step_s(NONE, NONE, dc) - ten.step_s(NONE, NONE, dc) == pytest.approx(0.9 * host)
     with pytest.raises(StepError, match="scheduler_steps"):
         StepModel("llama3-8b", "a100-sxm-80gb", engine="vllm-v0", scheduler_steps=0)
+
+
+def test_trtllm_takes_its_fraction_of_the_free_memory():
+    """TensorRT-LLM's free_gpu_memory_fraction is of what weights, activations and runtime
+    leave; vLLM's gpu_memory_utilization is of the whole GPU."""
+    kw = dict(tp=2, weight_dtype="fp8", kv_cache_dtype="fp8", max_num_seqs=1024,
+              max_num_batched_tokens=8192)  # fmt: skip
+    trt = StepModel("llama3-70b", "h100-sxm", engine="trtllm", **kw)
+    vllm = StepModel("llama3-70b", "h100-sxm", engine="vllm", **kw)
+    for util in (0.5, 0.9):
+        t, v = trt.memory_bytes_per_gpu(util), vllm.memory_bytes_per_gpu(util)
+        others = t["weights"] + t["activations"] + t["non_torch"] + t["cuda_graphs"]
+        assert t["kv_cache"] == pytest.approx(util * (trt.gpu.memory_bytes - others))
+        assert v["kv_cache"] == pytest.approx(util * vllm.gpu.memory_bytes - others)
+        assert t["kv_cache"] > v["kv_cache"]
+    assert trt.kv_capacity_tokens(32, 0.9) > vllm.kv_capacity_tokens(32, 0.9)

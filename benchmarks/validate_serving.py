@@ -40,7 +40,7 @@ from costmodels.steps.serving_fidelity import FIDELITY_PATH, summarise
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = Path(__file__).resolve().parent / "data" / "serving_published.yaml"
 
-Engine = Literal["vllm", "vllm-v0", "sglang", "trtllm"]
+Engine = Literal["vllm", "vllm-v0", "sglang", "trtllm", "trtllm-0.6"]
 Metric = Literal[
     "ttft", "tpot", "itl", "e2e", "output_throughput", "total_throughput", "request_throughput"
 ]

@@ -81,6 +81,12 @@ class Kernels(_Sourced):
     decode_kernel: str = Field(description="what the engine runs for paged decode attention")
     prefill_backend: Literal[OP_BACKENDS] = Field(description="op backend that prices it")  # type: ignore[valid-type]
     decode_backend: Literal[OP_BACKENDS] = Field(description="op backend that prices it")  # type: ignore[valid-type]
+    decode_kv_reads: Literal["per_kv_head", "per_query_head"] = Field(
+        "per_kv_head",
+        description="how often decode attention reads a KV head: once for its query group "
+        "(GQA-aware kernels), or once per query head (a kernel with one thread block per "
+        "query head, e.g. TensorRT-LLM's masked MHA before XQA): priced as that many heads",
+    )
 
 
 class CudaGraphs(_Sourced):

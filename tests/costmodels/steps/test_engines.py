@@ -158,3 +158,22 @@ def test_trtllm_takes_its_fraction_of_the_free_memory():
         assert v["kv_cache"] == pytest.approx(util * vllm.gpu.memory_bytes - others)
         assert t["kv_cache"] > v["kv_cache"]
     assert trt.kv_capacity_tokens(32, 0.9) > vllm.kv_capacity_tokens(32, 0.9)
+
+
+def test_pre_xqa_trtllm_reads_a_kv_head_per_query_head():
+    """TensorRT-LLM 0.5-0.6's masked MHA kernel runs a block per query head: a GQA model's
+    decode attention moves group-size times the KV of the GQA-aware kernel; an MHA model's
+    is unchanged."""
+    ctx = np.full(64, 4096)
+    for model, group in (("llama3-70b", 8), ("llama2-7b", 1)):
+        kw = dict(tp=2 if group > 1 else 1, max_num_seqs=256, max_num_batched_tokens=8192)
+        old = StepModel(model, "h100-sxm", engine="trtllm-0.6", **kw)
+        new = StepModel(model, "h100-sxm", engine="trtllm", **kw)
+        a_old = old._decode_attention_work(np.array([64]), np.array([4096.0]))
+        a_new = new._decode_attention_work(np.array([64]), np.array([4096.0]))
+        if group == 1:
+            assert a_old == pytest.approx(a_new)
+            assert old.step_s([], [], ctx) == pytest.approx(new.step_s([], [], ctx), rel=1e-6)
+        else:
+            assert 0.6 * group < a_old[0] / a_new[0] < 1.2 * group
+            assert old.step_s([], [], ctx) > 1.5 * new.step_s([], [], ctx)

@@ -402,7 +402,7 @@ class StepModel(VllmMemory, SummaryPricing):
         launch_s = self.launch.launch_s
         if ctx == "stream" and launch_s:
             gpu = max(gpu, self._kernels(T, S, n_pre, n_dec) * launch_s)
-        return self.launch.combine(gpu, S, T)
+        return self.launch.combine(gpu, S, T, n_pre)
 
     def _per_step(self, tpls: Sequence[OpTemplate]) -> np.ndarray:
         layers = self.model.num_layers

@@ -33,6 +33,7 @@ class EngineLaunch:
     mixed_graph: bool  # batches with prefill replay piecewise graphs
     exact: bool  # graphs at the exact batch, prefill eager (the measured eager engine)
     host: HostWork
+    prefill_host: HostWork | None = None  # multi-step: an iteration with prefill, unamortised
 
     @classmethod
     def of(
@@ -51,15 +52,16 @@ class EngineLaunch:
     def with_scheduler_steps(self, n: int) -> EngineLaunch:
         """vLLM V0's multi-step scheduling (``--num-scheduler-steps n``): the scheduler,
         input preparation and output processing run once per ``n`` decode steps (vLLM
-        v0.6.0 blog), so each iteration carries ``1/n`` of the host work. Simplification:
-        prefill iterations are amortised alike."""
+        v0.6.0 blog), so each decode iteration carries ``1/n`` of the host work. A prefill
+        is a single step of its own (``_get_num_lookahead_slots(is_prefill=True)`` is 0)
+        and carries all of it."""
         if n == 1:
             return self
         h = self.host
         host = h.model_copy(
             update={k: getattr(h, k) / n for k in ("per_step_s", "per_seq_s", "per_token_s")}
         )
-        return dataclasses.replace(self, host=host)
+        return dataclasses.replace(self, host=host, prefill_host=h)
 
     @property
     def cap_max(self) -> int:
@@ -85,10 +87,11 @@ class EngineLaunch:
             return GRAPH, padded_size(self.caps, T), True  # type: ignore[return-value]
         return STREAM, T, True
 
-    def combine(self, gpu_s: float, S: int, T: int) -> float:
+    def combine(self, gpu_s: float, S: int, T: int, n_pre: int = 0) -> float:
         """The iteration's price: ``gpu + host`` or ``max(gpu, host)`` (overlapped)."""
-        h = self.host.step_s(S, T)
-        return max(gpu_s, h) if self.host.overlap else gpu_s + h
+        host = self.prefill_host if n_pre and self.prefill_host is not None else self.host
+        h = host.step_s(S, T)
+        return max(gpu_s, h) if host.overlap else gpu_s + h
 
     def describe(self, profile: EngineProfile, n_pre: int, S: int, T: int) -> dict:
         """What ``simcli step`` reports of the launch: the graph mode used, the padded

@@ -140,6 +140,9 @@ def test_multi_step_scheduling_amortises_the_host_work():
     ten = StepModel("llama3-8b", "a100-sxm-80gb", engine="vllm-v0", scheduler_steps=10)
     host = one.launch.host.step_s(64, 64)
     assert one.step_s(NONE, NONE, dc) - ten.step_s(NONE, NONE, dc) == pytest.approx(0.9 * host)
+    # a prefill is a single step of its own: it carries all the host work
+    pn, pp = np.array([512]), np.array([0])
+    assert ten.step_s(pn, pp, NONE) == pytest.approx(one.step_s(pn, pp, NONE))
     with pytest.raises(StepError, match="scheduler_steps"):
         StepModel("llama3-8b", "a100-sxm-80gb", engine="vllm-v0", scheduler_steps=0)
 

@@ -345,10 +345,8 @@ class StepModel(VllmMemory, SummaryPricing):
             pp_nodes=2 if tp * pp > gpn else 1,
         )
         self._attn_dims = {p: attention_dims(m, shard, p) for p in ("prefill", "decode")}
-        if kernels.decode_kv_reads == "per_query_head" and not m.is_mla:
-            # one thread block per query head, each reading its KV head (L2 reuse between
-            # the blocks of a group not modelled): the traffic of as many KV heads
-            dec = self._attn_dims["decode"]
+        if kernels.decode_kv_reads == "per_query_head" and not m.is_mla:  # a block per query
+            dec = self._attn_dims["decode"]  # head reads its KV head (no L2 reuse modelled)
             self._attn_dims["decode"] = {**dec, "heads_kv": dec["heads_q"]}
         params = getattr(getattr(cost_model, "base", cost_model), "params", None)
         self._launch = launch_costs(params, self.prefill_backend)

@@ -39,7 +39,8 @@ def test_a_bad_engine_is_one_line(command):
     res = runner.invoke(app, [*command, "--engine", "tgi"])
     assert res.exit_code != 0
     lines = [x for x in res.output.splitlines() if x.strip()]
-    assert len(lines) == 1 and "allowed: pytorch-eager, sglang, trtllm, vllm, vllm-v0" in lines[0]
+    allowed = "allowed: pytorch-eager, sglang, trtllm, trtllm-0.6, vllm, vllm-v0"
+    assert len(lines) == 1 and allowed in lines[0]
 
 
 def test_serve_takes_the_engine_defaults_unless_given():

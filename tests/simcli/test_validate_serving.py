@@ -22,7 +22,7 @@ from workloads.models import load_model
 # serve options being added under issue 29 (other branches); every other option a row
 # names must be a field of ServeOptions today
 PENDING_OPTIONS = {"max_concurrency"}
-ENGINES = {"vllm", "vllm-v0", "sglang", "trtllm"}
+ENGINES = {"vllm", "vllm-v0", "sglang", "trtllm", "trtllm-0.6"}
 
 
 @pytest.fixture(scope="module")

@@ -165,8 +165,8 @@ def test_bad_value_names_flag_value_and_allowed(model, values, line):
                 "--engine",
                 "trt",
             ],
-            "error: unknown --engine 'trt'; allowed: pytorch-eager, sglang, trtllm, vllm, "
-            "vllm-v0",
+            "error: unknown --engine 'trt'; allowed: pytorch-eager, sglang, trtllm, "
+            "trtllm-0.6, vllm, vllm-v0",
         ),  # fmt: skip
     ],
 )

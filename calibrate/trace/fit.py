@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -260,10 +261,16 @@ def single_gpu_plan(model: ModelConfig, row: pd.Series, precision: str) -> Train
 
 
 def suite_steps(gpu_id: str, folders: Path | Iterable[Path]) -> list[TracedStep]:
-    """Every ok, traced training row of the suite folders, compared class by class."""
+    """Every ok, traced training row of the suite folders, compared class by class (read
+    once per process: parsing the committed traces is most of a refit's time)."""
+    folders = (folders,) if isinstance(folders, Path) else tuple(folders)
+    return list(_suite_steps(gpu_id, folders))
+
+
+@cache
+def _suite_steps(gpu_id: str, folders: tuple[Path, ...]) -> tuple[TracedStep, ...]:
     cm = get_cost_model(gpu_id)
     system = builtin_catalog().system(gpu_id, 1)
-    folders = [folders] if isinstance(folders, Path) else list(folders)
     out = []
     for csv in sorted(c for f in folders for c in f.glob("train-*/train_step.csv")):
         df = pd.read_csv(csv)
@@ -289,7 +296,7 @@ def suite_steps(gpu_id: str, folders: Path | Iterable[Path]) -> list[TracedStep]
                     result.prediction.host_ops,
                 )
             )
-    return out
+    return tuple(out)
 
 
 def serving_suite_steps(gpu_id: str, folders: Path | Iterable[Path]) -> list[TracedStep]:

@@ -102,14 +102,14 @@ def test_unstructured_gains_shrink_as_m_grows(h100, s, nk) -> None:
 
 
 @pytest.mark.parametrize("kernel", ["fused", "gather"])
-@pytest.mark.parametrize("tokens", [1, 2, 4, 16, 64])
+@pytest.mark.parametrize("tokens", [1, 4, 16, 64])
 def test_cats_cost_monotone_in_active_fraction(h100, kernel, tokens) -> None:
     for n, k in [(14336, 4096), (4096, 14336), (3584, 8192), (8192, 3584)]:
         times = [
             S.sparse_gemm_work(
                 tokens, n, k, None, "bf16", f"cats:{f}", h100, cats_kernel=kernel
             ).time_s[0]
-            for f in np.linspace(0.02, 1.0, 50)
+            for f in np.linspace(0.02, 1.0, 25)
         ]
         assert np.all(np.diff(times) >= -1e-12)
 

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from workloads.hf_families import FAMILY_TYPES, FamilyError, family_fields, text_config
+
 
 class ModelError(ValueError):
     """Unknown model id or invalid model file/config; the message is one line for users."""
@@ -56,7 +58,10 @@ class ModelConfig(BaseModel):
     ffn_hidden_size: int = Field(gt=0, description="MLP intermediate width (per expert for MoE)")
     vocab_size: int = Field(gt=0)
     max_seq_len: int = Field(gt=0, description="max positions (learned table size for 'learned')")
-    activation: Literal["swiglu", "gelu"]
+    activation: Literal["swiglu", "geglu", "gelu"] = Field(
+        description="swiglu / geglu: gated MLP act(gate) * up (SiLU; Gemma's tanh GELU); "
+        "gelu: ungated up then down (GPT-2)"
+    )
     norm: Literal["rmsnorm", "layernorm"]
     position: Literal["rope", "learned"]
     tie_embeddings: bool = False
@@ -88,6 +93,20 @@ class ModelConfig(BaseModel):
         default=None, gt=0, description="MLA: decoupled RoPE part of head_dim (shared key)"
     )
     v_head_dim: int | None = Field(default=None, gt=0, description="MLA: value head width")
+    norms_per_layer: int = Field(
+        default=2, ge=2, le=4, description="norms per layer: 2 pre-norms, or 4 with Gemma's "
+        "post-attention and post-MLP norms"
+    )  # fmt: skip
+    attention_sinks: bool = Field(
+        default=False, description="a learned sink logit per query head (gpt-oss)"
+    )
+    router_bias: bool = Field(default=False, description="MoE router with a bias (gpt-oss)")
+    sliding_window: int | None = Field(
+        default=None, gt=0, description="keys a sliding-window layer attends to"
+    )
+    layer_attention: tuple[Literal["full", "sliding"], ...] | None = Field(
+        default=None, description="each layer's attention (HF layer_types); None = all full"
+    )
     moe_imbalance: float = Field(
         default=1.0,
         ge=1.0,
@@ -137,6 +156,14 @@ class ModelConfig(BaseModel):
                 f"num_dense_layers ({self.num_dense_layers}) must be < num_layers "
                 f"({self.num_layers}) for an MoE model"
             )
+        if self.layer_attention is not None:
+            if len(self.layer_attention) != self.num_layers:
+                raise ValueError(
+                    f"layer_attention lists {len(self.layer_attention)} layers; the model "
+                    f"has num_layers {self.num_layers}"
+                )
+            if "sliding" in self.layer_attention and self.sliding_window is None:
+                raise ValueError("sliding layers need sliding_window")
         if self.moe_imbalance != 1.0 and not self.is_moe:
             raise ValueError("moe_imbalance is only for MoE models (num_experts > 1)")
         if self.shared_expert_gate and not self.shared_expert_ffn_hidden_size:
@@ -168,6 +195,35 @@ class ModelConfig(BaseModel):
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank is not None
+
+    @property
+    def gated_mlp(self) -> bool:
+        """act(gate) * up, three matrices (SwiGLU, GeGLU); else up and down (GELU)."""
+        return self.activation != "gelu"
+
+    @property
+    def sliding_layers(self) -> int:
+        """Layers attending to a sliding window of ``sliding_window`` keys."""
+        return sum(a == "sliding" for a in self.layer_attention or ())
+
+    @property
+    def native_attn_pattern(self) -> str | None:
+        """The attention the architecture itself runs, as a sparsity pattern
+        (:mod:`workloads.sparsity`): ``window:W`` when every layer slides,
+        ``hybrid:dense_every=K,inner=window:W`` when every K-th layer is full (gpt-oss
+        and Gemma 2: K = 2; Gemma 3: 6), ``hybrid:dense_fraction=F,...`` for any other
+        mix (where full layers sit does not change the cost); None when all are full."""
+        n, slide = self.num_layers, self.sliding_layers
+        if not slide:
+            return None
+        inner = f"inner=window:{self.sliding_window}"
+        if slide == n:
+            return f"window:{self.sliding_window}"
+        full = [i for i, a in enumerate(self.layer_attention or ()) if a == "full"]
+        k = full[0] + 1
+        if full == list(range(k - 1, n, k)):
+            return f"hybrid:dense_every={k},{inner}"
+        return f"hybrid:dense_fraction={(n - slide) / n:.6g},{inner}"
 
     @property
     def v_dim(self) -> int:
@@ -259,11 +315,13 @@ class ModelConfig(BaseModel):
             n += self.kv_lora_rank + (self.q_lora_rank or 0)
         if self.qk_norm:
             n += 2 * self.head_dim
+        if self.attention_sinks:
+            n += self.num_heads
         return n
 
     def _mlp_params(self, ffn: int) -> int:
         h = self.hidden_size
-        if self.activation == "swiglu":  # gate, up, down
+        if self.gated_mlp:  # gate, up, down
             n = 3 * h * ffn + (2 * ffn + h if self.mlp_bias else 0)
         else:  # up, down
             n = 2 * h * ffn + (ffn + h if self.mlp_bias else 0)
@@ -279,7 +337,8 @@ class ModelConfig(BaseModel):
         """One MoE layer's router (and the shared expert's sigmoid gate, if any)."""
         if not self.is_moe:
             return 0
-        return self.hidden_size * (self.num_experts + (1 if self.shared_expert_gate else 0))
+        gates = self.num_experts + (1 if self.shared_expert_gate else 0)
+        return self.hidden_size * gates + (self.num_experts if self.router_bias else 0)
 
     @property
     def shared_expert_params(self) -> int:
@@ -303,14 +362,15 @@ class ModelConfig(BaseModel):
 
     @property
     def layer_params(self) -> int:
-        """One transformer layer: attention, MLP (or experts + router), two norms (an MoE
+        """One transformer layer: attention, MLP (or experts + router), its norms (an MoE
         layer when the model mixes dense and MoE layers)."""
-        return self.attention_params + self.mlp_params + 2 * self.norm_params
+        return self.attention_params + self.mlp_params + self.norms_per_layer * self.norm_params
 
     @property
     def layers_params(self) -> int:
         """All transformer layers: MoE layers and the dense ones."""
-        dense = self.attention_params + self.dense_mlp_params + 2 * self.norm_params
+        norms = self.norms_per_layer * self.norm_params
+        dense = self.attention_params + self.dense_mlp_params + norms
         return self.moe_layers * self.layer_params + self.dense_layers * dense
 
     @property
@@ -349,7 +409,7 @@ class ModelConfig(BaseModel):
         """
         h = self.hidden_size
         attn = self.attention_matmul_params
-        per_matrix = 3 if self.activation == "swiglu" else 2
+        per_matrix = 3 if self.gated_mlp else 2
         if not self.is_moe:
             mlp = per_matrix * h * self.ffn_hidden_size
             return self.num_layers * (attn + mlp) + self.vocab_size * h
@@ -498,7 +558,7 @@ def with_moe_imbalance(model: ModelConfig, imbalance: float) -> ModelConfig:
 
 SUPPORTED_HF_TYPES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-    "deepseek_v3", "gpt2",
+    "deepseek_v3", "gpt2", *FAMILY_TYPES,
 )  # fmt: skip
 
 
@@ -536,8 +596,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     ``n_head``, ``n_inner`` (default 4 * n_embd), ``n_positions``, ``vocab_size``; GELU,
     LayerNorm, learned positions, biases on every linear, tied embeddings. qwen3 adds
     per-head q/k RMSNorms; qwen2_moe / qwen3_moe and deepseek_v2 / deepseek_v3 as in
-    :func:`_qwen_moe_fields` and :func:`_deepseek_fields`.
-    Sliding-window attention (mistral) is not modelled: attention spans the full context.
+    :func:`_qwen_moe_fields` and :func:`_deepseek_fields`; gpt_oss, gemma2, gemma3(_text)
+    and phi3 as in :mod:`workloads.hf_families` (their sliding-window layers included).
+    Mistral's sliding window is not read: its attention spans the full context.
     """
     path = Path(path)
     where = f"config {path}"
@@ -551,6 +612,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         raise ModelError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(cfg, dict):
         raise ModelError(f"{where} must be a JSON object")
+    cfg = text_config(cfg)
     model_type = _require(cfg, "model_type", where)
     if model_type not in SUPPORTED_HF_TYPES:
         raise ModelError(
@@ -615,6 +677,11 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             fields.update(_qwen_moe_fields(cfg, req, fields["num_layers"], where))
         elif model_type in ("deepseek_v2", "deepseek_v3"):
             fields.update(_deepseek_fields(cfg, req, fields["num_layers"], where))
+        elif model_type in FAMILY_TYPES:
+            try:
+                fields.update(family_fields(model_type, cfg, fields["num_layers"], where))
+            except FamilyError as exc:
+                raise ModelError(str(exc)) from None
     return model_from_dict({**common, **fields}, where)
 
 

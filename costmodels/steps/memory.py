@@ -187,7 +187,7 @@ def _layer_acts(
     h, e = float(model.hidden_size), ACT_BYTES
     g = np.where(prec == _FP8, 1.0, 2.0)  # saved GEMM input
     q_w, kv_w, heads = sh["q_w"], sh["kv_w"], sh["heads"]
-    gated = model.activation == "swiglu"
+    gated = model.gated_mlp
     E, k = model.num_experts, model.experts_per_token
     # Q, K, V as the attention kernel saves them (GQA: K and V have kv_w columns), and the
     # attention output O, which is also the saved input of the output projection.

@@ -127,7 +127,7 @@ class VllmMemory:
         ``max_num_seqs`` sequences over the full vocabulary. For Llama-3-8B at 8192
         tokens: 1.24 GiB (vLLM profiled 1.26 GiB, PR #10511)."""
         s, m = self.shape, self.model
-        up = (2 if m.activation == "swiglu" else 1) * s.ffn
+        up = (2 if m.gated_mlp else 1) * s.ffn
         per_token = s.elt * ((s.hq + 2 * s.hkv) * m.head_dim + up + s.ffn + 2 * m.hidden_size)
         logits = self.max_num_seqs * m.vocab_size * 4.0 * 3
         return float(self.max_num_batched_tokens * per_token + logits)

@@ -361,7 +361,7 @@ def _layer_params_per_rank(model: ModelConfig, plan: TrainPlan, per_tp_rank: int
     """Expert weights are further split over ``ep`` ranks."""
     if model.num_experts == 1 or plan.ep == 1:
         return per_tp_rank
-    gates = 3 if model.activation == "swiglu" else 2
+    gates = 3 if model.gated_mlp else 2
     expert = model.num_experts * gates * model.hidden_size * model.expert_ffn_hidden_size
     expert_per_rank = expert // plan.tp
     if model.num_dense_layers:  # the mean layer: routed experts in the MoE layers' share

@@ -67,6 +67,8 @@ def build_step_model(
         composition=composition,
         scheduler_steps=scheduler_steps,
     )
+    if attn_pattern is None:  # the architecture's own sliding windows (gpt-oss, Gemma)
+        attn_pattern = model.native_attn_pattern
     if attn_pattern is not None:
         from costmodels.steps.sparse import PatternStepModel
 

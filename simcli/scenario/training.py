@@ -547,7 +547,9 @@ def resolve_train(config: TrainConfig) -> TrainScenario:
             f"--precision fp8 needs fp8 tensor cores; {config.gpu} has none; allowed: "
             f"{', '.join(_precisions(hardware))}"
         )
-    pattern = parse_pattern(config.attn_pattern) if config.attn_pattern is not None else None
+    # an explicit --attn-pattern, else the architecture's own sliding windows (gpt-oss, Gemma)
+    pattern_text = config.attn_pattern or model.native_attn_pattern
+    pattern = parse_pattern(pattern_text) if pattern_text is not None else None
     tp_hardware = None
     if pattern is not None and plan.tp != config.gpus:
         tp_hardware = resolve_hardware(config.gpu, plan.tp, **files)
@@ -647,7 +649,7 @@ class TrainRun:
             "memory_gib": mem.breakdown_gib(),
             "stages": res.stages,
             "plan": plan.model_dump(mode="json") | {"dp": plan.data_parallel, "sp": plan.sp},
-            "attn_pattern": s.config.attn_pattern,
+            "attn_pattern": s.attn_pattern.spec if s.attn_pattern is not None else None,
             **so.sparsity_fields(s.config),
             **self.to_train(),
         }

@@ -353,8 +353,13 @@ class Planner:
         if layout is not None and not any(n.startswith("KV layout") for n in self.result.notes):
             dense = layout.units * -(-self.limit // bs)
             gain = dense / layout.held_units(self.limit, bs) / layout.bytes_factor
+            what = (
+                f"--attn-pattern {self.space.attn_pattern}"
+                if self.space.attn_pattern is not None
+                else f"the model's own attention ({self.model.native_attn_pattern})"
+            )
             self.result.notes.append(
-                f"KV layout of --attn-pattern {self.space.attn_pattern}: {layout.note}; a "
+                f"KV layout of {what}: {layout.note}; a "
                 f"replica seats {gain:.2f}x the sequences of {self.limit} tokens it seats "
                 "with dense KV"
             )

@@ -61,7 +61,7 @@ def linear_layers(model: ModelConfig, tp: int) -> dict[str, tuple[int, int]]:
     h, d = model.hidden_size, model.head_dim
     heads, kv = model.num_heads // tp, max(1, model.num_kv_heads // tp)
     ffn = model.ffn_hidden_size // tp
-    up = 2 if model.activation == "swiglu" else 1
+    up = 2 if model.gated_mlp else 1
     return {
         "qkv_proj": ((heads + 2 * kv) * d, h),
         "o_proj": (h, heads * d),

@@ -88,7 +88,7 @@ def _rope_eager(tag: str, width: int) -> list[OpTemplate]:
 def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> list[OpTemplate]:
     """The MLP (dense or MoE) between its region markers."""
     h, e = model.hidden_size, DTYPE_BYTES[Dtype(dtype)]
-    gated = model.activation == "swiglu"
+    gated = model.gated_mlp
     up = 2 if gated else 1  # gate and up fused into one column-parallel GEMM
     act_kind = OpKind.swiglu.value if gated else OpKind.gelu.value
     fused = kernels == "fused"
@@ -105,7 +105,7 @@ def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> 
             act = "act" if prefix == "mlp" else f"{prefix}_act"
             out.append(traffic(act, 3.0 * width * e, **kw))
         else:
-            name = "act" if kernels == "vllm" else model.activation
+            name = "act" if kernels == "vllm" else act_kind  # the gated kind: swiglu
             name = name if prefix == "mlp" else f"{prefix}_{name}"
             out.append(elementwise(name, act_kind, width, dtype, **kw))
         return out + [gemm(f"{prefix}_down", width, h, dtype, **kw)]
@@ -120,7 +120,7 @@ def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> 
         act = traffic("expert_act", 3.0 * k * f * e, **per_layer)
     else:  # one activation kernel over the T k permuted rows (grouped MLP)
         act = elementwise(
-            f"expert_{model.activation}", act_kind, f, dtype, rows=float(k), **per_layer
+            f"expert_{act_kind}", act_kind, f, dtype, rows=float(k), **per_layer
         )
     softmax = "topk_softmax" if kernels == "vllm" else "router_softmax"
     gate = 1 if model.shared_expert_gate else 0  # the shared expert's sigmoid gate, fused
@@ -218,12 +218,25 @@ def _after_attention(
     """The rest of a layer after its attention block: the attention region's exit, the
     residual add, the MLP's norm and the MLP between its region markers."""
     out = [*out, region("attn", "exit")]
+    out += _post_norm(model, "post_attn_out_norm", dtype, kernels)
     out += residual("residual_1")
     out += [*pre_mlp, region("mlp", "enter")]
     out += _mlp(model, sh, dtype, kernels)
     out.append(region("mlp", "exit"))
+    out += _post_norm(model, "post_mlp_norm", dtype, kernels)
     out += residual("residual_2")
     return out
+
+
+def _post_norm(model: ModelConfig, name: str, dtype: str, kernels: LayerKernels) -> list:
+    """Gemma 2/3's norm on the attention's and the MLP's output before each residual add
+    (``post_attention_layernorm``, ``post_feedforward_layernorm``; HF Gemma2DecoderLayer),
+    an unfused RMSNorm in every engine; nothing for two-norm layers."""
+    if model.norms_per_layer < 4:
+        return []
+    if kernels == "eager":
+        return rms_eager(name, "rmsnorm", model.hidden_size)
+    return [elementwise(name, norm_kind(model), model.hidden_size, dtype, label="norm")]
 
 
 def region_collective(

@@ -121,7 +121,7 @@ def quantised_params_per_layer(model: ModelConfig, tp: int) -> int:
         router = model.router_params * model.moe_layers / model.num_layers
         return int(attn + model.num_experts * sz["expert"] + sz["shared"] - router)
     attn = h * (sz["heads"] + 2 * sz["kv_heads"]) * d + sz["heads"] * d * h
-    per_expert = (3 if model.activation == "swiglu" else 2) * h * sz["ffn_e"]
+    per_expert = (3 if model.gated_mlp else 2) * h * sz["ffn_e"]
     return int(attn + model.num_experts * per_expert)
 
 

@@ -100,8 +100,8 @@ def shard_sizes(model: ModelConfig, tp: Any) -> dict[str, Any]:
     else:
         attn = h * qkv_out + heads * d * h
         attn = attn + (qkv_out if model.qkv_bias else 0) + (h if model.out_proj_bias else 0)
-        attn = attn + (2 * d if model.qk_norm else 0)
-    gated = model.activation == "swiglu"
+        attn = attn + (2 * d if model.qk_norm else 0) + (heads if model.attention_sinks else 0)
+    gated = model.gated_mlp
 
     def mlp_params(width):
         n = (3 if gated else 2) * h * width
@@ -127,7 +127,7 @@ def shard_sizes(model: ModelConfig, tp: Any) -> dict[str, Any]:
         "attn": attn,
         "expert": expert,
         "shared": shared,
-        "layer": attn + mlp + 2 * model.norm_params,
+        "layer": attn + mlp + model.norms_per_layer * model.norm_params,
         "embedding": vocab * h + pos,
         "vocab_h": vocab * h,
     }

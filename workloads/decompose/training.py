@@ -446,7 +446,7 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
     q = 2.0 * t * model.num_heads * model.head_dim / tp
     k = 2.0 * t * max(1, model.num_kv_heads // tp) * model.head_dim
     f = 2.0 * t * model.ffn_hidden_size / tp
-    casts = 3 + (2 if model.activation == "swiglu" else 1)
+    casts = 3 + (2 if model.gated_mlp else 1)
     layer_params = params_per_tp_rank(model, tp)["layer"]
     shard = plan.data_parallel * plan.cp if plan.zero == 3 else 1
     fwd = [
@@ -563,7 +563,7 @@ def _fp8_casts(
     h = model.hidden_size
     q = model.num_heads * model.head_dim / tp
     kv = max(1, model.num_kv_heads // tp) * model.head_dim
-    f = model.ffn_hidden_size / tp * (2 if model.activation == "swiglu" else 1)
+    f = model.ffn_hidden_size / tp * (2 if model.gated_mlp else 1)
     fwd_widths = [h, q, h, model.ffn_hidden_size / tp]
     grad_widths = [q + 2 * kv, h, f, h]
     weights = params_per_tp_rank(model, tp)["layer"]

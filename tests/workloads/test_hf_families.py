@@ -1,0 +1,99 @@
+"""gpt-oss, Gemma 2/3 and Phi-3/4 configs: parameter counts equal HF's, layer attention
+read from the config, and the architecture's own sliding windows priced by default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workloads.decompose import params_per_tp_rank
+from workloads.models import ModelError, load_hf_config, load_model
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "models"
+
+# sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters()) for each
+# examples/models/<name>.config.json, built on the meta device with transformers 5.24
+# (AutoConfig.for_model(model_type, **config)); the MXFP4 quantization_config of gpt-oss
+# dropped (numel counts the bf16 model)
+HF_NUMEL = {
+    "gpt-oss-20b": 20_914_757_184,
+    "gpt-oss-120b": 116_829_156_672,
+    "gemma-2-2b": 2_614_341_888,
+    "gemma-2-9b": 9_241_705_984,
+    "gemma-2-27b": 27_227_128_320,
+    "gemma-3-1b": 999_885_952,
+    "gemma-3-27b": 27_009_346_304,
+    "phi-3-mini-4k": 3_821_079_552,
+    "phi-3-medium-4k": 13_960_238_080,
+    "phi-4": 14_659_507_200,
+}
+PATTERNS = {
+    "gpt-oss-20b": "hybrid:dense_every=2,inner=window:128",
+    "gemma-2-9b": "hybrid:dense_every=2,inner=window:4096",
+    "gemma-3-27b": "hybrid:dense_every=6,inner=window:1024",
+    "phi-3-mini-4k": "window:2047",
+    "phi-4": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_NUMEL))
+def test_parameter_counts_equal_hf_numel(name):
+    m = load_hf_config(EXAMPLES / f"{name}.config.json")
+    assert m.num_params == HF_NUMEL[name]
+    p = params_per_tp_rank(m, 1)  # the per-rank sizes add up to the same
+    assert m.num_layers * p["layer"] + p["embedding"] + p["final_norm"] + p["lm_head"] == (
+        m.num_params
+    )
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_the_native_attention_pattern_follows_the_layers(name):
+    m = load_hf_config(EXAMPLES / f"{name}.config.json")
+    assert m.native_attn_pattern == PATTERNS[name]
+
+
+def test_gemma3_pattern_key_and_layer_types_agree(tmp_path):
+    cfg = json.loads((EXAMPLES / "gemma-3-1b.config.json").read_text())
+    old = load_hf_config(EXAMPLES / "gemma-3-1b.config.json")
+    assert old.layer_attention[:6] == ("sliding",) * 5 + ("full",)
+    new = dict(cfg)
+    new.pop("sliding_window_pattern")
+    new["layer_types"] = [
+        "full_attention" if a == "full" else "sliding_attention" for a in old.layer_attention
+    ]
+    path = tmp_path / "g3.json"
+    path.write_text(json.dumps(new))
+    assert load_hf_config(path).layer_attention == old.layer_attention
+    # the multimodal config nests the text model; only that is priced
+    mm = {"model_type": "gemma3", "text_config": {**cfg, "model_type": "gemma3_text"}}
+    path.write_text(json.dumps(mm))
+    assert load_hf_config(path).num_params == old.num_params
+
+
+def test_gpt_oss_is_moe_with_biases_and_sinks():
+    m = load_hf_config(EXAMPLES / "gpt-oss-20b.config.json")
+    assert (m.num_experts, m.experts_per_token) == (32, 4)
+    assert m.attention_sinks and m.router_bias and m.mlp_bias and m.qkv_bias
+    assert m.sliding_layers == 12 and m.layer_attention[:2] == ("sliding", "full")
+    # OpenAI's model card: 3.61B active parameters per token (the embedding table not
+    # counted: a gather, not a matmul)
+    assert round((m.num_active_params - m.embedding_params) / 1e7) == 361
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"layer_types": ["sliding_attention"]}, "layer_types lists 1 layers"),
+        ({"layer_types": ["local"] * 24}, "layer_types must list"),
+        ({"num_local_experts": None}, "missing key 'num_local_experts'"),
+    ],
+)
+def test_bad_family_configs_are_one_line(tmp_path, change, message):
+    cfg = json.loads((EXAMPLES / "gpt-oss-20b.config.json").read_text())
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ModelError, match=message) as exc:
+        load_model(str(path))
+    assert "\n" not in str(exc.value)

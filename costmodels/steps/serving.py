@@ -287,12 +287,12 @@ class StepModel(VllmMemory, SummaryPricing):
             if not (
                 m.norm == "rmsnorm"
                 and m.position == "rope"
-                and m.activation == "swiglu"
+                and m.gated_mlp
                 and not m.is_moe
             ):
                 raise StepError(
                     f"engine pytorch-eager models dense Llama-style models (RMSNorm, RoPE, "
-                    f"SwiGLU); {m.id} is not one; allowed: --engine vllm"
+                    f"gated MLP); {m.id} is not one; allowed: --engine vllm"
                 )
         self.engine, self.tp, self.pp, self.dtype = engine, tp, pp, dtype
         self.weight_dtype, self.kv_cache_dtype = weight_dtype, kv_dt

@@ -15,9 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-FAMILY_TYPES = ("gpt_oss", "gemma2", "gemma3_text", "gemma3", "phi3")
+FAMILY_TYPES = ("gpt_oss", "gemma2", "gemma3_text", "gemma3", "phi3", "llama4", "llama4_text")
 
-_LAYER_KIND = {"sliding_attention": "sliding", "full_attention": "full"}
+_LAYER_KIND = {
+    "sliding_attention": "sliding",
+    "full_attention": "full",
+    "chunked_attention": "chunked",
+}
+_NESTED = ("gemma3", "llama4")  # multimodal configs: the language model in text_config
 
 
 class FamilyError(ValueError):
@@ -25,16 +30,15 @@ class FamilyError(ValueError):
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3's multimodal config nests the language model under ``text_config``; only
-    the text model is priced (its vision tower is not)."""
-    if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
-        return {**cfg["text_config"], "model_type": "gemma3", "vocab_size": _vocab(cfg)}
+    """Gemma 3's and Llama 4's multimodal configs nest the language model under
+    ``text_config``; only the text model is priced (the vision tower is not)."""
+    kind = cfg.get("model_type")
+    if kind in _NESTED and isinstance(cfg.get("text_config"), dict):
+        text = {**cfg["text_config"], "model_type": kind}
+        if kind == "gemma3":  # released configs leave Gemma3TextConfig's default out
+            text.setdefault("vocab_size", 262208)
+        return text
     return cfg
-
-
-def _vocab(cfg: dict[str, Any]) -> Any:
-    text = cfg.get("text_config") or {}
-    return text.get("vocab_size") or cfg.get("vocab_size") or 262208
 
 
 def layer_attention(
@@ -48,15 +52,15 @@ def layer_attention(
     if types is not None:
         if not isinstance(types, list) or any(t not in _LAYER_KIND for t in types):
             raise FamilyError(
-                f"{where}: layer_types must list 'sliding_attention' / 'full_attention' "
-                f"(got {types!r})"
+                f"{where}: layer_types must list 'sliding_attention', 'chunked_attention' "
+                f"or 'full_attention' (got {types!r})"
             )
         if len(types) != layers:
             raise FamilyError(
                 f"{where}: layer_types lists {len(types)} layers, num_hidden_layers is {layers}"
             )
         kinds = tuple(_LAYER_KIND[t] for t in types)
-        return kinds if "sliding" in kinds else None
+        return kinds if set(kinds) != {"full"} else None
     if not window:
         return None
     every = cfg.get("sliding_window_pattern") or default_every
@@ -98,8 +102,48 @@ def family_fields(model_type: str, cfg: dict[str, Any], layers: int, where: str)
         # Phi3Attention: fused qkv_proj, Phi3MLP: fused gate_up_proj (same parameters as
         # separate ones); a sliding window on every layer when the config sets one
         out.update(layer_attention=layer_attention(cfg, layers, where))
-    if out.get("layer_attention") is not None:
+    elif model_type in ("llama4", "llama4_text"):
+        out.update(_llama4_fields(cfg, layers, where))
+    kinds = out.get("layer_attention") or ()
+    if "sliding" in kinds:
         out["sliding_window"] = window
+    return out
+
+
+def _llama4_fields(cfg: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """Llama4TextDecoderLayer: MoE on ``moe_layers`` (default every
+    ``interleave_moe_layer_step``-th layer) with ``num_local_experts`` routed experts of
+    ``intermediate_size``, a bias-free router and one shared expert of the same width;
+    the other layers a dense MLP of ``intermediate_size_mlp``. Attention is chunked
+    (``attention_chunk_size``) on the RoPE layers and full on the NoPE ones
+    (``no_rope_layers[i] == 0``; default every 4th); its QK L2 norm has no parameters."""
+    step = cfg.get("interleave_moe_layer_step") or 1
+    moe = cfg.get("moe_layers")
+    if moe is None:
+        moe = list(range(step - 1, layers, step))
+    dense = layers - len(set(moe))
+    width = _req(cfg, "intermediate_size", where)
+    out: dict[str, Any] = {
+        "num_experts": _req(cfg, "num_local_experts", where),
+        "experts_per_token": _req(cfg, "num_experts_per_tok", where),
+        "moe_ffn_hidden_size": width,
+        "shared_expert_ffn_hidden_size": width,
+        "num_dense_layers": dense,
+    }
+    if dense:
+        out["ffn_hidden_size"] = _req(cfg, "intermediate_size_mlp", where)
+    chunk = cfg.get("attention_chunk_size")
+    if chunk:
+        kinds = layer_attention(cfg, layers, where)
+        if kinds is None:
+            rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
+            if len(rope) != layers:
+                raise FamilyError(
+                    f"{where}: no_rope_layers lists {len(rope)} layers, num_hidden_layers "
+                    f"is {layers}"
+                )
+            kinds = tuple("chunked" if r else "full" for r in rope)
+        out.update(layer_attention=kinds, attention_chunk_size=chunk)
     return out
 
 

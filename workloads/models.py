@@ -104,7 +104,10 @@ class ModelConfig(BaseModel):
     sliding_window: int | None = Field(
         default=None, gt=0, description="keys a sliding-window layer attends to"
     )
-    layer_attention: tuple[Literal["full", "sliding"], ...] | None = Field(
+    attention_chunk_size: int | None = Field(
+        default=None, gt=0, description="tokens per chunk of a chunked-attention layer"
+    )
+    layer_attention: tuple[Literal["full", "sliding", "chunked"], ...] | None = Field(
         default=None, description="each layer's attention (HF layer_types); None = all full"
     )
     moe_imbalance: float = Field(
@@ -164,6 +167,10 @@ class ModelConfig(BaseModel):
                 )
             if "sliding" in self.layer_attention and self.sliding_window is None:
                 raise ValueError("sliding layers need sliding_window")
+            if "chunked" in self.layer_attention and self.attention_chunk_size is None:
+                raise ValueError("chunked layers need attention_chunk_size")
+            if {"sliding", "chunked"} <= set(self.layer_attention):
+                raise ValueError("a model mixes sliding and chunked layers: not modelled")
         if self.moe_imbalance != 1.0 and not self.is_moe:
             raise ValueError("moe_imbalance is only for MoE models (num_experts > 1)")
         if self.shared_expert_gate and not self.shared_expert_ffn_hidden_size:
@@ -203,22 +210,29 @@ class ModelConfig(BaseModel):
 
     @property
     def sliding_layers(self) -> int:
-        """Layers attending to a sliding window of ``sliding_window`` keys."""
-        return sum(a == "sliding" for a in self.layer_attention or ())
+        """Local layers: a sliding window of ``sliding_window`` keys, or chunks of
+        ``attention_chunk_size`` tokens (Llama 4)."""
+        return sum(a != "full" for a in self.layer_attention or ())
 
     @property
     def native_attn_pattern(self) -> str | None:
         """The attention the architecture itself runs, as a sparsity pattern
-        (:mod:`workloads.sparsity`): ``window:W`` when every layer slides,
-        ``hybrid:dense_every=K,inner=window:W`` when every K-th layer is full (gpt-oss
-        and Gemma 2: K = 2; Gemma 3: 6), ``hybrid:dense_fraction=F,...`` for any other
-        mix (where full layers sit does not change the cost); None when all are full."""
+        (:mod:`workloads.sparsity`): ``window:W`` (or ``chunk:C``) when every layer is
+        local, ``hybrid:dense_every=K,inner=window:W`` when every K-th layer is full
+        (gpt-oss and Gemma 2: K = 2; Gemma 3: 6; Llama 4's chunks: 4),
+        ``hybrid:dense_fraction=F,...`` for any other mix (where full layers sit does not
+        change the cost); None when all are full."""
         n, slide = self.num_layers, self.sliding_layers
         if not slide:
             return None
-        inner = f"inner=window:{self.sliding_window}"
+        local = (
+            f"chunk:{self.attention_chunk_size}"
+            if "chunked" in (self.layer_attention or ())
+            else f"window:{self.sliding_window}"
+        )
+        inner = f"inner={local}"
         if slide == n:
-            return f"window:{self.sliding_window}"
+            return local
         full = [i for i, a in enumerate(self.layer_attention or ()) if a == "full"]
         k = full[0] + 1
         if full == list(range(k - 1, n, k)):

@@ -37,6 +37,7 @@ from workloads.models import ModelConfig
 from workloads.ops import Op, OpKind, ops_frame
 from workloads.plan import TrainPlan
 from workloads.sparsity import (
+    ChunkPattern,
     DensePattern,
     HybridPattern,
     NSAPattern,
@@ -265,8 +266,9 @@ class SparsityPricer:
         notes: list[str] = []
         n_dense = 0
         for p, n in layer_mix(pattern, sh.layers):
-            if isinstance(p, WindowPattern) and p.window >= seq_len:
-                notes.append(f"window {p.window} >= seq_len {seq_len}: priced as dense")
+            span = local_span(p)
+            if span is not None and span >= seq_len:
+                notes.append(f"{p.kind} {span} >= seq_len {seq_len}: priced as dense")
                 p = None
             if p is None:
                 parts.append((dense, n))
@@ -526,18 +528,33 @@ class KvLayout:
         return int(kv_capacity_tokens) // block_size * self.units
 
 
-def _window_layout(p: WindowPattern, dense_layers: int, sparse_layers: int) -> KvLayout:
+def local_span(p: Pattern | None) -> int | None:
+    """Keys a local layer attends at most: a window's, or a chunk's (None otherwise)."""
+    if isinstance(p, WindowPattern):
+        return p.window
+    if isinstance(p, ChunkPattern):
+        return p.chunk
+    return None
+
+
+def _window_layout(
+    p: WindowPattern | ChunkPattern, dense_layers: int, sparse_layers: int
+) -> KvLayout:
     g = math.gcd(dense_layers, sparse_layers) or 1
+    if isinstance(p, ChunkPattern):  # the current chunk: at most `chunk` tokens
+        span, sinks = p.chunk, 0
+        what = f"{sparse_layers} chunked-attention layers free the blocks of past chunks "
+        what += f"({p.chunk} tokens each)"
+    else:
+        span, sinks = p.window, p.sinks
+        what = f"{sparse_layers} sliding-window layers free blocks older than the window "
+        what += f"({p.window} tokens) and keep {p.sinks} sink tokens"
     return KvLayout(
         full_units=dense_layers // g,
         capped_units=sparse_layers // g,
-        window_tokens=p.window,
-        sink_tokens=p.sinks,
-        note=(
-            f"{sparse_layers} sliding-window layers free blocks older than the window "
-            f"({p.window} tokens) and keep {p.sinks} sink tokens"
-            + (f"; {dense_layers} dense layers keep everything" if dense_layers else "")
-        ),
+        window_tokens=span,
+        sink_tokens=sinks,
+        note=what + (f"; {dense_layers} dense layers keep everything" if dense_layers else ""),
     )
 
 
@@ -562,7 +579,7 @@ def kv_layout(pattern: Pattern | None, num_layers: int) -> KvLayout:
     if isinstance(pattern, HybridPattern):
         inner, dense = pattern.inner, len(pattern.dense_layers(num_layers))
     sparse = num_layers - dense
-    if isinstance(inner, WindowPattern) and sparse > 0:
+    if isinstance(inner, WindowPattern | ChunkPattern) and sparse > 0:
         return _window_layout(inner, dense, sparse)
     if isinstance(inner, NSAPattern) and sparse > 0:
         extra = sparse / num_layers / inner.d
@@ -613,8 +630,9 @@ class PatternStepModel(StepModel):
         )
         pre, dec = [], []
         for n in lens.tolist():
-            if isinstance(self.pattern, WindowPattern) and self.pattern.window >= n:
-                pre.append(1.0)  # the window covers the whole chunk
+            span = local_span(self.pattern)
+            if span is not None and span >= n:
+                pre.append(1.0)  # the window (or chunk) covers the whole prompt
             else:
                 a = pricer.attention(self.pattern, self.model, n, tp=self.tp, batch=1)
                 dense = pricer.attention(parse_pattern("causal"), self.model, n, tp=self.tp)

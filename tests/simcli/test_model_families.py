@@ -76,3 +76,14 @@ def test_a_windowed_replica_seats_more_sequences(model):
         sc = resolve_serve(ServeOptions(**opts, **extra))
         runs[name] = sc.simulator().run(list(sc.arrivals.requests())).summary
     assert runs["own"]["mean_decode_batch"] > 1.5 * runs["dense"]["mean_decode_batch"]
+
+
+def test_llama4_runs_with_its_chunks():
+    scout = str(EXAMPLES / "llama-4-scout-17b-16e.config.json")
+    base = ["step", "--model", scout, "--gpu", "h100-sxm", "--tp", "8", "--phase", "decode",
+            "--batch", "32", "--context-len", "30000"]  # fmt: skip
+    assert _json(base)["step_ms"] > 0
+    serve = _json(["serve", "--model", scout, "--gpu", "h100-sxm", "--tp", "8",
+                   "--weight-dtype", "fp8", "--qps", "1", "--num-requests", "20",
+                   "--prompt-len", "fixed:20000", "--output-len", "fixed:100"])  # fmt: skip
+    assert serve["requests_completed"] == 20

@@ -28,6 +28,9 @@ HF_NUMEL = {
     "phi-3-mini-4k": 3_821_079_552,
     "phi-3-medium-4k": 13_960_238_080,
     "phi-4": 14_659_507_200,
+    # Llama4ForCausalLM(Llama4TextConfig(**text_config)): the language model only
+    "llama-4-scout-17b-16e": 107_769_861_120,
+    "llama-4-maverick-17b-128e": 400_711_848_960,
 }
 PATTERNS = {
     "gpt-oss-20b": "hybrid:dense_every=2,inner=window:128",
@@ -35,6 +38,7 @@ PATTERNS = {
     "gemma-3-27b": "hybrid:dense_every=6,inner=window:1024",
     "phi-3-mini-4k": "window:2047",
     "phi-4": None,
+    "llama-4-scout-17b-16e": "hybrid:dense_every=4,inner=chunk:8192",
 }
 
 
@@ -97,3 +101,17 @@ def test_bad_family_configs_are_one_line(tmp_path, change, message):
     with pytest.raises(ModelError, match=message) as exc:
         load_model(str(path))
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "dense_layers", "ffn"),
+    [("llama-4-scout-17b-16e", 0, 8192), ("llama-4-maverick-17b-128e", 24, 16384)],
+)
+def test_llama4_moe_layers_shared_expert_and_chunks(name, dense_layers, ffn):
+    m = load_hf_config(EXAMPLES / f"{name}.config.json")
+    assert (m.experts_per_token, m.num_dense_layers, m.ffn_hidden_size) == (1, dense_layers, ffn)
+    assert m.moe_ffn_hidden_size == m.shared_expert_ffn_hidden_size == 8192
+    assert m.layer_attention[:4] == ("chunked",) * 3 + ("full",)  # NoPE every 4th layer
+    assert m.attention_chunk_size == 8192
+    # Meta's model card: 17B active parameters per token
+    assert round(m.num_active_params / 1e9) == 17

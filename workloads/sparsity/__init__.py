@@ -37,6 +37,9 @@ Patterns (``PATTERN`` strings; ``,`` and ``:`` both separate parameters):
   own token included) plus ``S`` attention-sink tokens ``k < S`` always attended
   (StreamingLLM, Xiao et al. 2023, "Efficient Streaming Language Models with Attention
   Sinks"). ``W <= seq_len`` is checked at use.
+- ``chunk:C`` -- chunked local attention: a query attends causally within its own chunk of
+  ``C`` tokens (``k // C == q // C``), Llama 4's local layers; ``C`` a multiple of the
+  tile sizes.
 - ``topk:density=D|k=K[,block=B][:per_head]`` -- block-sparse top-k: each query block of
   ``B`` tokens attends ``K`` key blocks of ``B`` tokens among its causal ones, its own
   (diagonal) block always included, so exactly ``min(K, QB + 1)`` blocks for query block
@@ -75,7 +78,13 @@ Modules: :mod:`~workloads.sparsity.tables` (the results), :mod:`~workloads.spars
 :mod:`~workloads.sparsity.parse` (pattern strings).
 """
 
-from workloads.sparsity.basic import CausalPattern, DensePattern, Pattern, WindowPattern
+from workloads.sparsity.basic import (
+    CausalPattern,
+    ChunkPattern,
+    DensePattern,
+    Pattern,
+    WindowPattern,
+)
 from workloads.sparsity.errors import SparsityError
 from workloads.sparsity.hybrid import AnyPattern, HybridPattern, InnerPattern
 from workloads.sparsity.nsa import NSAPattern
@@ -102,5 +111,6 @@ __all__ = [
     "TileTable",
     "TopKPattern",
     "WindowPattern",
+    "ChunkPattern",
     "parse_pattern",
 ]

@@ -12,6 +12,8 @@ from workloads.sparsity.errors import SparsityError, check_context, check_layers
 from workloads.sparsity.grid import (
     Grid,
     causal_tile_rules,
+    chunk_counts,
+    chunk_tile_rules,
     make_grid,
     make_mask,
     make_table,
@@ -159,6 +161,49 @@ class CausalPattern(Pattern):
     def _masks(self, g: Grid, heads: int, seed: int) -> dict[str, TileMask]:
         any_, all_ = causal_tile_rules(g)
         return {"main": make_mask(g, all_, any_, heads)}
+
+
+class ChunkPattern(Pattern):
+    """Chunked local attention: the sequence is cut into chunks of ``chunk`` tokens and a
+    query attends causally within its own chunk (``k <= q`` and ``k // chunk == q //
+    chunk``), as Llama 4's local layers do (HF ``attention_chunk_size``, 8192). Decode
+    keeps and reads the current chunk's tokens: ``(c - 1) % chunk + 1`` at context ``c``,
+    at most ``chunk``."""
+
+    kind: Literal["chunk"] = "chunk"
+    chunk: int = Field(ge=1, description="tokens per chunk")
+    source: ClassVar[str] = (
+        "chunked local attention (Meta 2025, Llama 4; HF Llama4TextAttention "
+        "attention_chunk_size; vLLM's chunked local attention)"
+    )
+
+    @property
+    def spec(self) -> str:
+        return f"chunk:{self.chunk}"
+
+    def _check_tiles(self, seq_len: int, block_q: int, block_k: int) -> None:
+        if self.chunk % block_q or self.chunk % block_k:
+            raise SparsityError(
+                f"chunk={self.chunk} is not a multiple of the tile sizes {block_q} x "
+                f"{block_k}; allowed: a chunk that whole tiles fill (e.g. 8192)"
+            )
+
+    def _tiles(self, g: Grid, heads: int, seed: int) -> TileTable:
+        full, partial = chunk_counts(g, self.chunk)
+        return make_table(g, full, partial, heads)
+
+    def _masks(self, g: Grid, heads: int, seed: int) -> dict[str, TileMask]:
+        any_, all_ = chunk_tile_rules(g, self.chunk)
+        return {"main": make_mask(g, all_, any_, heads)}
+
+    def _kv_cache(self, c: int) -> int:
+        return (c - 1) % self.chunk + 1
+
+    def _decode_read(self, c: int) -> int:
+        return (c - 1) % self.chunk + 1
+
+    def _kv_note(self) -> str:
+        return "keeps and reads the current chunk's tokens (at most one chunk)"
 
 
 class WindowPattern(Pattern):

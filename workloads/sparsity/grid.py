@@ -117,6 +117,22 @@ def window_counts(g: Grid, w: int, s: int) -> tuple[np.ndarray, np.ndarray]:
     return full, vis - full
 
 
+def chunk_counts(g: Grid, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """(full, partial) [nq] for the rule k <= q and k // c == q // c (chunked local
+    attention), on a grid whose tiles do not straddle chunks (``c`` a multiple of both
+    block sizes): the key blocks of a query block's chunk up to the causal limit."""
+    start = g.qs // c * c  # first key of the query block's chunk
+    before = count_le(g.ks, start - 1)  # key blocks of earlier chunks
+    return g.F - before, g.V - g.F
+
+
+def chunk_tile_rules(g: Grid, c: int) -> tuple[np.ndarray, np.ndarray]:
+    """(any, all) [nq, nk] for the chunked rule, tile by tile."""
+    any_, all_ = causal_tile_rules(g)
+    same = (g.ks[None, :] // c) == (g.qs[:, None] // c)
+    return any_ & same, all_ & same
+
+
 def window_tile_rules(g: Grid, w: int, s: int) -> tuple[np.ndarray, np.ndarray]:
     """(any, all) [nq, nk] for the window-with-sinks rule, tile by tile."""
     qs, qe = g.qs[:, None], g.qe[:, None]

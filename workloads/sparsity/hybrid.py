@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from workloads.sparsity.basic import (
     CausalPattern,
+    ChunkPattern,
     DensePattern,
     Pattern,
     WindowPattern,
@@ -27,6 +28,7 @@ InnerPattern = Annotated[
     DensePattern
     | CausalPattern
     | WindowPattern
+    | ChunkPattern
     | TopKPattern
     | S2Pattern
     | NSAPattern
@@ -133,6 +135,7 @@ AnyPattern = Annotated[
     DensePattern
     | CausalPattern
     | WindowPattern
+    | ChunkPattern
     | TopKPattern
     | S2Pattern
     | NSAPattern

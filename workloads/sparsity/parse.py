@@ -9,7 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from workloads.sparsity.basic import CausalPattern, DensePattern, Pattern, WindowPattern
+from workloads.sparsity.basic import (
+    CausalPattern,
+    ChunkPattern,
+    DensePattern,
+    Pattern,
+    WindowPattern,
+)
 from workloads.sparsity.errors import SparsityError
 from workloads.sparsity.hybrid import HybridPattern
 from workloads.sparsity.nsa import NSAPattern
@@ -20,6 +26,7 @@ SYNTAX: dict[str, str] = {
     "dense": "dense",
     "causal": "causal",
     "window": "window:W[:sinks=S]",
+    "chunk": "chunk:C",
     "topk": "topk:density=D|k=K[,block=B][:per_head]",
     "s2": "s2:local=L,stride=S[,block=B]",
     "nsa": "nsa[:l=32,d=16,lsel=64,n=16,w=512,local=2]",
@@ -33,6 +40,7 @@ _CLASSES: dict[str, type[Pattern]] = {
     "dense": DensePattern,
     "causal": CausalPattern,
     "window": WindowPattern,
+    "chunk": ChunkPattern,
     "topk": TopKPattern,
     "s2": S2Pattern,
     "nsa": NSAPattern,
@@ -47,6 +55,7 @@ _PARAMS: dict[str, dict[str, str]] = {
     "dense": {},
     "causal": {},
     "window": {"window": "int", "w": "int", "sinks": "int"},
+    "chunk": {"chunk": "int"},
     "topk": {"density": "float", "k": "int", "block": "int", "per_head": "flag"},
     "s2": {"local": "int", "stride": "int", "block": "int"},
     "nsa": {"l": "int", "d": "int", "lsel": "int", "n": "int", "w": "int", "local": "int"},
@@ -98,8 +107,8 @@ def parse_pattern(text: str) -> Pattern:
             raise _bad(raw, kind, "empty parameter")
         name, eq, value = (s.strip() for s in token.partition("="))
         if not eq:
-            if kind == "window" and pos == 0:
-                name, value = "window", token
+            if kind in ("window", "chunk") and pos == 0:
+                name, value = kind, token
             elif spec.get(name) == "flag":
                 value = "1"
             else:

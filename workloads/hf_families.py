@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-FAMILY_TYPES = ("gpt_oss", "gemma2", "gemma3_text", "gemma3", "phi3", "llama4", "llama4_text")
+FAMILY_TYPES = (
+    "gpt_oss", "gemma2", "gemma3_text", "gemma3", "phi3", "llama4", "llama4_text", "glm4_moe",
+    "minimax_m2",
+)  # fmt: skip
 
 _LAYER_KIND = {
     "sliding_attention": "sliding",
@@ -104,6 +107,33 @@ def family_fields(model_type: str, cfg: dict[str, Any], layers: int, where: str)
         out.update(layer_attention=layer_attention(cfg, layers, where))
     elif model_type in ("llama4", "llama4_text"):
         out.update(_llama4_fields(cfg, layers, where))
+    elif model_type == "glm4_moe":
+        # Glm4MoeAttention: q/k/v biases (attention_bias), none on o_proj, per-head q/k
+        # norms with use_qk_norm; Glm4MoeMoE: n_routed_experts of moe_intermediate_size,
+        # a router without bias (its e_score_correction_bias is a buffer), n_shared_experts
+        # fused into one shared MLP; the first first_k_dense_replace layers dense
+        shared = cfg.get("n_shared_experts") or 0
+        width = _req(cfg, "moe_intermediate_size", where)
+        out.update(
+            out_proj_bias=False,
+            qk_norm=bool(cfg.get("use_qk_norm", False)),
+            num_experts=_req(cfg, "n_routed_experts", where),
+            experts_per_token=_req(cfg, "num_experts_per_tok", where),
+            moe_ffn_hidden_size=width,
+            num_dense_layers=min(int(cfg.get("first_k_dense_replace") or 0), layers - 1),
+        )
+        if shared:
+            out["shared_expert_ffn_hidden_size"] = shared * width
+    elif model_type == "minimax_m2":
+        # MiniMaxM2Attention: RMSNorm over all of q and all of k (qk_norm_type per_layer);
+        # MiniMaxM2SparseMoeBlock: num_local_experts of intermediate_size, a bias-free
+        # gate, no shared expert, every layer sparse
+        out.update(
+            qk_norm=bool(cfg.get("use_qk_norm", True)),
+            qk_norm_span="layer" if cfg.get("qk_norm_type", "per_layer") == "per_layer" else "head",
+            num_experts=_req(cfg, "num_local_experts", where),
+            experts_per_token=_req(cfg, "num_experts_per_tok", where),
+        )
     kinds = out.get("layer_attention") or ()
     if "sliding" in kinds:
         out["sliding_window"] = window

@@ -83,6 +83,10 @@ class ModelConfig(BaseModel):
         default=0, ge=0, description="MoE models: layers with a dense ffn_hidden_size MLP"
     )
     qk_norm: bool = Field(default=False, description="RMSNorm on each q and k head (Qwen3)")
+    qk_norm_span: Literal["head", "layer"] = Field(
+        default="head", description="qk_norm over each head (Qwen3, Gemma 3) or over all of "
+        "q and all of k (MiniMax-M2's per-layer norm)"
+    )  # fmt: skip
     kv_lora_rank: int | None = Field(
         default=None, gt=0, description="MLA latent KV width; None = standard attention"
     )
@@ -328,7 +332,7 @@ class ModelConfig(BaseModel):
         if self.kv_lora_rank is not None:
             n += self.kv_lora_rank + (self.q_lora_rank or 0)
         if self.qk_norm:
-            n += 2 * self.head_dim
+            n += 2 * self.head_dim if self.qk_norm_span == "head" else self.q_size + self.kv_size
         if self.attention_sinks:
             n += self.num_heads
         return n

@@ -87,3 +87,18 @@ def test_llama4_runs_with_its_chunks():
                    "--weight-dtype", "fp8", "--qps", "1", "--num-requests", "20",
                    "--prompt-len", "fixed:20000", "--output-len", "fixed:100"])  # fmt: skip
     assert serve["requests_completed"] == 20
+
+
+@pytest.mark.parametrize(
+    ("name", "pp"), [("glm-4.5-air", "1"), ("minimax-m2", "1"), ("kimi-k2", "2")]
+)
+def test_the_2025_moe_models_step_and_serve(name, pp):
+    """Kimi K2's 1T fp8 weights need 16 H200s (TP 8 x PP 2), as its deployments use."""
+    model = str(EXAMPLES / f"{name}.config.json")
+    par = ["--gpu", "h200-sxm", "--tp", "8", "--pp", pp, "--weight-dtype", "fp8"]
+    step = _json(["step", "--model", model, *par, "--phase", "decode", "--batch", "64",
+                  "--context-len", "4000"])  # fmt: skip
+    assert step["step_ms"] > 0
+    serve = _json(["serve", "--model", model, *par, "--qps", "2", "--num-requests", "20",
+                   "--prompt-len", "fixed:2000", "--output-len", "fixed:100"])  # fmt: skip
+    assert serve["requests_completed"] == 20

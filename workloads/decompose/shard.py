@@ -100,7 +100,10 @@ def shard_sizes(model: ModelConfig, tp: Any) -> dict[str, Any]:
     else:
         attn = h * qkv_out + heads * d * h
         attn = attn + (qkv_out if model.qkv_bias else 0) + (h if model.out_proj_bias else 0)
-        attn = attn + (2 * d if model.qk_norm else 0) + (heads if model.attention_sinks else 0)
+        qk = 0
+        if model.qk_norm:  # per head (replicated), or over this rank's q and k columns
+            qk = 2 * d if model.qk_norm_span == "head" else qkv_out - kv_heads * d
+        attn = attn + qk + (heads if model.attention_sinks else 0)
     gated = model.gated_mlp
 
     def mlp_params(width):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from costmodels.ops import sparse_attention as sa
+from costmodels.steps.hf_attention import hf_attention_scale
 from costmodels.steps.serving import StepModel
 from costmodels.steps.training import Phase, StepCosts, cp_comm_s, recompute_phase, step_costs
 from hardware_specs.registry import builtin_catalog
@@ -401,18 +402,27 @@ def sparse_step_costs(
             "megatron or pytorch"
         )
 
+    out = scale_attention(c, plan, time_ratio(a.fwd_s, f_d), time_ratio(a.bwd_s, b_d))
+    if plan.cp > 1:
+        cm = pr.cost_model(plan.num_gpus)
+        cp_f, cp_b = cp_comm_s(model, plan, cm, cm.system, out.layer_fwd, out.layer_bwd)
+        lf, lb = replace(out.layer_fwd, cp_comm_s=cp_f), replace(out.layer_bwd, cp_comm_s=cp_b)
+        out = replace(out, layer_fwd=lf, layer_bwd=lb, layer_recompute=recompute_phase(plan, lf))
+    return out
+
+
+def scale_attention(c: StepCosts, plan: TrainPlan, fwd: float, bwd: float) -> StepCosts:
+    """``c`` with every layer's forward ``attn`` and backward ``attn_bwd`` op times
+    ``fwd`` and ``bwd`` (and the recompute phase that follows the forward)."""
+
     def swap(ph: Phase, name: str, scale: float) -> Phase:
         old = ph.by_op_s[name]
         new = old * scale
         by_op = dict(ph.by_op_s) | {name: new}
         return replace(ph, compute_s=ph.compute_s - old + new, by_op_s=by_op)
 
-    lf = swap(c.layer_fwd, "attn", time_ratio(a.fwd_s, f_d))
-    lb = swap(c.layer_bwd, "attn_bwd", time_ratio(a.bwd_s, b_d))
-    if plan.cp > 1:
-        cm = pr.cost_model(plan.num_gpus)
-        cp_f, cp_b = cp_comm_s(model, plan, cm, cm.system, lf, lb)
-        lf, lb = replace(lf, cp_comm_s=cp_f), replace(lb, cp_comm_s=cp_b)
+    lf = swap(c.layer_fwd, "attn", fwd)
+    lb = swap(c.layer_bwd, "attn_bwd", bwd)
     return replace(c, layer_fwd=lf, layer_bwd=lb, layer_recompute=recompute_phase(plan, lf))
 
 
@@ -619,7 +629,13 @@ class PatternStepModel(StepModel):
     def kv_bytes_per_token_per_gpu(self, stage: int = 0) -> float:
         return super().kv_bytes_per_token_per_gpu(stage) * self.kv_layout.bytes_factor
 
-    def __init__(self, *args: Any, pattern: str | Pattern, max_len: int = 131072, **kw: Any):
+    def __init__(
+        self, *args: Any, pattern: str | Pattern, max_len: int = 131072, hf_masked: bool = False,
+        **kw: Any,
+    ) -> None:  # fmt: skip
+        """``hf_masked``: the model's own local layers as transformers runs them eagerly
+        (masked SDPA in prefill, :mod:`costmodels.steps.hf_attention`; decode reads the
+        window its cache keeps)."""
         super().__init__(*args, **kw)
         self.pattern = pattern if isinstance(pattern, Pattern) else parse_pattern(pattern)
         gpu = args[1] if len(args) > 1 else kw["gpu_id"]
@@ -631,7 +647,9 @@ class PatternStepModel(StepModel):
         pre, dec = [], []
         for n in lens.tolist():
             span = local_span(self.pattern)
-            if span is not None and span >= n:
+            if hf_masked:
+                pre.append(hf_attention_scale(self.model, n)[0])
+            elif span is not None and span >= n:
                 pre.append(1.0)  # the window (or chunk) covers the whole prompt
             else:
                 a = pricer.attention(self.pattern, self.model, n, tp=self.tp, batch=1)
@@ -641,7 +659,7 @@ class PatternStepModel(StepModel):
             d0 = pricer.decode(parse_pattern("causal"), self.model, n, tp=self.tp)
             dec.append(d / d0["decode_attn_s"] if d0["decode_attn_s"] > 0 else 1.0)
         self._log_lens = np.log(lens.astype(float))
-        self._pre_ratio = np.minimum(np.array(pre), 1.0)
+        self._pre_ratio = np.array(pre) if hf_masked else np.minimum(np.array(pre), 1.0)
         self._dec_ratio = np.minimum(np.array(dec), 1.0)
 
     def _ratio(self, table: np.ndarray, length: float) -> float:

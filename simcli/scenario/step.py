@@ -67,12 +67,15 @@ def build_step_model(
         composition=composition,
         scheduler_steps=scheduler_steps,
     )
-    if attn_pattern is None:  # the architecture's own sliding windows (gpt-oss, Gemma)
+    own = attn_pattern is None
+    if own:  # the architecture's own local layers (gpt-oss, Gemma, Llama 4)
         attn_pattern = model.native_attn_pattern
     if attn_pattern is not None:
         from costmodels.steps.sparse import PatternStepModel
 
-        return PatternStepModel(model, hardware.gpu_id, pattern=attn_pattern, **kw)
+        # the eager engine is the transformers-style model: masked SDPA on local layers
+        hf = own and engine == "pytorch-eager"
+        return PatternStepModel(model, hardware.gpu_id, pattern=attn_pattern, hf_masked=hf, **kw)
     return StepModel(model, hardware.gpu_id, **kw)
 
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from costmodels.steps.hf_attention import hf_attention_scale
+from costmodels.steps.sparse import scale_attention
 from costmodels.steps.training import StepCosts, step_costs
+
+HF_FRAMEWORKS = ("pytorch", "pytorch-compile")  # transformers-style models: SDPA with masks
 
 
 def scenario_step_costs(s: Any) -> StepCosts | None:
     """Step costs for a :class:`~simcli.scenario.training.TrainScenario` ``s``, or None
-    where the simulator's own pricing applies (no pattern, dense linear layers)."""
+    where the simulator's own pricing applies (no pattern, dense linear layers). A model's
+    own local attention (no ``--attn-pattern``) under the PyTorch frameworks runs as
+    transformers runs it: masked SDPA (:mod:`costmodels.steps.hf_attention`)."""
     w = s.config.weight_sparsity
     if s.attn_pattern is None and not w:
         return None
@@ -20,6 +26,11 @@ def scenario_step_costs(s: Any) -> StepCosts | None:
         s.model, s.plan, hw.cost_model, hw.system, s.attn_backend, s.framework, s.composition,
         weight_sparsity=w,
     )  # fmt: skip
+    if s.attn_pattern is not None and s.config.attn_pattern is None and (
+        s.framework in HF_FRAMEWORKS
+    ):
+        f, b = hf_attention_scale(s.model, s.plan.seq_len // s.plan.cp)
+        return scale_attention(costs, s.plan, f, b)
     if s.attn_pattern is None:
         return costs
     # the sparsity pricer (and the serving step model it builds on) loads for patterns only

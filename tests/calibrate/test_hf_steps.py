@@ -30,8 +30,8 @@ def rows():
 
 def test_the_reference_families_hold(rows):
     ok = rows.dropna(subset=["predicted_ms"])
-    ref = ok[ok.model.isin(["llama-3.2-1b", "phi-4"]) & (ok.phase == "train")]
-    assert len(ref) == 4 and ref.error_pct.abs().max() < 6.0
+    ref = ok[ok.model.isin(["llama-3.2-1b", "phi-4", "phi-3-mini-4k"]) & (ok.phase == "train")]
+    assert len(ref) == 6 and ref.error_pct.abs().max() < 8.0
     assert ok.peak_error_pct.dropna().abs().mean() < 10.0
 
 

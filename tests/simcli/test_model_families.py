@@ -102,3 +102,17 @@ def test_the_2025_moe_models_step_and_serve(name, pp):
     serve = _json(["serve", "--model", model, *par, "--qps", "2", "--num-requests", "20",
                    "--prompt-len", "fixed:2000", "--output-len", "fixed:100"])  # fmt: skip
     assert serve["requests_completed"] == 20
+
+
+def test_transformers_style_frameworks_mask_the_local_layers():
+    """Under --framework pytorch (transformers' SDPA) Phi-3's 2047-token window costs more
+    than causal attention (a masked kernel); Megatron's fused window kernel costs less."""
+    phi3 = str(EXAMPLES / "phi-3-mini-4k.config.json")
+    base = ["train", "--model", phi3, "--gpu", "h200-sxm", "--gpus", "1", "--micro-batch", "1",
+            "--global-batch", "1", "--seq-len", "4096"]  # fmt: skip
+
+    def it(*extra):
+        return _json([*base, *extra])["iteration_s"]
+
+    assert it("--framework", "pytorch") > it("--framework", "pytorch", "--attn-pattern", "causal")
+    assert it("--framework", "megatron") < it("--framework", "megatron", "--attn-pattern", "causal")

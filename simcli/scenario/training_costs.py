@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from costmodels.steps.hf_attention import hf_attention_scale
-from costmodels.steps.sparse import scale_attention
 from costmodels.steps.training import StepCosts, step_costs
 
 HF_FRAMEWORKS = ("pytorch", "pytorch-compile")  # transformers-style models: SDPA with masks
@@ -29,6 +28,8 @@ def scenario_step_costs(s: Any) -> StepCosts | None:
     if s.attn_pattern is not None and s.config.attn_pattern is None and (
         s.framework in HF_FRAMEWORKS
     ):
+        from costmodels.steps.sparse import scale_attention  # loads the serving step model
+
         f, b = hf_attention_scale(s.model, s.plan.seq_len // s.plan.cp)
         return scale_attention(costs, s.plan, f, b)
     if s.attn_pattern is None:

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet -e ".[dev,ray,parquet]"
 ruff check .
-python -m pytest -q "$@"
+python -m pytest -q -n auto "$@"  # one worker per core (pytest-xdist)

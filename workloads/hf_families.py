@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 FAMILY_TYPES = (
-    "gpt_oss", "gemma2", "gemma3_text", "gemma3", "phi3", "llama4", "llama4_text", "glm4_moe",
-    "minimax_m2",
+    "gpt_oss", "gemma2", "gemma3_text", "gemma3", "phi3", "phimoe", "llama4", "llama4_text",
+    "glm4_moe", "minimax_m2",
 )  # fmt: skip
 
 _LAYER_KIND = {
@@ -64,8 +64,8 @@ def layer_attention(
             )
         kinds = tuple(_LAYER_KIND[t] for t in types)
         return kinds if set(kinds) != {"full"} else None
-    if not window:
-        return None
+    if not window or window >= (cfg.get("max_position_embeddings") or window + 1):
+        return None  # no window, or one no sequence outgrows (Phi-3.5: 262144 > 131072)
     every = cfg.get("sliding_window_pattern") or default_every
     if every is None:  # one window on every layer (Phi-3, Mistral 7B v0.1)
         return ("sliding",) * layers
@@ -105,6 +105,16 @@ def family_fields(model_type: str, cfg: dict[str, Any], layers: int, where: str)
         # Phi3Attention: fused qkv_proj, Phi3MLP: fused gate_up_proj (same parameters as
         # separate ones); a sliding window on every layer when the config sets one
         out.update(layer_attention=layer_attention(cfg, layers, where))
+    elif model_type == "phimoe":
+        # PhimoeDecoderLayer (Phi-3.5-MoE): LayerNorms with biases, q/k/v/o biases
+        # (attention_bias), a bias-free router over num_local_experts; an LM head bias
+        out.update(
+            norm="layernorm",
+            num_experts=_req(cfg, "num_local_experts", where),
+            experts_per_token=_req(cfg, "num_experts_per_tok", where),
+            lm_head_bias=bool(cfg.get("lm_head_bias", False)),
+            layer_attention=layer_attention(cfg, layers, where),
+        )
     elif model_type in ("llama4", "llama4_text"):
         out.update(_llama4_fields(cfg, layers, where))
     elif model_type == "glm4_moe":

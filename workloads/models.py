@@ -105,6 +105,7 @@ class ModelConfig(BaseModel):
         default=False, description="a learned sink logit per query head (gpt-oss)"
     )
     router_bias: bool = Field(default=False, description="MoE router with a bias (gpt-oss)")
+    lm_head_bias: bool = Field(default=False, description="a bias on the LM head (Phi-3.5-MoE)")
     sliding_window: int | None = Field(
         default=None, gt=0, description="keys a sliding-window layer attends to"
     )
@@ -399,7 +400,8 @@ class ModelConfig(BaseModel):
 
     @property
     def lm_head_params(self) -> int:
-        return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        head = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        return head + (self.vocab_size if self.lm_head_bias else 0)
 
     @property
     def num_params(self) -> int:

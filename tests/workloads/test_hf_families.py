@@ -28,6 +28,7 @@ HF_NUMEL = {
     "phi-3-mini-4k": 3_821_079_552,
     "phi-3-medium-4k": 13_960_238_080,
     "phi-4": 14_659_507_200,
+    "phi-3.5-moe": 41_873_153_344,  # LayerNorms with biases, an LM head bias
     # Llama4ForCausalLM(Llama4TextConfig(**text_config)): the language model only
     "llama-4-scout-17b-16e": 107_769_861_120,
     "llama-4-maverick-17b-128e": 400_711_848_960,
@@ -42,6 +43,7 @@ PATTERNS = {
     "gemma-3-27b": "hybrid:dense_every=6,inner=window:1024",
     "phi-3-mini-4k": "window:2047",
     "phi-4": None,
+    "phi-3.5-moe": None,  # its 131072-token window is no shorter than its positions
     "llama-4-scout-17b-16e": "hybrid:dense_every=4,inner=chunk:8192",
 }
 

@@ -150,7 +150,8 @@ def params_per_tp_rank(model: ModelConfig, tp: int) -> dict[str, int]:
         "layer": int(sz["layer"]),
         "embedding": int(sz["embedding"]),
         "final_norm": model.norm_params,
-        "lm_head": 0 if model.tie_embeddings else int(sz["vocab_h"]),
+        "lm_head": (0 if model.tie_embeddings else int(sz["vocab_h"]))
+        + (int(sz["vocab"]) if model.lm_head_bias else 0),
     }
 
 

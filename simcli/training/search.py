@@ -575,6 +575,8 @@ def _simulate_candidates(
         batch = step_costs_many(
             ctx.model, plans, ctx.cost_model, ctx.system, ctx.attn_backend, ctx.op_cache
         )
+        if ctx.model.native_attn_pattern is not None:  # the model's own local layers
+            batch = _with_native_attention(ctx, plans, batch)
         costs.update(zip(mine, batch, strict=True))
     out: list[RankedPlan] = []
     for i, (cand, variant, balanced, mem) in enumerate(fitting):
@@ -604,6 +606,24 @@ def _simulate_candidates(
         if done is not None:
             done(i + 1, len(fitting))
     return out
+
+
+def _with_native_attention(
+    ctx: EstimateContext, plans: list[TrainPlan], batch: list[StepCosts]
+) -> list[StepCosts]:
+    """Step costs with the model's own local attention (gpt-oss, Gemma, Llama 4) priced
+    as ``simcli train`` prices it for Megatron (its pattern's time over dense attention,
+    :func:`costmodels.steps.sparse.sparse_step_costs`); the closed-form estimates that
+    rank candidates before simulation price dense attention."""
+    from costmodels.steps.sparse import sparse_step_costs
+    from simcli.sparsity.whatif import SparsityPricer
+
+    pricer = SparsityPricer(ctx.system.gpu.id, cost_models=lambda _n: ctx.cost_model, seed=0)
+    pattern = ctx.model.native_attn_pattern
+    return [
+        sparse_step_costs(ctx.model, plan, pattern, ctx.system.gpu.id, base=c, pricer=pricer)
+        for plan, c in zip(plans, batch, strict=True)
+    ]
 
 
 def _balanced_split(ctx: EstimateContext, plan: TrainPlan) -> tuple[int, ...] | None:

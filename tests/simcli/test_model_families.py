@@ -116,3 +116,17 @@ def test_transformers_style_frameworks_mask_the_local_layers():
 
     assert it("--framework", "pytorch") > it("--framework", "pytorch", "--attn-pattern", "causal")
     assert it("--framework", "megatron") < it("--framework", "megatron", "--attn-pattern", "causal")
+
+
+def test_plan_search_prices_the_local_layers_as_train_does():
+    args = ["--model", GEMMA3, "--gpu", "h100-sxm", "--gpus", "16", "--seq-len", "4096",
+            "--global-batch", "64"]  # fmt: skip
+    best = _json(["plan", *args])["plans"][0]
+    sp = "--sequence-parallel" if best["sequence_parallel"] else "--no-sequence-parallel"
+    flags = ["--tp", best["tp"], "--pp", best["pp"], "--cp", best["cp"], "--tp-comm",
+             best["tp_comm"], "--zero", best["zero"], "--micro-batch", best["micro_batch"],
+             "--recompute", best["recompute"], sp]  # fmt: skip
+    if best["cp"] > 1:
+        flags += ["--cp-kind", best["cp_kind"]]
+    train = _json(["train", *args, *[str(f) for f in flags]])
+    assert train["iteration_s"] == pytest.approx(best["iteration_s"], rel=1e-9)

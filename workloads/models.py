@@ -97,6 +97,13 @@ class ModelConfig(BaseModel):
         default=None, gt=0, description="MLA: decoupled RoPE part of head_dim (shared key)"
     )
     v_head_dim: int | None = Field(default=None, gt=0, description="MLA: value head width")
+    index_n_heads: int | None = Field(
+        default=None, gt=0, description="DSA lightning indexer heads (DeepSeek-V3.2)"
+    )
+    index_head_dim: int | None = Field(default=None, gt=0, description="DSA indexer head width")
+    index_topk: int | None = Field(
+        default=None, gt=0, description="DSA: key tokens each query attends to"
+    )
     norms_per_layer: int = Field(
         default=2, ge=2, le=4, description="norms per layer: 2 pre-norms, or 4 with Gemma's "
         "post-attention and post-MLP norms"
@@ -164,6 +171,11 @@ class ModelConfig(BaseModel):
                 f"num_dense_layers ({self.num_dense_layers}) must be < num_layers "
                 f"({self.num_layers}) for an MoE model"
             )
+        dsa = (self.index_n_heads, self.index_head_dim, self.index_topk)
+        if any(v is not None for v in dsa) and (None in dsa or not self.kv_lora_rank):
+            raise ValueError(
+                "DSA needs index_n_heads, index_head_dim and index_topk, on an MLA model"
+            )
         if self.layer_attention is not None:
             if len(self.layer_attention) != self.num_layers:
                 raise ValueError(
@@ -227,6 +239,9 @@ class ModelConfig(BaseModel):
         (gpt-oss and Gemma 2: K = 2; Gemma 3: 6; Llama 4's chunks: 4),
         ``hybrid:dense_fraction=F,...`` for any other mix (where full layers sit does not
         change the cost); None when all are full."""
+        if self.index_topk:  # DSA: the indexer's top-k tokens, as 128-token blocks
+            block = 128 if self.index_topk % 128 == 0 else 64
+            return f"topk:k={-(-self.index_topk // block)},block={block}"
         n, slide = self.num_layers, self.sliding_layers
         if not slide:
             return None
@@ -331,12 +346,22 @@ class ModelConfig(BaseModel):
         if self.out_proj_bias:
             n += h
         if self.kv_lora_rank is not None:
-            n += self.kv_lora_rank + (self.q_lora_rank or 0)
+            n += self.kv_lora_rank + (self.q_lora_rank or 0) + self.indexer_params
         if self.qk_norm:
             n += 2 * self.head_dim if self.qk_norm_span == "head" else self.q_size + self.kv_size
         if self.attention_sinks:
             n += self.num_heads
         return n
+
+    @property
+    def indexer_params(self) -> int:
+        """DSA's lightning indexer of one layer (HF DeepseekV32 ``Indexer``): ``wq_b``
+        from the query latent, ``wk`` and ``weights_proj`` from the hidden state, a
+        LayerNorm on its keys; 0 without DSA."""
+        if not self.index_n_heads or not self.index_head_dim:
+            return 0
+        n, d, h = self.index_n_heads, self.index_head_dim, self.hidden_size
+        return (self.q_lora_rank or h) * n * d + h * d + 2 * d + h * n
 
     def _mlp_params(self, ffn: int) -> int:
         h = self.hidden_size
@@ -578,7 +603,7 @@ def with_moe_imbalance(model: ModelConfig, imbalance: float) -> ModelConfig:
 
 SUPPORTED_HF_TYPES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-    "deepseek_v3", "gpt2", *FAMILY_TYPES,
+    "deepseek_v3", "deepseek_v32", "gpt2", *FAMILY_TYPES,
 )  # fmt: skip
 
 
@@ -695,8 +720,11 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             fields["qk_norm"] = True
         if model_type in ("qwen2_moe", "qwen3_moe"):
             fields.update(_qwen_moe_fields(cfg, req, fields["num_layers"], where))
-        elif model_type in ("deepseek_v2", "deepseek_v3"):
+        elif model_type in ("deepseek_v2", "deepseek_v3", "deepseek_v32"):
             fields.update(_deepseek_fields(cfg, req, fields["num_layers"], where))
+            if model_type == "deepseek_v32":  # DSA's lightning indexer and its top-k
+                for key in ("index_n_heads", "index_head_dim", "index_topk"):
+                    fields[key] = req(key)
         elif model_type in FAMILY_TYPES:
             try:
                 fields.update(family_fields(model_type, cfg, fields["num_layers"], where))

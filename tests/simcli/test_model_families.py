@@ -90,7 +90,8 @@ def test_llama4_runs_with_its_chunks():
 
 
 @pytest.mark.parametrize(
-    ("name", "pp"), [("glm-4.5-air", "1"), ("minimax-m2", "1"), ("kimi-k2", "2")]
+    ("name", "pp"),
+    [("glm-4.5-air", "1"), ("minimax-m2", "1"), ("kimi-k2", "2"), ("deepseek-v3.2", "1")],
 )
 def test_the_2025_moe_models_step_and_serve(name, pp):
     """Kimi K2's 1T fp8 weights need 16 H200s (TP 8 x PP 2), as its deployments use."""

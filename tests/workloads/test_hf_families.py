@@ -36,6 +36,7 @@ HF_NUMEL = {
     "glm-4.5-air": 106_852_245_504,
     "minimax-m2": 228_689_748_992,
     "kimi-k2": 1_026_408_209_408,  # deepseek_v3 with 384 experts
+    "deepseek-v3.2": 671_877_929_216,  # transformers' DeepseekV32Config defaults
 }
 PATTERNS = {
     "gpt-oss-20b": "hybrid:dense_every=2,inner=window:128",
@@ -45,6 +46,7 @@ PATTERNS = {
     "phi-4": None,
     "phi-3.5-moe": None,  # its 131072-token window is no shorter than its positions
     "llama-4-scout-17b-16e": "hybrid:dense_every=4,inner=chunk:8192",
+    "deepseek-v3.2": "topk:k=16,block=128",  # DSA: 2048 key tokens per query
 }
 
 
@@ -120,3 +122,13 @@ def test_llama4_moe_layers_shared_expert_and_chunks(name, dense_layers, ffn):
     assert m.attention_chunk_size == 8192
     # Meta's model card: 17B active parameters per token
     assert round(m.num_active_params / 1e9) == 17
+
+
+def test_dsa_indexer_parameters_and_validation():
+    m = load_hf_config(EXAMPLES / "deepseek-v3.2.config.json")
+    # wq_b 1536 x 64 x 128, wk 7168 x 128, its LayerNorm, weights_proj 7168 x 64
+    assert m.indexer_params == 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64
+    with pytest.raises(ValueError, match="DSA needs"):
+        m.model_copy(update={"index_topk": None}).model_validate(
+            {**m.model_dump(), "index_topk": None}
+        )

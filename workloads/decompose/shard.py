@@ -166,4 +166,4 @@ def mla_params_per_rank(model: ModelConfig, tp: Any) -> Any:
     replicated = h * (c + r) + c + ((h + 1) * ql if ql else 0)
     q_in = ql if ql else h
     split = heads * (q_in * model.head_dim + c * (model.qk_nope_head_dim + model.v_dim))
-    return replicated + split + heads * model.v_dim * h
+    return replicated + split + heads * model.v_dim * h + model.indexer_params  # replicated

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workloads.decompose import params_per_tp_rank
-from workloads.models import ModelError, load_hf_config, load_model
+from workloads.models import ModelConfig, ModelError, load_hf_config, load_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "models"
 
@@ -129,6 +129,4 @@ def test_dsa_indexer_parameters_and_validation():
     # wq_b 1536 x 64 x 128, wk 7168 x 128, its LayerNorm, weights_proj 7168 x 64
     assert m.indexer_params == 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64
     with pytest.raises(ValueError, match="DSA needs"):
-        m.model_copy(update={"index_topk": None}).model_validate(
-            {**m.model_dump(), "index_topk": None}
-        )
+        ModelConfig.model_validate({**m.model_dump(), "index_topk": None})

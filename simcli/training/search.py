@@ -615,8 +615,7 @@ def _with_native_attention(
     as ``simcli train`` prices it for Megatron (its pattern's time over dense attention,
     :func:`costmodels.steps.sparse.sparse_step_costs`); the closed-form estimates that
     rank candidates before simulation price dense attention."""
-    from costmodels.steps.sparse import sparse_step_costs
-    from simcli.sparsity.whatif import SparsityPricer
+    from costmodels.steps.sparse import SparsityPricer, sparse_step_costs
 
     pricer = SparsityPricer(ctx.system.gpu.id, cost_models=lambda _n: ctx.cost_model, seed=0)
     pattern = ctx.model.native_attn_pattern

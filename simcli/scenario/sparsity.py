@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from simcli.scenario.hardware import resolve_hardware
 from simcli.sparsity.gemm import check_sparsity_options, gemm_break_even_rows
-from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, sweep
+from simcli.sparsity.whatif import COLUMNS, SparsityPricer, WhatIfError, split_patterns, sweep
 from workloads.models import ModelConfig, load_model
-from workloads.sparsity import ALLOWED
+from workloads.sparsity import ALLOWED, parse_pattern
 
 DEFAULT_PATTERNS = "dense,window:4096,nsa,s2:local=8,stride=8"
 
@@ -188,16 +188,21 @@ def run_sparsity(
     # loaded before the clock, so that ``seconds`` times the pricing only
     import scipy.special  # noqa: F401
 
+    # a model with local layers of its own (gpt-oss, Gemma, Llama 4) is compared with them
+    patterns: list[str] = split_patterns(c.patterns)
+    native = s.model.native_attn_pattern
+    if native is not None and native not in {parse_pattern(p).spec for p in patterns}:
+        patterns.append(native)
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for i, seq in enumerate(s.seq_lens):  # one length at a time, so a progress bar moves
-        rows += sweep(s.model, c.gpu, [seq], c.patterns, **end_to_end, **common)
+        rows += sweep(s.model, c.gpu, [seq], patterns, **end_to_end, **common)
         if progress is not None:
             progress(i + 1)
     seconds = time.perf_counter() - t0
     curve_rows: list[dict[str, Any]] = []
     for j, seq in enumerate(curve_lens):  # kernels only: the curves of the report
-        curve_rows += sweep(s.model, c.gpu, [seq], c.patterns, end_to_end=False, **common)
+        curve_rows += sweep(s.model, c.gpu, [seq], patterns, end_to_end=False, **common)
         if progress is not None:
             progress(len(s.seq_lens) + j + 1)
     meta = {

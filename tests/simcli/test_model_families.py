@@ -131,3 +131,16 @@ def test_plan_search_prices_the_local_layers_as_train_does():
         flags += ["--cp-kind", best["cp_kind"]]
     train = _json(["train", *args, *[str(f) for f in flags]])
     assert train["iteration_s"] == pytest.approx(best["iteration_s"], rel=1e-9)
+
+
+def test_sparsity_compare_adds_the_models_own_pattern():
+    def patterns(model, given):
+        out = _json(["sparsity", "compare", "--model", model, "--gpu", "h100-sxm", "--seq-len",
+                     "8192", "--patterns", given])  # fmt: skip
+        return [r["pattern"] for r in out["rows"]]
+
+    own = "hybrid:dense_every=2,inner=window:128"
+    assert patterns(OSS, "window:1024") == ["window:1024", own]
+    assert patterns(OSS, own) == [own]  # not twice
+    llama = str(EXAMPLES / "llama-3.2-1b.config.json")
+    assert patterns(llama, "window:1024") == ["window:1024"]  # no local layers of its own

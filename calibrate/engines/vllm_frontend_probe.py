@@ -399,8 +399,7 @@ def run_server(model_dir: str, reps: int, out: Path, what: set[str]) -> list[dic
     app, eng, args = build_server(model_dir, ids[5000:])
     rows, crows = [], []
 
-    def request_body(family: int, n_out: int, offset: int) -> bytes:
-        text = prompt_text(tok, ids, family, offset=offset)
+    def request_body(text: str, n_out: int) -> bytes:
         return json.dumps(
             {
                 "model": model_dir,
@@ -414,7 +413,11 @@ def run_server(model_dir: str, reps: int, out: Path, what: set[str]) -> list[dic
 
     async def burst(conc: int, rep: int):
         """``conc`` requests of one shape sent at once; aggregate CPU and wall."""
-        bodies = [request_body(CONC_PROMPT, CONC_OUTPUT, 7919 * rep + 131 * i) for i in range(conc)]
+        bodies = [
+            request_body(prompt_text(tok, ids, CONC_PROMPT, offset=7919 * rep + 131 * i),
+                         CONC_OUTPUT)
+            for i in range(conc)
+        ]  # fmt: skip
         chunks = [0]
 
         def on_chunk(b: bytes):
@@ -442,16 +445,7 @@ def run_server(model_dir: str, reps: int, out: Path, what: set[str]) -> list[dic
 
     async def one(family: int, n_out: int, rep: int, record: bool):
         text = prompt_text(tok, ids, family, offset=997 * rep + 31 * n_out)
-        body = json.dumps(
-            {
-                "model": model_dir,
-                "prompt": text,
-                "max_tokens": n_out,
-                "stream": True,
-                "ignore_eos": True,
-                "temperature": 0.0,
-            }
-        ).encode()
+        body = request_body(text, n_out)
         first: list[float] = []
         chunks: list[bytes] = []
 

@@ -18,6 +18,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 
@@ -29,29 +30,20 @@ def _table() -> dict[int, dict[int, tuple[float, float]]]:
             for d, by in raw.items()}  # fmt: skip
 
 
-def _at_seq(by_seq: dict[int, tuple[float, float]], seq_len: int) -> tuple[float, float]:
-    seqs = sorted(by_seq)
-    x = min(max(math.log(seq_len), math.log(seqs[0])), math.log(seqs[-1]))
-    for lo, hi in zip(seqs, seqs[1:], strict=False):
-        if x <= math.log(hi):
-            w = (x - math.log(lo)) / (math.log(hi) - math.log(lo))
-            a, b = by_seq[lo], by_seq[hi]
-            return a[0] + w * (b[0] - a[0]), a[1] + w * (b[1] - a[1])
-    return by_seq[seqs[-1]]
-
-
 def masked_ratio(head_dim: int, seq_len: int) -> tuple[float, float]:
     """(forward, backward) time of masked SDPA over causal SDPA at ``seq_len`` tokens,
     interpolated in log sequence length and linearly in head width (clamped to the
     measured ranges: 64-256 wide, 1k-16k tokens)."""
     t = _table()
     dims = sorted(t)
-    d = min(max(head_dim, dims[0]), dims[-1])
-    lo = max(x for x in dims if x <= d)
-    hi = min(x for x in dims if x >= d)
-    a, b = _at_seq(t[lo], seq_len), _at_seq(t[hi], seq_len)
-    w = 0.0 if hi == lo else (d - lo) / (hi - lo)
-    return a[0] + w * (b[0] - a[0]), a[1] + w * (b[1] - a[1])
+    x = math.log(seq_len)
+
+    def at_seq(d: int, phase: int) -> float:
+        seqs = sorted(t[d])
+        return float(np.interp(x, np.log(seqs), [t[d][s][phase] for s in seqs]))
+
+    fwd, bwd = (float(np.interp(head_dim, dims, [at_seq(d, i) for d in dims])) for i in (0, 1))
+    return fwd, bwd
 
 
 def hf_attention_scale(model, seq_len: int) -> tuple[float, float]:

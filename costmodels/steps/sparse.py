@@ -645,8 +645,8 @@ class PatternStepModel(StepModel):
             np.geomspace(MIN_LEN, max(max_len, MIN_LEN * 2), GRID_POINTS).astype(int) // 128 * 128
         )
         pre, dec = [], []
+        span = local_span(self.pattern)
         for n in lens.tolist():
-            span = local_span(self.pattern)
             if hf_masked:
                 pre.append(hf_attention_scale(self.model, n)[0])
             elif span is not None and span >= n:

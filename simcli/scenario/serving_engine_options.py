@@ -45,6 +45,20 @@ def hardware_field() -> Any:
     return Field(None, description="Extra hardware spec file (YAML/JSON).")
 
 
+def profile_field() -> Any:
+    """``--profile``: a calibration profile in place of the GPU's shipped one."""
+    return Field(None, description="Calibration profile (JSON).")
+
+
+def composition_field() -> Any:
+    """``--composition``: whole-step composition factors for the eager engine."""
+    return Field(
+        None,
+        description="Composition factors from `simcli calibrate from-trace` (JSON); default: "
+        "the ones shipped for the GPU (engine pytorch-eager on H100/H200).",
+    )
+
+
 def fill_engine_defaults(data: Any, fields: dict[str, str]) -> Any:
     """``data`` (a command's raw values) with each of ``fields`` (field -> the engine
     default it takes: max_num_seqs, block_size, scheduler, max_num_batched_tokens)

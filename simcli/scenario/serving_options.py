@@ -43,8 +43,10 @@ from simcli.scenario.serving_engine_options import (
     CHUNK_HELP,
     SEQS_HELP,
     attn_backend_field,
+    composition_field,
     engine_field,
     hardware_field,
+    profile_field,
     serve_engine_defaults,
 )
 from simcli.scenario.serving_features import branch_config, spec_config, unit_floats
@@ -207,12 +209,8 @@ class ServeOptions(LoadOptions):
         description="Sparse attention pattern of the served model (e.g. window:4096, nsa; see "
         "`simcli sparsity compare`).",
     )
-    profile: Path | None = Field(None, description="Calibration profile (JSON).")
-    composition: Path | None = Field(
-        None,
-        description="Composition factors from `simcli calibrate from-trace` (JSON); default: "
-        "the ones shipped for the GPU (engine pytorch-eager on H100/H200).",
-    )
+    profile: Path | None = profile_field()
+    composition: Path | None = composition_field()
     disaggregate: bool = Field(False, description="Separate prefill and decode pools.")
     prefill_replicas: int | None = count_field(
         None,

@@ -22,9 +22,11 @@ from simcli.scenario.config_base import (
 from simcli.scenario.serving_engine_options import (
     BLOCK_HELP,
     attn_backend_field,
+    composition_field,
     engine_field,
     fill_engine_defaults,
     hardware_field,
+    profile_field,
 )
 from simcli.scenario.serving_precision import (
     KV_CACHE_DTYPE_HELP,
@@ -92,12 +94,8 @@ class StepOptions(CommandConfig):
         description="Longest sequence (prompt + generated) the engine accepts, as vLLM's "
         "--max-model-len; default: the model's max_position_embeddings.",
     )
-    profile: Path | None = Field(None, description="Calibration profile (JSON).")
-    composition: Path | None = Field(
-        None,
-        description="Composition factors from `simcli calibrate from-trace` (JSON); default: "
-        "the ones shipped for the GPU (engine pytorch-eager on H100/H200).",
-    )
+    profile: Path | None = profile_field()
+    composition: Path | None = composition_field()
 
     @model_validator(mode="after")
     def _phase_inputs(self) -> StepOptions:

@@ -536,23 +536,21 @@ class Engine:
             if self.steps > 1:  # a multi-step round streams its tokens as one chunk at its end
                 self.round_done.extend(done)
                 self.round_joined.extend(joined)
-                if self.round_left:
+                if self.round_left:  # mid-round: nothing reaches the client yet
                     done = joined = []
                 else:
                     done, self.round_done = self.round_done, []
                     joined = [s for s in self.round_joined if s.slot >= 0]
                     self.round_joined = []
-            if self.round_left:
-                pass  # mid-round: nothing reaches the client yet
-            elif dec.variable:
-                dec.record_tbt(metrics, now_s - self.last_decode_end_s, joined, now_s)  # type: ignore[attr-defined]
-            else:
-                old = batch.n_decode - len(joined)
-                if old:
-                    metrics.tbt(now_s - self.last_decode_end_s, old)
-                for s in joined:
-                    metrics.tbt(now_s - s.last_token_s, 1)
-            if not self.round_left:
+            if not self.round_left:  # tokens delivered now
+                if dec.variable:
+                    dec.record_tbt(metrics, now_s - self.last_decode_end_s, joined, now_s)  # type: ignore[attr-defined]
+                else:
+                    old = batch.n_decode - len(joined)
+                    if old:
+                        metrics.tbt(now_s - self.last_decode_end_s, old)
+                    for s in joined:
+                        metrics.tbt(now_s - s.last_token_s, 1)
                 self.last_decode_end_s = now_s
             for s in done:
                 if s.slot < 0:  # cancelled by a sibling branch that finished first

@@ -192,3 +192,70 @@ def _req(cfg: dict[str, Any], key: str, where: str) -> Any:
     if value is None:
         raise FamilyError(f"{where}: missing key {key!r}")
     return value
+
+
+def int_key(cfg: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FamilyError(f"{where}: {key} must be a non-negative integer (got {value!r})")
+    return value
+
+
+def qwen_moe_fields(cfg: dict[str, Any], req: Any, layers: int, where: str) -> dict[str, Any]:
+    """qwen2_moe / qwen3_moe: ``num_experts`` of ``moe_intermediate_size``, top
+    ``num_experts_per_tok``; a layer is sparse unless listed in ``mlp_only_layers`` or
+    ``(layer + 1) % decoder_sparse_step != 0`` (HF ``Qwen2MoeDecoderLayer``); qwen2_moe
+    adds one shared expert of ``shared_expert_intermediate_size`` behind a sigmoid gate."""
+    step = int_key(cfg, "decoder_sparse_step", 1, where) or 1
+    only = cfg.get("mlp_only_layers") or []
+    dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
+    out: dict[str, Any] = {
+        "num_experts": req("num_experts"),
+        "experts_per_token": req("num_experts_per_tok"),
+        "moe_ffn_hidden_size": req("moe_intermediate_size"),
+        "num_dense_layers": dense,
+    }
+    shared = cfg.get("shared_expert_intermediate_size")
+    if shared:
+        out["shared_expert_ffn_hidden_size"] = shared
+        out["shared_expert_gate"] = True
+    return out
+
+
+def deepseek_fields(cfg: dict[str, Any], req: Any, layers: int, where: str) -> dict[str, Any]:
+    """deepseek_v2 / deepseek_v3: MLA (``kv_lora_rank``, ``q_lora_rank`` or null,
+    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``) and DeepSeekMoE
+    (``n_routed_experts`` of ``moe_intermediate_size``, ``n_shared_experts`` fused into
+    one shared MLP of ``n_shared * moe_intermediate_size``, top ``num_experts_per_tok``);
+    layer ``i`` is MoE when ``i >= first_k_dense_replace and i % moe_layer_freq == 0``
+    (HF ``DeepseekV2DecoderLayer``), the rest dense with ``intermediate_size``. The
+    multi-token-prediction module of V3 (``num_nextn_predict_layers``) is not modelled."""
+    nope, rope = req("qk_nope_head_dim"), req("qk_rope_head_dim")
+    for key, value in (("qk_nope_head_dim", nope), ("qk_rope_head_dim", rope)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise FamilyError(f"{where}: {key} must be a positive integer (got {value!r})")
+    out: dict[str, Any] = {
+        "head_dim": nope + rope,
+        "kv_lora_rank": req("kv_lora_rank"),
+        "q_lora_rank": cfg.get("q_lora_rank"),
+        "qk_rope_head_dim": rope,
+        "v_head_dim": req("v_head_dim"),
+    }
+    routed = cfg.get("n_routed_experts")
+    if not routed:
+        return out
+    first = int_key(cfg, "first_k_dense_replace", 0, where)
+    freq = int_key(cfg, "moe_layer_freq", 1, where) or 1
+    moe_f = req("moe_intermediate_size")
+    shared = int_key(cfg, "n_shared_experts", 0, where)
+    out.update(
+        num_experts=routed,
+        experts_per_token=req("num_experts_per_tok"),
+        moe_ffn_hidden_size=moe_f,
+        num_dense_layers=sum(1 for i in range(layers) if i < first or i % freq),
+    )
+    if shared:
+        out["shared_expert_ffn_hidden_size"] = shared * moe_f
+    return out

@@ -20,7 +20,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from workloads.hf_families import FAMILY_TYPES, FamilyError, family_fields, text_config
+from workloads.hf_families import FAMILY_TYPES, FamilyError, text_config
+from workloads.hf_hybrids import HYBRID_TYPES, family_extra, hybrid_config
+from workloads.mixers import LinearMixer
 
 
 class ModelError(ValueError):
@@ -58,9 +60,9 @@ class ModelConfig(BaseModel):
     ffn_hidden_size: int = Field(gt=0, description="MLP intermediate width (per expert for MoE)")
     vocab_size: int = Field(gt=0)
     max_seq_len: int = Field(gt=0, description="max positions (learned table size for 'learned')")
-    activation: Literal["swiglu", "geglu", "gelu"] = Field(
+    activation: Literal["swiglu", "geglu", "gelu", "relu2"] = Field(
         description="swiglu / geglu: gated MLP act(gate) * up (SiLU; Gemma's tanh GELU); "
-        "gelu: ungated up then down (GPT-2)"
+        "gelu / relu2: ungated up then down (GPT-2; Nemotron-H's squared ReLU)"
     )
     norm: Literal["rmsnorm", "layernorm"]
     position: Literal["rope", "learned"]
@@ -105,8 +107,8 @@ class ModelConfig(BaseModel):
         default=None, gt=0, description="DSA: key tokens each query attends to"
     )
     norms_per_layer: int = Field(
-        default=2, ge=2, le=4, description="norms per layer: 2 pre-norms, or 4 with Gemma's "
-        "post-attention and post-MLP norms"
+        default=2, ge=1, le=4, description="norms per layer: 2 pre-norms, 4 with Gemma's "
+        "post-attention and post-MLP norms, 1 in Nemotron-H's single-mixer blocks"
     )  # fmt: skip
     attention_sinks: bool = Field(
         default=False, description="a learned sink logit per query head (gpt-oss)"
@@ -122,6 +124,21 @@ class ModelConfig(BaseModel):
     layer_attention: tuple[Literal["full", "sliding", "chunked"], ...] | None = Field(
         default=None, description="each layer's attention (HF layer_types); None = all full"
     )
+    mixer: LinearMixer | None = Field(
+        default=None, description="the linear-attention / state-space token mixer of the "
+        "mixer_layers (workloads.mixers)"
+    )  # fmt: skip
+    mixer_layers: int = Field(default=0, ge=0, description="layers with the linear mixer")
+    attention_free_layers: int = Field(
+        default=0, ge=0, description="layers without softmax attention (hybrids)"
+    )
+    mlp_free_layers: int = Field(
+        default=0, ge=0, description="layers without an MLP (Nemotron-H's mixer blocks)"
+    )
+    attention_output_gate: bool = Field(
+        default=False, description="q_proj also emits a sigmoid gate on the attention "
+        "output (Qwen3-Next's gated attention)"
+    )  # fmt: skip
     moe_imbalance: float = Field(
         default=1.0,
         ge=1.0,
@@ -166,10 +183,21 @@ class ModelConfig(BaseModel):
                 "shared experts, shared_expert_gate and num_dense_layers are only for "
                 "num_experts > 1"
             )
-        if self.num_dense_layers >= self.num_layers:
+        if self.num_dense_layers + self.mlp_free_layers >= self.num_layers and self.is_moe:
             raise ValueError(
                 f"num_dense_layers ({self.num_dense_layers}) must be < num_layers "
                 f"({self.num_layers}) for an MoE model"
+            )
+        if (self.mixer is None) != (self.mixer_layers == 0):
+            raise ValueError("mixer and mixer_layers > 0 go together")
+        if (
+            max(self.mixer_layers, self.attention_free_layers, self.mlp_free_layers)
+            > (self.num_layers)
+            or self.attention_free_layers == self.num_layers
+        ):
+            raise ValueError(
+                "mixer_layers, attention_free_layers and mlp_free_layers count layers of "
+                f"the {self.num_layers}; at least one layer keeps attention"
             )
         dsa = (self.index_n_heads, self.index_head_dim, self.index_topk)
         if any(v is not None for v in dsa) and (None in dsa or not self.kv_lora_rank):
@@ -223,7 +251,7 @@ class ModelConfig(BaseModel):
     @property
     def gated_mlp(self) -> bool:
         """act(gate) * up, three matrices (SwiGLU, GeGLU); else up and down (GELU)."""
-        return self.activation != "gelu"
+        return self.activation in ("swiglu", "geglu")
 
     @property
     def sliding_layers(self) -> int:
@@ -272,12 +300,26 @@ class ModelConfig(BaseModel):
     @property
     def moe_layers(self) -> int:
         """Layers with routed experts (0 for dense models)."""
-        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+        if not self.is_moe:
+            return 0
+        return self.num_layers - self.num_dense_layers - self.mlp_free_layers
 
     @property
     def dense_layers(self) -> int:
         """Layers with a dense ``ffn_hidden_size`` MLP."""
-        return self.num_layers - self.moe_layers
+        return self.num_layers - self.moe_layers - self.mlp_free_layers
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers with softmax attention: each keeps a KV cache; the others' mixers keep
+        a constant-size state (:attr:`mixer`)."""
+        return self.num_layers - self.attention_free_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers carry a linear mixer or no attention (the mean layer then weighs
+        attention, mixer and MLP by their layers' shares)."""
+        return bool(self.mixer_layers or self.attention_free_layers or self.mlp_free_layers)
 
     @property
     def shared_ffn_hidden_size(self) -> int:
@@ -329,7 +371,8 @@ class ModelConfig(BaseModel):
         and ``W^O`` (DeepSeek-V2 eqs. 9-14, 37-47)."""
         h = self.hidden_size
         if self.kv_lora_rank is None:
-            return h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+            gate = h * self.q_size if self.attention_output_gate else 0
+            return h * (self.q_size + 2 * self.kv_size) + self.q_size * h + gate
         c, r, nh = self.kv_lora_rank, self.qk_rope_head_dim or 0, self.num_heads
         q = h * self.q_size if self.q_lora_rank is None else self.q_lora_rank * (h + self.q_size)
         kv = h * (c + r) + c * nh * (self.qk_nope_head_dim + self.v_dim)
@@ -411,11 +454,22 @@ class ModelConfig(BaseModel):
         return self.attention_params + self.mlp_params + self.norms_per_layer * self.norm_params
 
     @property
+    def mixer_params(self) -> int:
+        """One layer's linear mixer (0 without one)."""
+        return self.mixer.params(self.hidden_size) if self.mixer else 0
+
+    @property
     def layers_params(self) -> int:
-        """All transformer layers: MoE layers and the dense ones."""
-        norms = self.norms_per_layer * self.norm_params
-        dense = self.attention_params + self.dense_mlp_params + norms
-        return self.moe_layers * self.layer_params + self.dense_layers * dense
+        """All layers: attention where a layer has it, the linear mixers, MoE and dense
+        MLPs where a layer has one, every layer's norms."""
+        moe = self.mlp_params if self.is_moe else 0
+        return (
+            self.attention_layers * self.attention_params
+            + self.mixer_layers * self.mixer_params
+            + self.moe_layers * moe
+            + self.dense_layers * self.dense_mlp_params
+            + self.num_layers * self.norms_per_layer * self.norm_params
+        )
 
     @property
     def embedding_params(self) -> int:
@@ -431,12 +485,7 @@ class ModelConfig(BaseModel):
     @property
     def num_params(self) -> int:
         """Exact parameter count: embeddings, layers, final norm, untied LM head."""
-        return (
-            self.embedding_params
-            + (self.num_layers * self.layer_params if not self.is_moe else self.layers_params)
-            + self.norm_params
-            + self.lm_head_params
-        )
+        return self.embedding_params + self.layers_params + self.norm_params + self.lm_head_params
 
     @property
     def num_active_params(self) -> int:
@@ -453,24 +502,28 @@ class ModelConfig(BaseModel):
         ``N`` that makes ``6N`` reproduce Narayanan et al. 2021 eq. (3) exactly.
         """
         h = self.hidden_size
-        attn = self.attention_matmul_params
+        attn = self.attention_layers * self.attention_matmul_params
+        if self.mixer:
+            attn += self.mixer_layers * self.mixer.matmul_params(h)
         per_matrix = 3 if self.gated_mlp else 2
-        if not self.is_moe:
-            mlp = per_matrix * h * self.ffn_hidden_size
-            return self.num_layers * (attn + mlp) + self.vocab_size * h
         routed = self.experts_per_token * per_matrix * h * self.expert_ffn_hidden_size
         moe = routed + per_matrix * h * self.shared_ffn_hidden_size + self.router_params
         dense = per_matrix * h * self.ffn_hidden_size
-        layers = self.num_layers * attn + self.moe_layers * moe + self.dense_layers * dense
+        layers = attn + self.moe_layers * moe + self.dense_layers * dense
         return layers + self.vocab_size * h
 
     # --- memory and FLOPs ------------------------------------------------------------------
     def kv_cache_bytes_per_token(self, dtype_bytes: int | float) -> float:
-        """K and V of one token over all layers: 2 * layers * kv_heads * head_dim * bytes
-        (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * bytes)."""
+        """K and V of one token over the attention layers: 2 * layers * kv_heads *
+        head_dim * bytes (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * bytes)."""
         if dtype_bytes <= 0:
             raise ModelError(f"dtype_bytes must be > 0, got {dtype_bytes}")
-        return float(self.num_layers * self.kv_elements_per_token_per_layer * dtype_bytes)
+        return float(self.attention_layers * self.kv_elements_per_token_per_layer * dtype_bytes)
+
+    def state_bytes_per_seq(self, dtype_bytes: int | float) -> float:
+        """The linear mixers' recurrent and conv state one sequence keeps, whatever its
+        length (0 without mixers)."""
+        return self.mixer_layers * self.mixer.state_bytes(dtype_bytes) if self.mixer else 0.0
 
     def flops_per_token(self, seq_len: int, causal: bool = True, training: bool = True) -> float:
         """Model FLOPs per token for a sequence of ``seq_len`` tokens.
@@ -494,7 +547,9 @@ class ModelConfig(BaseModel):
             raise ModelError(f"seq_len must be > 0, got {seq_len}")
         c = 6 if training else 2
         width = self.q_size if not self.is_mla else self.attention_matmul_width
-        attn = 2 * self.num_layers * seq_len * width * (0.5 if causal else 1.0)
+        attn = 2 * self.attention_layers * seq_len * width * (0.5 if causal else 1.0)
+        if self.mixer:  # the scans' own products (workloads.mixers)
+            attn += self.mixer_layers * self.mixer.flops_per_token() / 2
         return float(c * self.matmul_params_per_token + c * attn)
 
 
@@ -603,7 +658,7 @@ def with_moe_imbalance(model: ModelConfig, imbalance: float) -> ModelConfig:
 
 SUPPORTED_HF_TYPES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-    "deepseek_v3", "deepseek_v32", "gpt2", *FAMILY_TYPES,
+    "deepseek_v3", "deepseek_v32", "gpt2", *FAMILY_TYPES, *HYBRID_TYPES,
 )  # fmt: skip
 
 
@@ -641,8 +696,9 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     ``n_head``, ``n_inner`` (default 4 * n_embd), ``n_positions``, ``vocab_size``; GELU,
     LayerNorm, learned positions, biases on every linear, tied embeddings. qwen3 adds
     per-head q/k RMSNorms; qwen2_moe / qwen3_moe and deepseek_v2 / deepseek_v3 as in
-    :func:`_qwen_moe_fields` and :func:`_deepseek_fields`; gpt_oss, gemma2, gemma3(_text)
-    and phi3 as in :mod:`workloads.hf_families` (their sliding-window layers included).
+    ``qwen_moe_fields`` and ``deepseek_fields``; gpt_oss, gemma2, gemma3(_text), phi3 ... as
+    in :mod:`workloads.hf_families` (their sliding-window layers included); the linear /
+    state-space hybrids as in :mod:`workloads.hf_hybrids`.
     Mistral's sliding window is not read: its attention spans the full context.
     """
     path = Path(path)
@@ -657,7 +713,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         raise ModelError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(cfg, dict):
         raise ModelError(f"{where} must be a JSON object")
-    cfg = text_config(cfg)
+    cfg = hybrid_config(text_config(cfg))
     model_type = _require(cfg, "model_type", where)
     if model_type not in SUPPORTED_HF_TYPES:
         raise ModelError(
@@ -718,83 +774,8 @@ def load_hf_config(path: str | Path) -> ModelConfig:
             fields["experts_per_token"] = req("num_experts_per_tok")
         elif model_type in ("qwen3", "qwen3_moe"):
             fields["qk_norm"] = True
-        if model_type in ("qwen2_moe", "qwen3_moe"):
-            fields.update(_qwen_moe_fields(cfg, req, fields["num_layers"], where))
-        elif model_type in ("deepseek_v2", "deepseek_v3", "deepseek_v32"):
-            fields.update(_deepseek_fields(cfg, req, fields["num_layers"], where))
-            if model_type == "deepseek_v32":  # DSA's lightning indexer and its top-k
-                for key in ("index_n_heads", "index_head_dim", "index_topk"):
-                    fields[key] = req(key)
-        elif model_type in FAMILY_TYPES:
-            try:
-                fields.update(family_fields(model_type, cfg, fields["num_layers"], where))
-            except FamilyError as exc:
-                raise ModelError(str(exc)) from None
+        try:
+            fields.update(family_extra(model_type, cfg, req, fields["num_layers"], where))
+        except FamilyError as exc:
+            raise ModelError(str(exc)) from None
     return model_from_dict({**common, **fields}, where)
-
-
-def _int_key(cfg: dict[str, Any], key: str, default: int, where: str) -> int:
-    value = cfg.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ModelError(f"{where}: {key} must be a non-negative integer (got {value!r})")
-    return value
-
-
-def _qwen_moe_fields(cfg: dict[str, Any], req: Any, layers: int, where: str) -> dict[str, Any]:
-    """qwen2_moe / qwen3_moe: ``num_experts`` of ``moe_intermediate_size``, top
-    ``num_experts_per_tok``; a layer is sparse unless listed in ``mlp_only_layers`` or
-    ``(layer + 1) % decoder_sparse_step != 0`` (HF ``Qwen2MoeDecoderLayer``); qwen2_moe
-    adds one shared expert of ``shared_expert_intermediate_size`` behind a sigmoid gate."""
-    step = _int_key(cfg, "decoder_sparse_step", 1, where) or 1
-    only = cfg.get("mlp_only_layers") or []
-    dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
-    out: dict[str, Any] = {
-        "num_experts": req("num_experts"),
-        "experts_per_token": req("num_experts_per_tok"),
-        "moe_ffn_hidden_size": req("moe_intermediate_size"),
-        "num_dense_layers": dense,
-    }
-    shared = cfg.get("shared_expert_intermediate_size")
-    if shared:
-        out["shared_expert_ffn_hidden_size"] = shared
-        out["shared_expert_gate"] = True
-    return out
-
-
-def _deepseek_fields(cfg: dict[str, Any], req: Any, layers: int, where: str) -> dict[str, Any]:
-    """deepseek_v2 / deepseek_v3: MLA (``kv_lora_rank``, ``q_lora_rank`` or null,
-    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``) and DeepSeekMoE
-    (``n_routed_experts`` of ``moe_intermediate_size``, ``n_shared_experts`` fused into
-    one shared MLP of ``n_shared * moe_intermediate_size``, top ``num_experts_per_tok``);
-    layer ``i`` is MoE when ``i >= first_k_dense_replace and i % moe_layer_freq == 0``
-    (HF ``DeepseekV2DecoderLayer``), the rest dense with ``intermediate_size``. The
-    multi-token-prediction module of V3 (``num_nextn_predict_layers``) is not modelled."""
-    nope, rope = req("qk_nope_head_dim"), req("qk_rope_head_dim")
-    for key, value in (("qk_nope_head_dim", nope), ("qk_rope_head_dim", rope)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ModelError(f"{where}: {key} must be a positive integer (got {value!r})")
-    out: dict[str, Any] = {
-        "head_dim": nope + rope,
-        "kv_lora_rank": req("kv_lora_rank"),
-        "q_lora_rank": cfg.get("q_lora_rank"),
-        "qk_rope_head_dim": rope,
-        "v_head_dim": req("v_head_dim"),
-    }
-    routed = cfg.get("n_routed_experts")
-    if not routed:
-        return out
-    first = _int_key(cfg, "first_k_dense_replace", 0, where)
-    freq = _int_key(cfg, "moe_layer_freq", 1, where) or 1
-    moe_f = req("moe_intermediate_size")
-    shared = _int_key(cfg, "n_shared_experts", 0, where)
-    out.update(
-        num_experts=routed,
-        experts_per_token=req("num_experts_per_tok"),
-        moe_ffn_hidden_size=moe_f,
-        num_dense_layers=sum(1 for i in range(layers) if i < first or i % freq),
-    )
-    if shared:
-        out["shared_expert_ffn_hidden_size"] = shared * moe_f
-    return out

@@ -240,19 +240,25 @@ def _layer_acts(
         # probability-weighted combine (TP ranks see every token, the FFN split by tp).
         rep = rep + 4.0 * E
         mlp = k * (g * h + inter(sh["ffn_e"]) + e * h)
-        if model.shared_ffn_hidden_size or model.num_dense_layers:
+        if model.shared_ffn_hidden_size or model.num_dense_layers or model.mlp_free_layers:
             # fine-grained MoE: the shared expert's intermediates beside the routed ones,
             # and the dense layers' MLP, as a mean over the layers
             share = model.moe_layers / model.num_layers
             shared = inter(sh["shared_ffn"]) if model.shared_ffn_hidden_size else 0.0
-            mlp = share * (mlp + shared) + (1.0 - share) * inter(sh["ffn"])
+            dense = model.dense_layers / model.num_layers
+            mlp = share * (mlp + shared) + dense * inter(sh["ffn"])
     else:
-        mlp = inter(sh["ffn"])
+        mlp = inter(sh["ffn"]) * (model.dense_layers / model.num_layers)
     # unfused, Korthikanti eq. 1: softmax output 2as, dropout mask as, dropout output 2as
     # per token (5as^2b per layer), over the whole sequence of keys. Flash attention
     # stores no s x s tensor, only the fp32 log-sum-exp per query row and head (Dao et
     # al. 2022, FlashAttention, sec. 3.1; FlashAttention-2, algorithm 1).
     core = heads * seq_len * (e + 1 + e) if unfused else 4.0 * heads
+    if model.is_hybrid:  # attention, and the mixer's in_proj, conv, scan and norm outputs
+        mx, n = model.mixer, model.num_layers  # (what its kernels save), in their shares
+        mix = e * (mx.in_proj_width + mx.conv_dim + 2 * mx.inner) / np.asarray(tp) if mx else 0.0
+        attn = (model.attention_layers * attn + model.mixer_layers * mix) / n
+        core = core * model.attention_layers / n
     none = rep / t_sp + attn + core + mlp
     # selective: core attention recomputed (Korthikanti sec. 4.2, Megatron's
     # --recompute-granularity selective): only its softmax/statistics are not stored.
@@ -765,19 +771,9 @@ def _arrays(*, grad_bucket_bytes=None, **fields) -> dict:
     """Plan fields as broadcast numpy arrays (int64 codes for the string fields)."""
     if grad_bucket_bytes is None:
         grad_bucket_bytes = TrainPlan.model_fields["grad_bucket_bytes"].default
-    raw = {
-        "tp": fields["tp"],
-        "pp": fields["pp"],
-        "cp": fields["cp"],
-        "dp": fields["dp"],
-        "vpp": fields["vpp"],
-        "ep": fields["ep"],
-        "zero": fields["zero"],
-        "mb": fields["micro_batch"],
-        "m": fields["num_microbatches"],
-        "seq": fields["seq_len"],
-        "bucket": grad_bucket_bytes,
-    }
+    raw = {k: fields[k] for k in ("tp", "pp", "cp", "dp", "vpp", "ep", "zero")}
+    raw.update(mb=fields["micro_batch"], m=fields["num_microbatches"])
+    raw.update(seq=fields["seq_len"], bucket=grad_bucket_bytes)
     arrs = {k: np.asarray(v, dtype=np.int64) for k, v in raw.items()}
     arrs["rc"] = _code(fields["recompute"], _RECOMPUTE, "recompute")
     arrs["prec"] = _code(fields["precision"], _PREC, "precision")

@@ -391,7 +391,7 @@ class StepModel(VllmMemory, SummaryPricing):
         i, w = bracket(g.lists["seq_x"], S)
         b = g.seq_kern
         k = k + (b[i] + w * (b[i + 1] - b[i]))
-        return k + self.model.num_layers * ((n_pre > 0) + (n_dec > 0))
+        return k + self.model.attention_layers * ((n_pre > 0) + (n_dec > 0))
 
     def _finish(self, gpu: float, ctx: str, T: int, S: int, n_pre: int, n_dec: int) -> float:
         """The iteration's price from its GPU time: a step launched from the host takes at

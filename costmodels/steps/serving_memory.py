@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from costmodels.ops.sparse_gemm import stored_bytes_per_weight
+from costmodels.steps.kv_layout import KvLayout
 from costmodels.steps.serving_grid import StepError
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import params_per_tp_rank, tp_shard
@@ -149,12 +150,38 @@ class VllmMemory:
         on every rank)."""
         kv_elt = DTYPE_BYTES[Dtype(self.kv_cache_dtype)]
         per_layer = self._kv_elements_per_layer_per_gpu() * self.tp
-        return float(self.model.num_layers * per_layer * kv_elt)
+        return float(self.model.attention_layers * per_layer * kv_elt)
 
     def kv_bytes_per_token_per_gpu(self, stage: int = 0) -> float:
+        """KV bytes of one token on one GPU of ``stage``: its layers' share of the
+        attention layers (a hybrid's mean layer)."""
         kv_elt = DTYPE_BYTES[Dtype(self.kv_cache_dtype)]
-        layers = self.stage_layers()[stage]
+        m = self.model
+        layers = self.stage_layers()[stage] * m.attention_layers / m.num_layers
         return float(layers * self._kv_elements_per_layer_per_gpu() * kv_elt)
+
+    @property
+    def state_tokens_per_seq(self) -> float:
+        """A hybrid's recurrent state per sequence (the mixers' scan and conv state, in
+        the model dtype, fp32 where the model asks for it; vLLM's
+        ``mamba_ssm_cache_dtype``) as the KV tokens the same memory holds: a paged engine
+        takes it from the same pool once per sequence (vLLM V1's hybrid allocator gives
+        each mixer layer one state page per request). 0 without mixers."""
+        state = self.model.state_bytes_per_seq(DTYPE_BYTES[Dtype(self.dtype)])
+        return state / self.kv_bytes_per_token if state else 0.0
+
+    @property
+    def kv_layout(self) -> KvLayout | None:
+        """A hybrid's :class:`KvLayout`: each sequence also holds its mixers' recurrent
+        state; None for a model whose layers all keep a KV cache."""
+        if not self.model.mixer:
+            return None
+        return KvLayout(
+            state_tokens=self.state_tokens_per_seq,
+            note=f"{self.model.mixer_layers} {self.model.mixer.kind} layers keep a constant "
+            f"state per sequence; {self.model.attention_layers} attention layers keep the "
+            "whole context",
+        )
 
     def memory_bytes_per_gpu(
         self, gpu_memory_utilization: float = 0.9, stage: int = 0

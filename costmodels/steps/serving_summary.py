@@ -49,7 +49,9 @@ class SummaryPricing:
                 key = self._composition_key("stream" if stream else "graph")
                 f = self.composition.factor(key, "attn_fwd")  # the group's factor x idle
                 idle = self.composition.idle(key)
-            out = self._attn_f[stream] = (f, idle)
+            # a hybrid's mean layer: attention runs in the attention layers' share only
+            share = self.model.attention_layers / self.model.num_layers
+            out = self._attn_f[stream] = (f * share, idle * share)
         return out
 
     def _prefill_attn_lists(self, new: list[int], past: list[int]) -> float | None:

@@ -29,6 +29,7 @@ import numpy as np
 
 from costmodels.ops import sparse_attention as sa
 from costmodels.steps.hf_attention import hf_attention_scale
+from costmodels.steps.kv_layout import KvLayout
 from costmodels.steps.serving import StepModel
 from costmodels.steps.training import Phase, StepCosts, cp_comm_s, recompute_phase, step_costs
 from hardware_specs.registry import builtin_catalog
@@ -98,7 +99,7 @@ class AttentionShape:
             sh.kv_heads,
             model.head_dim,
             tp,
-            model.num_layers,
+            model.attention_layers,  # a hybrid's mixer layers have no attention
             model.num_kv_heads,
         )
 
@@ -483,61 +484,6 @@ MIN_LEN = 256
 # --------------------------------------------------------------------------- serving KV
 
 
-@dataclass(frozen=True)
-class KvLayout:
-    """What a paged serving engine can hold per sequence under an attention pattern.
-
-    A KV block (``block_size`` tokens of every layer) is split into ``full_units +
-    capped_units`` layer groups: ``full_units`` keep every token; ``capped_units`` (sliding
-    window layers) free blocks wholly outside the window, so they hold at most
-    ``ceil(sinks / bs) + ceil(window / bs) + 1`` blocks (the window's ``window`` newest
-    keys straddle one more block than they fill; vLLM's sliding-window manager frees whole
-    blocks). ``bytes_factor`` scales the KV bytes a cached token costs (NSA's compressed
-    keys: one compressed token per stride ``d`` on the NSA layers, reserved per token).
-    """
-
-    full_units: int = 1
-    capped_units: int = 0
-    window_tokens: int = 0
-    sink_tokens: int = 0
-    bytes_factor: float = 1.0
-    note: str = "every layer keeps the whole context"
-
-    @property
-    def capped(self) -> bool:
-        return self.capped_units > 0
-
-    def cap_blocks(self, block_size: int) -> int:
-        """Blocks a capped layer group holds at most (0: no cap)."""
-        if not self.capped:
-            return 0
-        bs = block_size
-        return -(-self.sink_tokens // bs) + -(-self.window_tokens // bs) + 1
-
-    def cap_tokens(self, block_size: int) -> int | None:
-        """KV tokens per sequence and capped layer, at most (block-rounded); None: no cap."""
-        return self.cap_blocks(block_size) * block_size if self.capped else None
-
-    @property
-    def units(self) -> int:
-        """Layer-group units per KV block (1 without a capped group)."""
-        return self.full_units + self.capped_units
-
-    def held_units(self, tokens: int, block_size: int) -> int:
-        """Units a sequence of ``tokens`` cached tokens holds at most: every block of the
-        full groups, at most :meth:`cap_blocks` of the capped ones."""
-        blocks = -(-int(tokens) // block_size)
-        if not self.capped:
-            return self.units * blocks
-        return self.full_units * blocks + self.capped_units * min(
-            blocks, self.cap_blocks(block_size)
-        )
-
-    def capacity_units(self, kv_capacity_tokens: int, block_size: int) -> int:
-        """Units a KV cache of ``kv_capacity_tokens`` (dense-equivalent tokens) holds."""
-        return int(kv_capacity_tokens) // block_size * self.units
-
-
 def local_span(p: Pattern | None) -> int | None:
     """Keys a local layer attends at most: a window's, or a chunk's (None otherwise)."""
     if isinstance(p, WindowPattern):
@@ -620,7 +566,9 @@ class PatternStepModel(StepModel):
     @property
     def kv_layout(self) -> KvLayout:
         # the base constructor may ask for KV sizes before the pattern is set
-        return kv_layout(getattr(self, "pattern", None), self.model.num_layers)
+        lay = kv_layout(getattr(self, "pattern", None), self.model.attention_layers)
+        state = self.state_tokens_per_seq if self.model.mixer else 0.0
+        return replace(lay, state_tokens=state) if state else lay
 
     @property
     def kv_bytes_per_token(self) -> float:

@@ -380,8 +380,9 @@ def model_flops(model: ModelConfig, tokens: int, seq_len: int) -> float:
     dense = 6.0 * n_active * tokens
     if model.is_mla:  # Q K^T at the QK head width, P V at the value width
         width = model.attention_matmul_width
-        return dense + 6.0 * model.num_layers * 2.0 * width * seq_len * tokens / 2
-    attn = 6.0 * model.num_layers * 2.0 * model.num_heads * model.head_dim * seq_len * tokens / 2
+        return dense + 6.0 * model.attention_layers * 2.0 * width * seq_len * tokens / 2
+    width = model.num_heads * model.head_dim
+    attn = 6.0 * model.attention_layers * 2.0 * width * seq_len * tokens / 2
     return dense + attn
 
 

@@ -179,6 +179,7 @@ class CappedDecodeBatch(DecodeBatch):
         self.capped = layout.capped_units
         self.cap_blocks = layout.cap_blocks(block_size)
         self.cap_tokens = self.cap_blocks * block_size
+        self.state = layout.state_units(block_size)  # a hybrid's recurrent state
         self.res_open = [0] * block_size
         self.close: dict[int, list[Sequence]] = {}
         self.close_dit: dict[int, int] = {}  # id(seq) -> decode iteration it closes at
@@ -225,6 +226,7 @@ class CappedDecodeBatch(DecodeBatch):
             return self.needing_blocks() if in_flight else 0
         b = -(-self.contexts() // self.block_size)
         held = int((self.full * b + self.capped * np.minimum(b, self.cap_blocks)).sum())
+        held += self.state * self.n
         return held + (self.needing_blocks() if in_flight else 0)
 
     def advance(self) -> list[Sequence]:

@@ -353,10 +353,11 @@ class Planner:
         if layout is not None and not any(n.startswith("KV layout") for n in self.result.notes):
             dense = layout.units * -(-self.limit // bs)
             gain = dense / layout.held_units(self.limit, bs) / layout.bytes_factor
+            own = self.model.native_attn_pattern
             what = (
                 f"--attn-pattern {self.space.attn_pattern}"
                 if self.space.attn_pattern is not None
-                else f"the model's own attention ({self.model.native_attn_pattern})"
+                else f"the model's own attention ({own})" if own else "the model's own layers"
             )
             self.result.notes.append(
                 f"KV layout of {what}: {layout.note}; a "

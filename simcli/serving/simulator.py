@@ -194,7 +194,7 @@ class Simulator:
             kv_bytes = None
             layout = getattr(model, "kv_layout", None)
             units = 1
-            if layout is not None and layout.capped:
+            if layout is not None and layout.special:
                 if spec is not None or self.branching is not None:
                     raise SimulationError(
                         "a sliding-window KV layout (--attn-pattern window:...) is not "
@@ -286,7 +286,7 @@ class Simulator:
         self.lookahead = spec.lookahead if spec is not None else 1
         # a capped (sliding-window) KV layout: a request fits by the units it holds at most
         layout = getattr(self.decode_step_model, "kv_layout", None)
-        self._capped_layout = layout if layout is not None and layout.capped else None
+        self._capped_layout = layout if layout is not None and layout.special else None
         self.router = make_router(config.router)
         self.metrics.set_progress(progress, progress_total)
         if recorder is not None:

@@ -32,8 +32,13 @@ elsewhere.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import LayerKernels
+from workloads.decompose.mixer import mixer_templates
 from workloads.decompose.mla import mla_templates
 from workloads.decompose.moe import constant, grouped_gemm, moe_share
 from workloads.decompose.shard import TPShard
@@ -110,10 +115,11 @@ def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> 
             out.append(elementwise(name, act_kind, width, dtype, **kw))
         return out + [gemm(f"{prefix}_down", width, h, dtype, **kw)]
 
+    dense_share = model.dense_layers / model.num_layers
     if not model.is_moe:
-        return dense_mlp("mlp", sh.ffn, None)
+        return dense_mlp("mlp", sh.ffn, constant(dense_share) if dense_share < 1.0 else None)
     share = moe_share(model)
-    dense = dense_mlp("mlp", sh.ffn, constant(1.0 - share)) if share < 1.0 else []
+    dense = dense_mlp("mlp", sh.ffn, constant(dense_share)) if dense_share > 0.0 else []
     k, ne, f = model.experts_per_token, model.num_experts, sh.expert_ffn
     per_layer = {"mult": constant(share)} if share < 1.0 else {}
     if kernels == "vllm":  # silu_and_mul over the [T k, 2 f] cache: 3 f elements per row
@@ -182,11 +188,46 @@ def layer_templates(
     else:
         pre_attn, pre_mlp = [norm(f"{model.norm}_1")], [norm(f"{model.norm}_2")]
 
-    out = [*pre_attn, region("attn", "enter")]
+    mix_share, mlp_share = _shares(model)
+    pre_attn, pre_mlp = _weigh(pre_attn, mix_share), _weigh(pre_mlp, mlp_share)
+    out = [*pre_attn, region("attn", "enter", _mult(mix_share))]
     if model.is_mla:
-        out += mla_templates(model, sh, dtype, kernels, serving, kv_dtype, attention())
-        return _after_attention(out, model, sh, dtype, kernels, pre_mlp, residual)
-    out.append(gemm("qkv_proj", h, qkv, dtype, regather=kernels == "fused"))
+        att = mla_templates(model, sh, dtype, kernels, serving, kv_dtype, attention())
+        return _after_attention(out, att, model, sh, dtype, kernels, pre_mlp, residual)
+    att = _attention_block(model, sh, dtype, kernels, serving, kv_dtype, qkv)
+    return _after_attention(out, att, model, sh, dtype, kernels, pre_mlp, residual)
+
+
+def _mult(share: float):
+    return constant(share) if share < 1.0 else None
+
+
+def _weigh(tpls: list[OpTemplate], share: float) -> list[OpTemplate]:
+    """``tpls`` run in a ``share`` of the layers (the mean layer of a hybrid)."""
+    if share >= 1.0:
+        return list(tpls)
+    return [replace(t, mult=constant(share * (t.mult(np.ones(1))[0] if t.mult else 1.0)))
+            for t in tpls]  # fmt: skip
+
+
+def _shares(model: ModelConfig) -> tuple[float, float]:
+    """Shares of the layers with a token mixer (attention and/or a linear mixer) and with
+    an MLP: below 1 only in Nemotron-H's single-mixer blocks."""
+    n = model.num_layers
+    return min(n, model.attention_layers + model.mixer_layers) / n, (
+        n - model.mlp_free_layers
+    ) / n
+
+
+def _attention_block(
+    model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels, serving: bool,
+    kv_dtype: str | None, qkv: int,
+) -> list[OpTemplate]:  # fmt: skip
+    """Q/K/V projection to output projection of a (non-MLA) attention layer."""
+    h, d, e = model.hidden_size, model.head_dim, DTYPE_BYTES[Dtype(dtype)]
+    nk = norm_kind(model)
+    gate = sh.heads * d if model.attention_output_gate else 0  # Qwen3-Next's output gate
+    out = [gemm("qkv_proj", h, qkv + gate, dtype, regather=kernels == "fused")]
     if model.qk_norm:  # Qwen3: RMSNorm over each q and k head before RoPE
         rows = float(sh.heads + sh.kv_heads)
         out.append(elementwise("qk_norm", nk, d, dtype, rows=rows, label="norm"))
@@ -207,24 +248,30 @@ def layer_templates(
         else:  # reshape_and_cache_flash: reads k and v, writes them into the paged cache
             kv_e = e if kv_dtype is None else DTYPE_BYTES[Dtype(kv_dtype)]
             out.append(traffic("kv_cache_write", 2.0 * sh.kv_heads * d * (e + kv_e)))
-    out += [attention(), gemm("o_proj", sh.heads * d, h, dtype)]
-    return _after_attention(out, model, sh, dtype, kernels, pre_mlp, residual)
+    out.append(attention())
+    if gate:  # o * sigmoid(gate) before o_proj
+        out.append(traffic("attn_gate", 3.0 * e * gate, "attn_gate"))
+    return [*out, gemm("o_proj", sh.heads * d, h, dtype)]
 
 
 def _after_attention(
-    out: list[OpTemplate], model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels,
-    pre_mlp: list[OpTemplate], residual,
+    out: list[OpTemplate], att: list[OpTemplate], model: ModelConfig, sh: TPShard, dtype: str,
+    kernels: LayerKernels, pre_mlp: list[OpTemplate], residual,
 ) -> list[OpTemplate]:  # fmt: skip
-    """The rest of a layer after its attention block: the attention region's exit, the
-    residual add, the MLP's norm and the MLP between its region markers."""
-    out = [*out, region("attn", "exit")]
+    """The rest of a layer from its attention block (weighed by the attention layers'
+    share) and linear mixer: the token-mixing region's exit, the residual add, the MLP's
+    norm and the MLP between its region markers."""
+    mix_share, mlp_share = _shares(model)
+    out = [*out, *_weigh(att, model.attention_layers / model.num_layers)]
+    out += mixer_templates(model, sh.tp, dtype, kernels)
+    out.append(region("attn", "exit", _mult(mix_share)))
     out += _post_norm(model, "post_attn_out_norm", dtype, kernels)
-    out += residual("residual_1")
-    out += [*pre_mlp, region("mlp", "enter")]
+    out += _weigh(residual("residual_1"), mix_share)
+    out += [*pre_mlp, region("mlp", "enter", _mult(mlp_share))]
     out += _mlp(model, sh, dtype, kernels)
-    out.append(region("mlp", "exit"))
+    out.append(region("mlp", "exit", _mult(mlp_share)))
     out += _post_norm(model, "post_mlp_norm", dtype, kernels)
-    out += residual("residual_2")
+    out += _weigh(residual("residual_2"), mlp_share)
     return out
 
 
@@ -267,8 +314,9 @@ def region_collective(
     name = f"tp_{label}_{step.name}{suffix}"
     return [
         collective(
-            name, kind.value, bytes_per_token, tp, dtype, nodes, f"tp_{label}", per_layer=per_layer
-        )
+            name, kind.value, bytes_per_token, tp, dtype, nodes, f"tp_{label}",
+            per_layer=per_layer, mult=step.mult,
+        )  # fmt: skip
     ]
 
 

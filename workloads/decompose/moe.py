@@ -54,7 +54,7 @@ Rows = Callable[[np.ndarray], np.ndarray]
 
 def moe_share(model: ModelConfig) -> float:
     """Share of the layers that are MoE layers (1 for all-MoE and dense models)."""
-    if not model.is_moe or model.num_dense_layers == 0:
+    if not model.is_moe:
         return 1.0
     return model.moe_layers / model.num_layers
 

@@ -19,6 +19,7 @@ import numpy as np
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import get_engine
 from workloads.decompose.layer import expand_forward, layer_templates, norm_kind, rms_eager
+from workloads.decompose.mixer import mixer_decode_templates
 from workloads.decompose.mla import attention_dims
 from workloads.decompose.quant import (
     FP8_QUANT_BYTES_PER_ELEMENT,
@@ -79,7 +80,10 @@ def serving_templates(
             "head": [traffic("embedding", 2.0 * e * h, per_layer=False)],
             "layer": layer,
             "tail": [],
-            "seq": [*rms_eager("final", "final_norm", h, per_layer=False), lm_head, argmax],
+            "seq": [
+                *rms_eager("final", "final_norm", h, per_layer=False), lm_head, argmax,
+                *mixer_decode_templates(model, tp, dtype, kv_dt),
+            ],
         }
     head = [elementwise("embedding", OpKind.embedding.value, h, dtype, per_layer=False)]
     if model.position == "learned":
@@ -109,6 +113,7 @@ def serving_templates(
     seq.append(
         elementwise("sampler", OpKind.softmax.value, model.vocab_size, dtype, per_layer=False)
     )
+    seq += mixer_decode_templates(model, tp, dtype, kv_dt)
     head = expand_forward(head, tp, False, h * e, dtype, tp_nodes, per_layer=False)
     return {"head": head, "layer": layer, "tail": tail, "seq": seq}
 
@@ -164,7 +169,7 @@ def _concrete(
         for t in tpls[part]:
             repeat = model.num_layers if t.per_layer else 1
             if t.is_attention:
-                out.append(LayerOp(t.name, attn, repeat))
+                out.append(LayerOp(t.name, attn, repeat * t.share))
             else:
                 out.append(t.layer_op(x, dtype, repeat))
     return out

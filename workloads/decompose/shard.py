@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from workloads.decompose.mixer import mixer_tp_problem
 from workloads.models import ModelConfig, ModelError
 
 
@@ -51,7 +52,7 @@ def _tp_problem(model: ModelConfig, tp: int) -> str | None:
         return (
             f"tp={tp} does not divide shared_expert_ffn_hidden_size={model.shared_ffn_hidden_size}"
         )
-    return None
+    return mixer_tp_problem(model, tp)
 
 
 def valid_tp_degrees(model: ModelConfig) -> list[int]:
@@ -99,6 +100,7 @@ def shard_sizes(model: ModelConfig, tp: Any) -> dict[str, Any]:
         attn = mla_params_per_rank(model, tp)
     else:
         attn = h * qkv_out + heads * d * h
+        attn = attn + (h * heads * d if model.attention_output_gate else 0)
         attn = attn + (qkv_out if model.qkv_bias else 0) + (h if model.out_proj_bias else 0)
         qk = 0
         if model.qk_norm:  # per head (replicated), or over this rank's q and k columns
@@ -111,15 +113,24 @@ def shard_sizes(model: ModelConfig, tp: Any) -> dict[str, Any]:
         return n + ((2 * width if gated else width) + h if model.mlp_bias else 0)
 
     expert = mlp_params(ffn_e)
-    shared = model.router_params
-    if model.is_moe and (model.num_dense_layers or model.shared_ffn_hidden_size):
-        share = model.moe_layers / model.num_layers
-        shared_mlp = mlp_params(model.shared_ffn_hidden_size // tp)
-        shared = share * (shared_mlp + shared) + (1.0 - share) * mlp_params(
+    n = model.num_layers
+    moe_s, dense_s = model.moe_layers / n, model.dense_layers / n
+    if not model.is_moe:
+        shared = 0
+        expert = dense_s * expert if dense_s < 1.0 else expert
+    elif model.dense_layers or model.shared_ffn_hidden_size or model.mlp_free_layers:
+        width = model.shared_ffn_hidden_size // tp
+        shared_mlp = mlp_params(width) if model.shared_ffn_hidden_size else 0
+        shared = moe_s * (shared_mlp + model.router_params) + dense_s * mlp_params(
             model.ffn_hidden_size // tp
         )
-        expert = share * expert
+        expert = moe_s * expert
+    else:
+        shared = model.router_params
     mlp = model.num_experts * expert + shared
+    if model.is_hybrid:  # the mean layer: attention and mixers in their layers' shares
+        attn = attn * (model.attention_layers / n)
+        mlp = mlp + (model.mixer_layers / n) * model.mixer_params / tp
     pos = model.max_seq_len * h if model.position == "learned" else 0
     return {
         "heads": heads,

@@ -90,6 +90,12 @@ class OpTemplate:
         assert self.fields is not None, f"{self.name}: a placeholder has no fields"
         return self.fields(x)
 
+    @property
+    def share(self) -> float:
+        """Instances per layer of an op whose ``mult`` is constant (a hybrid's attention
+        placeholder: the attention layers' share); 1 without ``mult``."""
+        return float(self.mult(np.ones(1))[0]) if self.mult is not None else 1.0
+
     def instances_at(self, x: np.ndarray) -> np.ndarray:
         """Instances per step-layer at every ``x`` (``mult``, or 1)."""
         return self.mult(x) if self.mult is not None else np.ones(len(x))
@@ -187,9 +193,12 @@ def collective(
     return OpTemplate(name, label or name, kind, fields, "coll", **kw)
 
 
-def region(name: str, kind: Region) -> OpTemplate:
-    """The enter or exit of a tensor-parallel region (expanded per phase)."""
-    return OpTemplate(name, region=kind)
+def region(
+    name: str, kind: Region, mult: Callable[[np.ndarray], np.ndarray] | None = None
+) -> OpTemplate:
+    """The enter or exit of a tensor-parallel region (expanded per phase); ``mult``: the
+    share of the layers that have the region (a hybrid's mean layer)."""
+    return OpTemplate(name, region=kind, mult=mult)
 
 
 def attention(name: str = "attn") -> OpTemplate:

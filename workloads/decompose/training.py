@@ -166,7 +166,7 @@ def _forward(ctx: _Ctx, steps: list[OpTemplate], attn: Op | None = None) -> list
     for t in expand_forward(steps, ctx.tp, ctx.sp, ctx.bytes_per_token, ctx.act_dtype.value):
         if t.is_attention:
             assert attn is not None
-            out.append(LayerOp(t.name, attn))
+            out.append(LayerOp(t.name, attn, t.share))
         else:
             out.append(t.layer_op(ctx.tokens, ctx.dtype.value))
     return ctx.act(out)
@@ -192,7 +192,8 @@ def _backward(ctx: _Ctx, steps: list[OpTemplate], attn: Op | None = None) -> lis
             continue
         if step.is_attention:
             assert attn is not None
-            out.append(LayerOp("attn_bwd", attn.model_copy(update={"op": OpKind.attn_bwd})))
+            bwd = attn.model_copy(update={"op": OpKind.attn_bwd})
+            out.append(LayerOp("attn_bwd", bwd, step.share))
             continue
         lo = step.layer_op(ctx.tokens, ctx.dtype.value)
         op = lo.op

@@ -26,8 +26,11 @@ from pathlib import Path
 import pandas as pd
 from typer.testing import CliRunner
 
+from calibrate.steps.hf_step import cut_layers
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "calibrate" / "data" / "hf-steps-h200-sxm" / "hf_step.csv"
+HYBRIDS = ROOT / "calibrate" / "data" / "hf-steps-hybrids-h200-sxm" / "hf_step.csv"
 GIB = 1024**3
 
 
@@ -36,9 +39,7 @@ def cut_config(name: str, layers: int, folder: Path) -> Path:
     cfg = json.loads((ROOT / "examples" / "models" / f"{name}.config.json").read_text())
     text = cfg.get("text_config") if cfg.get("model_type") == "gemma3" else None
     body = text if isinstance(text, dict) else cfg
-    body["num_hidden_layers"] = layers
-    if isinstance(body.get("layer_types"), list):
-        body["layer_types"] = body["layer_types"][:layers]
+    body.update(cut_layers(body, layers))
     cfg["name"] = f"{name}-{layers}l"
     path = folder / f"{name}-{layers}l.json"
     path.write_text(json.dumps(cfg))
@@ -55,7 +56,7 @@ def _run(args: list[str]) -> dict | str:
 
 
 def rows() -> pd.DataFrame:
-    data = pd.read_csv(DATA)
+    data = pd.concat([pd.read_csv(DATA), pd.read_csv(HYBRIDS)], ignore_index=True)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in data[data.status == "ok"].itertuples():

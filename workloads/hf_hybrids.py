@@ -18,6 +18,7 @@ from typing import Any
 from workloads.hf_families import (
     FAMILY_TYPES,
     FamilyError,
+    _req,
     deepseek_fields,
     family_fields,
     qwen_moe_fields,
@@ -26,13 +27,6 @@ from workloads.hf_families import (
 HYBRID_TYPES = (
     "qwen3_next", "kimi_linear", "nemotron_h", "falcon_h1", "granitemoehybrid", "jamba",
 )  # fmt: skip
-
-
-def _req(cfg: dict[str, Any], key: str, where: str) -> Any:
-    value = cfg.get(key)
-    if value is None:
-        raise FamilyError(f"{where}: missing key {key!r}")
-    return value
 
 
 def _mixer(kind: str, **fields: Any) -> dict[str, Any]:

@@ -44,6 +44,9 @@ from calibrate.steps import (
 
 # layers kept per model (the released count where the training step fits one 141 GB H200)
 LAYERS = {
+    "qwen3-next-80b-a3b": 4,  # 3 Gated DeltaNet + 1 gated attention, 512-expert MoE
+    "kimi-linear-48b-a3b": 4,  # 3 KDA + 1 MLA; the first layer dense
+    "nemotron-h-8b": 26,  # the "M-M-M-M*-M-M-M-M-M*-M-M-M-" prefix: 12 Mamba-2, 2 attention
     "gpt-oss-20b": 4,
     "gemma-2-9b": 12,
     "gemma-3-27b": 12,
@@ -61,6 +64,24 @@ COLUMNS = (
 )  # fmt: skip
 
 
+def cut_layers(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+    """``cfg`` (a text model's config dict) with its first ``layers`` layers: every
+    per-layer list cut alike (``layer_types``, ``mlp_layer_types``, Nemotron-H's
+    ``hybrid_override_pattern``, Kimi-Linear's 1-based ``linear_attn_config`` lists), so
+    the kinds of the kept layers are the released ones."""
+    out = dict(cfg, num_hidden_layers=layers)
+    for key in ("layer_types", "mlp_layer_types", "hybrid_override_pattern"):
+        if isinstance(out.get(key), list | str):
+            out[key] = out[key][:layers]
+    lac = out.get("linear_attn_config")
+    if isinstance(lac, dict):
+        out["linear_attn_config"] = {
+            k: [i for i in v if i <= layers] if k.endswith("_layers") else v
+            for k, v in lac.items()
+        }
+    return out
+
+
 def load_config(path: Path, layers: int) -> tuple[Any, dict[str, Any]]:
     """The transformers config of ``path`` with ``layers`` layers (and its layer_types)."""
     from transformers import AutoConfig
@@ -69,10 +90,8 @@ def load_config(path: Path, layers: int) -> tuple[Any, dict[str, Any]]:
     raw.pop("quantization_config", None)  # gpt-oss ships MXFP4 experts; time bf16 ones
     cfg = dict(raw.get("text_config") or raw) if raw.get("model_type") == "gemma3" else raw
     model_type = cfg.pop("model_type")
-    released = int(cfg["num_hidden_layers"])
-    cfg["num_hidden_layers"] = min(layers, released)
-    if isinstance(cfg.get("layer_types"), list):
-        cfg["layer_types"] = cfg["layer_types"][: cfg["num_hidden_layers"]]
+    released = int(cfg.get("num_hidden_layers") or len(cfg["hybrid_override_pattern"]))
+    cfg = cut_layers(cfg, min(layers, released))
     for key in ("architectures", "transformers_version", "torch_dtype", "_name_or_path"):
         cfg.pop(key, None)
     return AutoConfig.for_model(model_type, **cfg), {"model_type": model_type,
@@ -153,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device-kind", default="")
     ap.add_argument("--device", default="auto", help="auto | cuda | cpu")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--bypass-fla-640", action="store_true",
+                    help="time GDN's backward on Hopper despite fla's Triton guard "
+                    "(calibrate.bench.linear_mixers.bypass_fla_640; rows say so)")  # fmt: skip
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     plan = [(n, *s) for n in names for s in SHAPES]
@@ -163,12 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
+    if args.bypass_fla_640:
+        from calibrate.bench.linear_mixers import bypass_fla_640
+
+        bypass_fla_640()
     ctx = C.make_context("full", args.device, "events", 0)
     cuda = ctx.is_cuda
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = base_meta(ctx, args, "calibrate.steps.hf_step")
     meta["transformers_version"] = transformers.__version__
+    meta["fla_640_bypassed"] = bool(args.bypass_fla_640)
     writer = RowWriter(out / "hf_step.csv", COLUMNS)
     deadline = time.monotonic() + (args.time_budget_s or 1e9)
     dead = None

@@ -85,6 +85,7 @@ import pandas as pd
 from costmodels.ops.select import get_cost_model
 from costmodels.steps.composition import Composition, shipped_composition
 from costmodels.steps.engines import ENGINE_IDS, EngineError, load_engine
+from costmodels.steps.mixer_scan import scale_serving
 from costmodels.steps.serving_grid import (
     Pricer,
     StepError,
@@ -102,11 +103,7 @@ from costmodels.steps.serving_grid import (
 from costmodels.steps.serving_launch import EngineLaunch
 from costmodels.steps.serving_launch import IterationCost as _Eval
 from costmodels.steps.serving_launch import decode_summary as _decodes
-from costmodels.steps.serving_memory import (
-    DEFAULT_MAX_BATCHED_TOKENS,
-    DEFAULT_MAX_SEQS,
-    VllmMemory,
-)
+from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, VllmMemory
 from costmodels.steps.serving_summary import SummaryPricing
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import OpTemplate, serving_templates, tp_shard
@@ -357,6 +354,7 @@ class StepModel(VllmMemory, SummaryPricing):
             m, shard, self.profile.decompose, dtype, pp=pp, tp_nodes=self.shape.tp_nodes,
             pp_nodes=self.shape.pp_nodes, weight_dtype=weight_dtype, kv_cache_dtype=kv_dt,
         )  # fmt: skip
+        scale_serving(tpls, m)  # a hybrid's scan kernels as measured
         tpls["layer"] = sparsify_templates(tpls["layer"], self.sparsity)
         self._tpls = tpls
         self._layer_tpls = tpls["head"] + tpls["layer"] + tpls["tail"]

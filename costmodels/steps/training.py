@@ -30,6 +30,7 @@ import numpy as np
 from costmodels.ops.analytical import AnalyticalCostModel
 from costmodels.ops.learned import LearnedCostModel
 from costmodels.steps.composition import Composition
+from costmodels.steps.mixer_scan import scale_training
 from costmodels.steps.sparse_linear import eager_call_floor, sparsify_training_groups
 from hardware_specs.registry import System
 from hardware_specs.schema import DTYPE_BYTES, Dtype
@@ -230,6 +231,7 @@ def step_costs(
     tp_nodes = group_nodes(tp, 1, gpn)
     ops = [with_nodes(o.op, tp_nodes) for g in groups for o in g]
     times = cost_model.predict_many(ops_frame(ops))
+    times = scale_training([o.name for g in groups for o in g], times, model)
     if weight_sparsity:
         times = eager_call_floor(times, ops, framework, system.gpu)
     if composition is not None:

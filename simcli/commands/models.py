@@ -50,11 +50,15 @@ def show_cmd(
     ),
     fmt: Format = FormatOpt,
 ) -> None:
-    """Every architecture field, parameter counts and KV-cache bytes per token."""
+    """Every architecture field, parameter counts, KV-cache bytes per token and a
+    hybrid's recurrent state per sequence."""
     with user_errors():
         m = load_model(model)
         data = m.model_dump(mode="json")
         data["num_params"] = m.num_params
         data["num_active_params"] = m.num_active_params
         data["kv_cache_bytes_per_token_bf16"] = m.kv_cache_bytes_per_token(2)
+        if m.mixer is not None:  # a hybrid's constant state per sequence
+            data["attention_layers"] = m.attention_layers
+            data["state_bytes_per_seq_bf16"] = m.state_bytes_per_seq(2)
         emit_object(data, fmt, title=m.id)

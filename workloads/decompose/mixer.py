@@ -107,13 +107,16 @@ def mixer_decode_templates(
     model: ModelConfig, tp: int, dtype: str, kv_dtype: str | None = None
 ) -> list[OpTemplate]:
     """Per decoding sequence and layer: the recurrent step reads and writes the state
-    (scan state and conv window), less the chunked traffic its token pays in the layer."""
+    (scan state and conv window), less the chunked traffic its token pays in the layer.
+    The scan state counts 4 bytes an element whatever its dtype: the update runs in fp32
+    and takes the same time on a bf16 state as on an fp32 one (H200, mamba_ssm's
+    ``selective_state_update``: calibrate/data/linear-mixers-h200-sxm)."""
     if model.mixer is None:
         return []
     mx = rank_mixer(model, tp)
     e = DTYPE_BYTES[Dtype(dtype)]
     kv_e = DTYPE_BYTES[Dtype(kv_dtype)] if kv_dtype else e
-    state = 2.0 * mx.state_bytes(kv_e)  # read + write
+    state = 2.0 * (4.0 * mx.state_elements + kv_e * mx.conv_state_elements)  # read + write
     extra = max(1.0, state - scan_bytes_per_token(mx, e))
     share = model.mixer_layers / model.num_layers
     kw = {"mult": constant(share)} if share < 1.0 else {}

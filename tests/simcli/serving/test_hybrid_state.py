@@ -13,25 +13,10 @@ from costmodels.steps.kv_layout import KvLayout
 from costmodels.steps.serving import StepModel
 from simcli.serving.requests import Request
 from simcli.serving.simulator import ServeConfig, Simulator
+from tests.simcli.serving.test_kv_window import WindowStep  # 1 ms + 1 us a token, 40k KV
 from workloads.models import load_hf_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "models"
-
-
-class StateStep:
-    """1 ms + 1 us per token, 40k KV tokens, each sequence's state worth 2000 of them."""
-
-    kv_bytes_per_token = 131072.0
-
-    def __init__(self, layout: KvLayout | None) -> None:
-        if layout is not None:
-            self.kv_layout = layout
-
-    def step_s(self, prefill_new, prefill_past, decode_ctx) -> float:
-        return 1e-3 + 1e-6 * (float(np.sum(prefill_new)) + len(decode_ctx))
-
-    def kv_capacity_tokens(self, block_size: int, gpu_memory_utilization: float) -> int:
-        return 40_000
 
 
 def _run(layout, prompt=1000):
@@ -39,7 +24,7 @@ def _run(layout, prompt=1000):
     t = np.cumsum(rng.exponential(0.005, 150))
     reqs = [Request(i, float(t[i]), prompt + int(rng.integers(0, 200)), 300) for i in range(150)]
     cfg = ServeConfig(max_model_len=8192, prefix_caching=False)
-    return Simulator(StateStep(layout), cfg, check=True).run(reqs).summary
+    return Simulator(WindowStep(layout), cfg, check=True).run(reqs).summary
 
 
 def test_state_takes_units_once_per_sequence():

@@ -100,24 +100,17 @@ from calibrate.bench.linear_mixers_cases import (  # noqa: F401  (the runner's n
     compile_key,
     plan,
 )
+from calibrate.bench.linear_mixers_inputs import (
+    _KDA_KW,
+    _kda_params,
+    _log_decay,
+    _randn,
+    _ssd_params,
+    classify,
+)
 
 # ------------------------------------------------------------------------------ builders
 # Each returns a zero-argument callable that runs the case once (inputs built here).
-
-
-def _randn(*shape, dtype=None, grad=False):
-    import torch
-
-    x = torch.randn(*shape, device=DEV, dtype=dtype or torch.bfloat16)
-    return x.requires_grad_(grad) if grad else x
-
-
-def _log_decay(*shape, dtype=None):
-    """A log-space decay in (-inf, 0), mostly near 0 as trained models have it."""
-    import torch
-    import torch.nn.functional as F
-
-    return F.logsigmoid(torch.randn(*shape, device=DEV) + 3.0).to(dtype or torch.float32)
 
 
 def _grad_step(out, grad, leaves):
@@ -200,18 +193,6 @@ def build_gdn_decode(c: dict):
     return step
 
 
-def _kda_params(h, dk):
-    import torch
-
-    a_log = torch.log(torch.empty(h, device=DEV).uniform_(1, 16))
-    dt_bias = torch.randn(h * dk, device=DEV) * 0.1
-    return a_log, dt_bias
-
-
-_KDA_KW = {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True,
-           "use_beta_sigmoid_in_kernel": True, "state_v_first": True}  # fmt: skip
-
-
 def build_kda(c: dict):
     import torch
     from fla.ops.kda import chunk_kda
@@ -258,14 +239,6 @@ def build_kda_decode(c: dict):
                                        **_KDA_KW)  # fmt: skip
 
     return step
-
-
-def _ssd_params(h):
-    import torch
-
-    a = -torch.empty(h, device=DEV).uniform_(1, 16)  # A = -exp(A_log)
-    dt_bias = torch.log(torch.expm1(torch.empty(h, device=DEV).uniform_(0.001, 0.1)))
-    return a, dt_bias, torch.ones(h, device=DEV)
 
 
 def build_ssd(c: dict):
@@ -492,13 +465,6 @@ def profile_case(c: dict, fn, tdir: Path, kwriter) -> None:
     with open(tmp, "rb") as f, gzip.open(tdir / name, "wb") as g:
         g.write(f.read())
     tmp.unlink()
-
-
-def classify(exc: BaseException) -> tuple[str, str]:
-    msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:400]
-    if "out of memory" in msg.lower():
-        return "oom", msg
-    return "error", msg
 
 
 # ------------------------------------------------------------------------------ checks

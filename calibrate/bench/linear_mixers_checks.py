@@ -3,9 +3,9 @@ timed kernels against float32 references (relative L2 errors, recorded in meta.j
 
 from __future__ import annotations
 
-from calibrate.bench.linear_mixers import (
+from calibrate.bench.linear_mixers_cases import DEV
+from calibrate.bench.linear_mixers_inputs import (
     _KDA_KW,
-    DEV,
     _kda_params,
     _log_decay,
     _randn,

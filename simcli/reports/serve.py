@@ -113,14 +113,15 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "kv_util_mean": "fraction of KV blocks in use, time-weighted mean over engines",
     "kv_util_max": "fraction of KV blocks in use, maximum",
     "kv_capacity_tokens_per_replica": "KV cache tokens per (decode) replica",
-    "kv_layout": "--attn-pattern only: what the pattern's KV keeps and frees per sequence",
+    "kv_layout": "--attn-pattern, a model's own local layers or a hybrid's mixers only: what "
+    "a sequence's KV keeps and frees (a hybrid's constant state included)",
     "kv_tokens_per_seq_cap": "--attn-pattern only: most KV tokens a sequence holds per "
     "sliding-window layer (window + sinks, block-rounded, one straddled block); empty: no cap",
     "kv_bytes_per_token_factor": "--attn-pattern only: KV bytes per cached token over dense "
     "(NSA's compressed keys: 1 + 1/stride on the NSA layers)",
-    "kv_seqs_at_max_len": "--attn-pattern only: sequences of max_model_len tokens one "
-    "replica's KV holds",
-    "kv_seqs_at_max_len_dense": "--attn-pattern only: the same with dense KV",
+    "kv_seqs_at_max_len": "with a KV layout only: sequences of max_model_len tokens one "
+    "replica's KV holds (a hybrid's state included)",
+    "kv_seqs_at_max_len_dense": "with a KV layout only: the same with dense KV (no state)",
     "kv_capacity_gain": "--attn-pattern only: max_model_len sequences that fit, pattern over "
     "dense (> 1: a window frees blocks; < 1: NSA's compressed cache)",
     "max_model_len": "longest prompt + output served, tokens (--max-model-len; default the "

@@ -10,9 +10,10 @@ same layers (the config cut alike, its layer_types too): training as ``simcli tr
 --framework pytorch --gpus 1`` (its step time and peak memory), prefill as ``simcli step
 --engine pytorch-eager --phase prefill`` (HF's eager forward; ``--max-model-len`` the
 prompt, as HF does not stop at the config's positions), attention on flash. Nothing of
-simcli is fitted on these rows. Rows simcli cannot run yet say why (gpt-oss: an MoE
-prefill under pytorch-eager; its eager attention with sinks and its experts loop are not
-op classes of ours).
+simcli is fitted on these rows. Rows simcli cannot run yet say why (an MoE or hybrid
+prefill under pytorch-eager; gpt-oss's eager attention with sinks is not an op class of
+ours). The hybrids' rows (Qwen3-Next, Kimi-Linear, Nemotron-H) are in
+calibrate/data/hf-steps-hybrids-h200-sxm.
 """
 
 from __future__ import annotations

@@ -38,10 +38,21 @@ def test_the_reference_families_hold(rows):
 def test_what_simcli_cannot_price_yet_says_why(rows):
     oss = rows[(rows.model == "gpt-oss-20b") & (rows.phase == "prefill")]
     assert oss.not_runnable.str.contains("pytorch-eager").all()
-    # HF's gpt-oss training step (eager attention with sinks, a loop over experts) is
-    # far slower than simcli's fused-MoE pricing: the gap issue 30 item 4 names
+    # HF's gpt-oss training step: its experts' fp32 GEMM loop is priced (it was 74% under
+    # with one grouped GEMM per projection), its eager attention with sinks is not yet
     train = rows[(rows.model == "gpt-oss-20b") & (rows.phase == "train")]
-    assert (train.error_pct < -50).all()
+    assert (train.error_pct < -15).all() and (train.error_pct > -50).all()
+
+
+def test_hybrids_measured_and_priced(rows):
+    """Kimi-Linear's training (KDA in fla, a 256-expert MoE in transformers' expert loop)
+    within 25% and its peak memory within 5%; Nemotron-H's measured PyTorch reference
+    Mamba-2 path (no mamba_ssm) is far slower than the fused kernels simcli prices."""
+    kimi = rows[(rows.model == "kimi-linear-48b-a3b") & (rows.phase == "train")]
+    assert len(kimi) == 2 and (kimi.error_pct.abs() < 25).all()
+    assert (kimi.peak_error_pct.abs() < 5).all()
+    nem = rows[(rows.model == "nemotron-h-8b") & (rows.phase == "train")]
+    assert (nem.error_pct < -80).all()
 
 
 def test_the_runner_lists_its_plan():

@@ -497,3 +497,23 @@ def test_fp8_scaling_follows_the_engine():
     # torchao's float8 weight casts replace autocast's bf16 ones
     names = {o.name for o in op_groups(model, plan, framework="pytorch")[0]}
     assert "eager_weight_cast" not in names and "fp8_weight_cast" in names
+
+
+def test_eager_moe_training_runs_transformers_expert_loop():
+    """Under --framework pytorch an MoE layer's expert GEMMs are transformers' loop: two
+    fp32 GEMMs forward and four backward per hit expert, of T k / E_touched rows; the
+    fused frameworks keep one grouped GEMM per projection."""
+    model = get_model("mixtral-8x7b")
+    plan = make_plan(model, num_gpus=8, tp=8, global_batch=8, micro_batch=1, seq_len=2048)
+    fwd, bwd = op_groups(model, plan, framework="pytorch")[:2]
+    names = {o.name for o in fwd} | {o.name for o in bwd}
+    assert not names & {"expert_up", "expert_down", "expert_up_dgrad", "expert_down_wgrad"}
+    up = by_name(fwd)["hf_expert_up"]
+    assert up.op.dtype.value == "fp32" and up.count == 8  # 2048 tokens hit all 8 experts
+    assert up.op.m == 2048 * 2 // 8 and up.op.n == 2 * 14336 // 8
+    assert {o.name for o in bwd if o.name.startswith("hf_expert")} == {
+        "hf_expert_up_dgrad", "hf_expert_up_wgrad", "hf_expert_down_dgrad",
+        "hf_expert_down_wgrad",
+    }  # fmt: skip
+    fused = {o.name for o in op_groups(model, plan, framework="megatron")[0]}
+    assert "expert_up" in fused and "hf_expert_up" not in fused

@@ -20,8 +20,11 @@ priced by the step model's all-to-alls).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import get_engine
@@ -32,6 +35,7 @@ from workloads.decompose.layer import (
     region_collective,
 )
 from workloads.decompose.mla import attention_dims
+from workloads.decompose.moe import expected_touched, moe_share
 from workloads.decompose.shard import TPShard, params_per_tp_rank, positive_int, tp_shard
 from workloads.decompose.templates import (
     LayerOp,
@@ -395,6 +399,8 @@ def op_groups(
         elif fp8:  # the float8 casts below replace autocast's bf16 weight casts
             extra["layer_fwd"] = [o for o in extra["layer_fwd"] if o.name != "eager_weight_cast"]
         fwd, bwd = fwd + extra["layer_fwd"], bwd + extra["layer_bwd"]
+        if model.is_moe and not engine.compiled_layers:
+            fwd, bwd = hf_experts_loop(model, plan, fwd, bwd)
         first_f, first_b = first_f + extra["first_fwd"], first_b + extra["first_bwd"]
         last_f, last_b = last_f + extra["last_fwd"], last_b + extra["last_bwd"]
     elif engine.unfused_attention:
@@ -412,6 +418,43 @@ def _traffic(name: str, traffic_bytes: float, kernels: int = 1) -> LayerOp:
     """Memory-bound eager kernels as ``copy`` ops: a copy of b bytes moves 2b."""
     per = max(1, int(traffic_bytes / (2 * kernels)))
     return LayerOp(name, Op(op=OpKind.copy, dtype=Dtype.bf16, bytes=per), count=kernels)
+
+
+# The fused layer's grouped expert GEMMs, which transformers' experts loop replaces.
+GROUPED_EXPERT_GEMMS = ("expert_up", "expert_down")
+
+
+def hf_experts_loop(
+    model: ModelConfig, plan: TrainPlan, fwd: list[LayerOp], bwd: list[LayerOp]
+) -> tuple[list[LayerOp], list[LayerOp]]:
+    """An MoE layer's expert GEMMs as transformers runs them in an eager training step
+    under ``torch.autocast`` with fp32 parameters: its ``grouped_mm`` experts sort the
+    routed rows by expert (one permute, as the fused layer's), but ``grouped_mm`` takes no
+    fp32 weights, so its fallback multiplies expert by expert: two fp32 GEMMs forward and
+    four backward per expert that received rows (the H200 traces of gpt-oss and
+    Kimi-Linear, calibrate/data/hf-steps*: thousands of fp32 FFMA GEMMs a step, the sort,
+    the activation and the combine one kernel each). Mean rows per hit expert
+    ``T k / E_touched``; the GEMMs run in the MoE layers' share of the mean layer."""
+    t = plan.micro_batch * plan.seq_len // plan.cp
+    hit = float(np.rint(expected_touched(model, np.array([t]))[0]))
+    rows = max(1, math.ceil(t * model.experts_per_token / hit))
+    n = hit * moe_share(model)
+    h, f = model.hidden_size, model.expert_ffn_hidden_size // plan.tp
+    up = (2 if model.gated_mlp else 1) * f
+
+    def gemm(name: str, m: int, k: int, nn: int) -> LayerOp:
+        return LayerOp(name, Op(op=OpKind.gemm, dtype=Dtype.fp32, m=m, k=k, n=nn), n)
+
+    loop_f = [gemm("hf_expert_up", rows, h, up), gemm("hf_expert_down", rows, f, h)]
+    loop_b = [
+        gemm("hf_expert_down_dgrad", rows, h, f), gemm("hf_expert_down_wgrad", f, rows, h),
+        gemm("hf_expert_up_dgrad", rows, up, h), gemm("hf_expert_up_wgrad", h, rows, up),
+    ]  # fmt: skip
+    grouped = {f"{g}{d}" for g in GROUPED_EXPERT_GEMMS for d in ("", "_dgrad", "_wgrad")}
+    return (
+        [o for o in fwd if o.name not in grouped] + loop_f,
+        [o for o in bwd if o.name not in grouped] + loop_b,
+    )
 
 
 # Backward traffic of the eager pointwise ops relative to their forward: each autograd

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from workloads.decompose.templates import OpTemplate
+from workloads.decompose.templates import LayerOp, OpTemplate
 from workloads.models import ModelConfig
 
 BORROW = {("kda", "decode"): "gdn", ("mamba", "fwd"): "mamba2", ("mamba", "bwd"): "mamba2"}
@@ -62,11 +62,12 @@ def scale_serving(tpls: dict[str, list[OpTemplate]], model: ModelConfig) -> None
         tpls[part] = out
 
 
-def scale_training(names: list[str], times: np.ndarray, model: ModelConfig) -> np.ndarray:
-    """Training op times with the scan's forward and backward at their measured factors."""
+def scale_training(
+    groups: list[list[LayerOp]], times: np.ndarray, model: ModelConfig
+) -> np.ndarray:
+    """Training op times (``groups`` flattened, as priced) with the scan's forward and
+    backward at their measured factors; untouched without mixers."""
     if model.mixer is None:
         return times
-    f, b = scan_factor(model, "fwd"), scan_factor(model, "bwd")
-    scale = np.array([f if n == "mixer_scan" else b if n == "mixer_scan_bwd" else 1.0
-                      for n in names])  # fmt: skip
-    return times * scale
+    by_name = {"mixer_scan": scan_factor(model, "fwd"), "mixer_scan_bwd": scan_factor(model, "bwd")}
+    return times * np.array([by_name.get(o.name, 1.0) for g in groups for o in g])

@@ -567,7 +567,7 @@ class PatternStepModel(StepModel):
     def kv_layout(self) -> KvLayout:
         # the base constructor may ask for KV sizes before the pattern is set
         lay = kv_layout(getattr(self, "pattern", None), self.model.attention_layers)
-        state = self.state_tokens_per_seq if self.model.mixer else 0.0
+        state = self.state_tokens_per_seq  # 0 without mixers
         return replace(lay, state_tokens=state) if state else lay
 
     @property

@@ -231,7 +231,7 @@ def step_costs(
     tp_nodes = group_nodes(tp, 1, gpn)
     ops = [with_nodes(o.op, tp_nodes) for g in groups for o in g]
     times = cost_model.predict_many(ops_frame(ops))
-    times = scale_training([o.name for g in groups for o in g], times, model)
+    times = scale_training(groups, times, model)
     if weight_sparsity:
         times = eager_call_floor(times, ops, framework, system.gpu)
     if composition is not None:

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import LayerKernels
 from workloads.decompose.mixer import mixer_templates
@@ -117,7 +115,7 @@ def _mlp(model: ModelConfig, sh: TPShard, dtype: str, kernels: LayerKernels) -> 
 
     dense_share = model.dense_layers / model.num_layers
     if not model.is_moe:
-        return dense_mlp("mlp", sh.ffn, constant(dense_share) if dense_share < 1.0 else None)
+        return dense_mlp("mlp", sh.ffn, constant(dense_share))
     share = moe_share(model)
     dense = dense_mlp("mlp", sh.ffn, constant(dense_share)) if dense_share > 0.0 else []
     k, ne, f = model.experts_per_token, model.num_experts, sh.expert_ffn
@@ -190,7 +188,7 @@ def layer_templates(
 
     mix_share, mlp_share = _shares(model)
     pre_attn, pre_mlp = _weigh(pre_attn, mix_share), _weigh(pre_mlp, mlp_share)
-    out = [*pre_attn, region("attn", "enter", _mult(mix_share))]
+    out = [*pre_attn, region("attn", "enter", constant(mix_share))]
     if model.is_mla:
         att = mla_templates(model, sh, dtype, kernels, serving, kv_dtype, attention())
         return _after_attention(out, att, model, sh, dtype, kernels, pre_mlp, residual)
@@ -198,16 +196,11 @@ def layer_templates(
     return _after_attention(out, att, model, sh, dtype, kernels, pre_mlp, residual)
 
 
-def _mult(share: float):
-    return constant(share) if share < 1.0 else None
-
-
 def _weigh(tpls: list[OpTemplate], share: float) -> list[OpTemplate]:
     """``tpls`` run in a ``share`` of the layers (the mean layer of a hybrid)."""
     if share >= 1.0:
         return list(tpls)
-    return [replace(t, mult=constant(share * (t.mult(np.ones(1))[0] if t.mult else 1.0)))
-            for t in tpls]  # fmt: skip
+    return [replace(t, mult=constant(share * t.share)) for t in tpls]
 
 
 def _shares(model: ModelConfig) -> tuple[float, float]:
@@ -264,12 +257,12 @@ def _after_attention(
     mix_share, mlp_share = _shares(model)
     out = [*out, *_weigh(att, model.attention_layers / model.num_layers)]
     out += mixer_templates(model, sh.tp, dtype, kernels)
-    out.append(region("attn", "exit", _mult(mix_share)))
+    out.append(region("attn", "exit", constant(mix_share)))
     out += _post_norm(model, "post_attn_out_norm", dtype, kernels)
     out += _weigh(residual("residual_1"), mix_share)
-    out += [*pre_mlp, region("mlp", "enter", _mult(mlp_share))]
+    out += [*pre_mlp, region("mlp", "enter", constant(mlp_share))]
     out += _mlp(model, sh, dtype, kernels)
-    out.append(region("mlp", "exit", _mult(mlp_share)))
+    out.append(region("mlp", "exit", constant(mlp_share)))
     out += _post_norm(model, "post_mlp_norm", dtype, kernels)
     out += _weigh(residual("residual_2"), mlp_share)
     return out

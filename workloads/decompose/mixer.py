@@ -77,17 +77,14 @@ def scan_bytes_per_token(mx: LinearMixer, e: float) -> float:
     return e * mx.heads * per_head
 
 
-def mixer_templates(
-    model: ModelConfig, tp: int, dtype: str, kernels: str, kv_dtype: str | None = None
-) -> list[OpTemplate]:
+def mixer_templates(model: ModelConfig, tp: int, dtype: str, kernels: str) -> list[OpTemplate]:
     """One layer's mixer on one TP rank (the mean layer's share of it), between the
     attention's region markers (their collective closes whichever mixer the layer has)."""
     if model.mixer is None:
         return []
     mx = rank_mixer(model, tp)
     h, e = model.hidden_size, DTYPE_BYTES[Dtype(dtype)]
-    share = model.mixer_layers / model.num_layers
-    kw = {"mult": constant(share)} if share < 1.0 else {}
+    kw = {"mult": constant(model.mixer_layers / model.num_layers)}
     lab = {"label": "mixer"}
     out = [gemm("mixer_in_proj", h, mx.in_proj_width, dtype, regather=kernels == "fused", **kw)]
     # depthwise causal conv + SiLU: reads and writes the conv channels
@@ -118,6 +115,5 @@ def mixer_decode_templates(
     kv_e = DTYPE_BYTES[Dtype(kv_dtype)] if kv_dtype else e
     state = 2.0 * (4.0 * mx.state_elements + kv_e * mx.conv_state_elements)  # read + write
     extra = max(1.0, state - scan_bytes_per_token(mx, e))
-    share = model.mixer_layers / model.num_layers
-    kw = {"mult": constant(share)} if share < 1.0 else {}
-    return [traffic("mixer_state", extra, "mixer", decode_only=True, per_layer=True, **kw)]
+    share = constant(model.mixer_layers / model.num_layers)
+    return [traffic("mixer_state", extra, "mixer", decode_only=True, per_layer=True, mult=share)]

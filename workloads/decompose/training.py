@@ -35,7 +35,7 @@ from workloads.decompose.layer import (
     region_collective,
 )
 from workloads.decompose.mla import attention_dims
-from workloads.decompose.moe import expected_touched, moe_share
+from workloads.decompose.moe import moe_share, touched_experts
 from workloads.decompose.shard import TPShard, params_per_tp_rank, positive_int, tp_shard
 from workloads.decompose.templates import (
     LayerOp,
@@ -436,7 +436,7 @@ def hf_experts_loop(
     the activation and the combine one kernel each). Mean rows per hit expert
     ``T k / E_touched``; the GEMMs run in the MoE layers' share of the mean layer."""
     t = plan.micro_batch * plan.seq_len // plan.cp
-    hit = float(np.rint(expected_touched(model, np.array([t]))[0]))
+    hit = int(touched_experts(model)(np.array([t]))[0])  # the grouped kernel's count
     rows = max(1, math.ceil(t * model.experts_per_token / hit))
     n = hit * moe_share(model)
     h, f = model.hidden_size, model.expert_ffn_hidden_size // plan.tp

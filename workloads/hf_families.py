@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from workloads.vision import VisionError, vision_from_hf
+
 FAMILY_TYPES = (
     "gpt_oss", "gemma2", "gemma3_text", "gemma3", "phi3", "phimoe", "llama4", "llama4_text",
-    "glm4_moe", "minimax_m2",
+    "glm4_moe", "minimax_m2", "qwen2_5_vl",
 )  # fmt: skip
 
 _LAYER_KIND = {
@@ -34,8 +36,13 @@ class FamilyError(ValueError):
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """Gemma 3's and Llama 4's multimodal configs nest the language model under
-    ``text_config``; only the text model is priced (the vision tower is not)."""
+    ``text_config``; only the text model is priced (their vision towers are not).
+    Qwen2.5-VL's configs carry the text keys flat (transformers < 4.53), under
+    ``text_config`` or both; its ``vision_config`` stays (:func:`family_fields`)."""
     kind = cfg.get("model_type")
+    if kind == "qwen2_5_vl":
+        nested = cfg.get("text_config")
+        return {**cfg, **(nested if isinstance(nested, dict) else {}), "model_type": kind}
     if kind in _NESTED and isinstance(cfg.get("text_config"), dict):
         text = {**cfg["text_config"], "model_type": kind}
         if kind == "gemma3":  # released configs leave Gemma3TextConfig's default out
@@ -117,6 +124,13 @@ def family_fields(model_type: str, cfg: dict[str, Any], layers: int, where: str)
         )
     elif model_type in ("llama4", "llama4_text"):
         out.update(_llama4_fields(cfg, layers, where))
+    elif model_type == "qwen2_5_vl":
+        # Qwen2_5_VLTextModel is Qwen2's decoder (q/k/v biases); the ViT in workloads.vision
+        try:
+            vision = vision_from_hf(cfg.get("vision_config", {}), cfg["hidden_size"], where)
+        except VisionError as exc:
+            raise FamilyError(str(exc)) from None
+        out.update(qkv_bias=True, vision=vision)
     elif model_type == "glm4_moe":
         # Glm4MoeAttention: q/k/v biases (attention_bias), none on o_proj, per-head q/k
         # norms with use_qk_norm; Glm4MoeMoE: n_routed_experts of moe_intermediate_size,

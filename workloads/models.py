@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from workloads.hf_families import FAMILY_TYPES, FamilyError, text_config
 from workloads.hf_hybrids import HYBRID_TYPES, family_extra, hybrid_config
 from workloads.mixers import LinearMixer
+from workloads.vision import VisionEncoder
 
 
 class ModelError(ValueError):
@@ -139,6 +140,9 @@ class ModelConfig(BaseModel):
         default=False, description="q_proj also emits a sigmoid gate on the attention "
         "output (Qwen3-Next's gated attention)"
     )  # fmt: skip
+    vision: VisionEncoder | None = Field(
+        default=None, description="a vision-language model's image encoder (workloads.vision)"
+    )
     moe_imbalance: float = Field(
         default=1.0,
         ge=1.0,
@@ -484,8 +488,11 @@ class ModelConfig(BaseModel):
 
     @property
     def num_params(self) -> int:
-        """Exact parameter count: embeddings, layers, final norm, untied LM head."""
-        return self.embedding_params + self.layers_params + self.norm_params + self.lm_head_params
+        """Exact parameter count: embeddings, layers, final norm, untied LM head (and a
+        vision-language model's image encoder)."""
+        vision = self.vision.params if self.vision else 0
+        text = self.embedding_params + self.layers_params + self.norm_params
+        return text + self.lm_head_params + vision
 
     @property
     def num_active_params(self) -> int:

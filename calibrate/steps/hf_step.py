@@ -175,9 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bypass-fla-640", action="store_true",
                     help="time GDN's backward on Hopper despite fla's Triton guard "
                     "(calibrate.bench.linear_mixers.bypass_fla_640; rows say so)")  # fmt: skip
+    ap.add_argument("--shapes", default="",
+                    help="PHASE:BATCH:SEQ,... instead of the default shapes; phase train, "
+                    "train-bf16 (bf16 parameters: transformers' grouped_mm experts run "
+                    "torch._grouped_mm instead of their per-expert fp32 fallback) or prefill")  # fmt: skip
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
-    plan = [(n, *s) for n in names for s in SHAPES]
+    shapes = SHAPES
+    if args.shapes:
+        shapes = tuple((p, int(b), int(s)) for p, b, s in (x.split(":") for x in args.shapes.split(",")))
+    plan = [(n, *s) for n in names for s in shapes]
     if args.list:
         for p in plan:
             print(*p)
@@ -215,17 +222,17 @@ def main(argv: list[str] | None = None) -> int:
                 free_memory(cuda)
                 path = Path(args.configs) / f"{name}.config.json"
                 cfg, info = load_config(path, LAYERS.get(name, 4))
-                dtype = torch.float32 if phase == "train" else torch.bfloat16
+                dtype = torch.float32 if phase == "train" else torch.bfloat16  # train-bf16
                 torch.manual_seed(0)
                 with torch.device("cuda" if cuda else "cpu"):
                     model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
-                model.train(phase == "train")
+                model.train(phase.startswith("train"))
                 built.update(key=(name, phase), model=model, cfg=cfg, info={
                     **info, "layers": cfg.num_hidden_layers,
                     "attn_impl": getattr(model.config, "_attn_implementation", None),
                     "params": sum(p.numel() for p in model.parameters())})  # fmt: skip
             row.update(built["info"])
-            fn = _train if phase == "train" else _prefill
+            fn = _train if phase.startswith("train") else _prefill
             step, res = fn(built["model"], batch, seq, args.steps, args.warmup, cuda,
                            built["cfg"].vocab_size)  # fmt: skip
             if args.trace_dir:

@@ -173,7 +173,8 @@ def _shard(model: ModelConfig, tp):
         "expert": sz["expert"] * 1.0,
         "shared": sz["shared"] * 1.0,
         "shared_ffn": float(model.shared_ffn_hidden_size) / tp,
-        "embedding": sz["embedding"] * 1.0,
+        # a vision-language model's image encoder sits with the embedding (first stage)
+        "embedding": sz["embedding"] + (model.vision.params_per_rank(tp) if model.vision else 0.0),
         "head": sz["vocab_h"] * 1.0,
     }
 

@@ -89,8 +89,9 @@ class VllmMemory:
         p = params_per_tp_rank(self.model, self.tp)
         layers = self.stage_layers()[stage]
         n = p["layer"] * layers
-        if stage == 0:
+        if stage == 0:  # the embedding and a vision-language model's image encoder
             n += p["embedding"]
+            n += self.model.vision.params_per_rank(self.tp) if self.model.vision else 0
         if stage == self.pp - 1:
             head = p["lm_head"] or (p["embedding"] if self.pp > 1 else 0)  # tied: own copy
             n += head + p["final_norm"]

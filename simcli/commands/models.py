@@ -51,7 +51,8 @@ def show_cmd(
     fmt: Format = FormatOpt,
 ) -> None:
     """Every architecture field, parameter counts, KV-cache bytes per token and a
-    hybrid's recurrent state per sequence."""
+    hybrid's recurrent state per sequence, a vision-language model's encoder parameters
+    and the tokens of a 1024x1024 image."""
     with user_errors():
         m = load_model(model)
         data = m.model_dump(mode="json")
@@ -61,4 +62,7 @@ def show_cmd(
         if m.mixer is not None:  # a hybrid's constant state per sequence
             data["attention_layers"] = m.attention_layers
             data["state_bytes_per_seq_bf16"] = m.state_bytes_per_seq(2)
+        if m.vision is not None:  # a vision-language model's image encoder
+            data["vision_params"] = m.vision.params
+            data["image_tokens_1024x1024"] = m.vision.tokens(1024, 1024)
         emit_object(data, fmt, title=m.id)

@@ -29,6 +29,7 @@ from costmodels.steps.serving_fidelity import serving_fidelity_fields
 from hardware_specs.prices import gpu_price
 from hardware_specs.registry import load_catalog
 from simcli.scenario.hardware import Hardware, resolve_hardware
+from simcli.scenario.image_options import image_fields, image_load, image_tokens
 from simcli.scenario.serving_options import ServeOptions, ServePlanOptions
 from simcli.scenario.serving_pools import (
     check_pool_gpus,
@@ -193,6 +194,7 @@ def serve_config(
     max_tokens = o.max_tokens or budget or default_max_tokens(o.scheduler, limit, hardware)
     extra = {"chunked_prefill_size": o.max_tokens or budget} if o.scheduler == "sglang" else {}
     return ServeConfig(
+        image_tokens_per_request=image_tokens(o, model),
         max_model_len=limit,
         replicas=o.total_replicas,
         gpus_per_replica=o.tp * o.pp,
@@ -244,6 +246,7 @@ def resolve_deployment(
     same = ptp == dtp and pgpu == dgpu  # one step model serves both pools
     pre_hw = hardware if not o.disaggregate or same else serve_hardware(o, ptp, pgpu)
     config = serve_config(o, model, hardware, pre_hw)
+    images = image_load(o, model)  # priced on the pool that prefills
     sched = config.scheduler
     kw: dict[str, Any] = dict(
         pp=o.pp,
@@ -263,14 +266,18 @@ def resolve_deployment(
         scheduler_steps=o.num_scheduler_steps,
     )
     if o.disaggregate:
-        pre = build_step_model(model, pre_hw, tp=ptp, attn_pattern=o.attn_pattern, **kw)
+        pre = build_step_model(
+            model, pre_hw, tp=ptp, attn_pattern=o.attn_pattern, images=images, **kw
+        )
         step = (
             pre
             if same
             else build_step_model(model, hardware, tp=dtp, attn_pattern=o.attn_pattern, **kw)
         )
     else:
-        step = pre = build_step_model(model, hardware, tp=o.tp, attn_pattern=o.attn_pattern, **kw)
+        step = pre = build_step_model(
+            model, hardware, tp=o.tp, attn_pattern=o.attn_pattern, images=images, **kw
+        )
     spec = config.speculative
     triforce = spec is not None and spec.retrieval_budget is not None
     built = tuple(build_step_model(d, hardware, tp=o.tp, **kw) for d in drafts[triforce:])
@@ -463,6 +470,7 @@ class ServeScenario:
             "scheduler": o.scheduler,
             "router": o.router,
             "arrivals": self.arrivals.label,
+            **image_fields(o, self.model),
             "prefill_tp": o.prefill_tp_or_tp if disaggregated else None,
             "decode_tp": o.decode_tp_or_tp if disaggregated else None,
             "draft_model": drafts[0].id if drafts else None,
@@ -620,6 +628,8 @@ class CandidateDeployments:
             burstiness=w.burstiness,
             seed=w.seed,
             max_concurrency=w.max_concurrency,
+            images_per_request=w.images_per_request,
+            image_size=w.image_size,
             slo_ttft_s=self.slo.ttft_s,
             slo_tpot_s=self.slo.tpot_s,
         )

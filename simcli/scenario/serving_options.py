@@ -37,6 +37,7 @@ from simcli.scenario.config_base import (
     option_flag,
     tokens_field,
 )
+from simcli.scenario.image_options import IMAGE_FIELDS, check_image_size
 from simcli.scenario.load_options import LOAD_FIELDS, LoadOptions, TimeUnit, TraceFormat
 from simcli.scenario.serving_engine_options import (
     BLOCK_HELP,
@@ -157,6 +158,8 @@ class ServeOptions(LoadOptions):
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
+    images_per_request: int = IMAGE_FIELDS["images_per_request"]()
+    image_size: str = IMAGE_FIELDS["image_size"]()
     dataset: str | None = LOAD_FIELDS["dataset"]()
     shared_prefix_len: int = tokens_field(
         0, ge=0, description="Shared prefix prepended to every prompt, tokens."
@@ -330,6 +333,11 @@ class ServeOptions(LoadOptions):
         description="Answer of a request from its finished branches: majority (vote) | "
         "prm-best (best PRM score).",
     )
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size(cls, v: str) -> str:
+        return check_image_size(v)
 
     @field_validator("prompt_len", "output_len")
     @classmethod
@@ -572,6 +580,8 @@ class ServePlanOptions(LoadOptions):
         "lognormal:512:1:4096", description=f"Prompt length DIST, tokens ({DIST_HELP})."
     )
     output_len: str = Field("lognormal:128:1:2048", description="Output length DIST, tokens.")
+    images_per_request: int = IMAGE_FIELDS["images_per_request"]()
+    image_size: str = IMAGE_FIELDS["image_size"]()
     dataset: str | None = LOAD_FIELDS["dataset"]()
     num_requests: int = count_field(
         1000,
@@ -631,6 +641,11 @@ class ServePlanOptions(LoadOptions):
         "(default: the price table).",
         json_schema_extra={"cli": ["--price-per-gpu-hour"]},
     )
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size(cls, v: str) -> str:
+        return check_image_size(v)
 
     @field_validator("prompt_len", "output_len")
     @classmethod
@@ -718,6 +733,8 @@ class ServePlanOptions(LoadOptions):
             burstiness=self.arrival_cv,
             seed=self.seed,
             max_concurrency=self.max_concurrency,
+            images_per_request=self.images_per_request,
+            image_size=self.image_size,
         )
 
     def slo(self) -> SLO:

@@ -16,11 +16,14 @@ from costmodels.ops.select import provenance_fields
 from costmodels.steps.composition import Composition, load_composition
 from costmodels.steps.serving import StepModel
 from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, GIB
+from costmodels.steps.vision_step import with_images
 from simcli.scenario.hardware import Hardware, resolve_hardware
+from simcli.scenario.image_options import image_fields, image_load
 from simcli.scenario.serving_precision import activation_dtype, check_precision
 from simcli.scenario.sparsity_options import sparsity_fields
 from simcli.scenario.step_options import StepOptions
 from workloads.models import ModelConfig, load_model, with_moe_imbalance
+from workloads.vision import ImageLoad
 
 # --------------------------------------------------------------------------- step models
 
@@ -42,6 +45,7 @@ def build_step_model(
     max_num_seqs: int = DEFAULT_MAX_SEQS,
     composition: Composition | None | str = "shipped",
     scheduler_steps: int = 1,
+    images: ImageLoad | None = None,
 ) -> StepModel:
     """The step model of one replica of ``tp x pp`` ``hardware`` GPUs, priced by the
     hardware's op cost model and ``composition`` (default: the GPU's shipped file); with
@@ -49,7 +53,8 @@ def build_step_model(
     (:class:`simcli.sparsity.serving.PatternStepModel`). ``weight_dtype`` fp16 runs the
     activations in fp16, every other in bf16 (:mod:`workloads.decompose.quant`);
     ``weight_sparsity``/``activation_sparsity``: sparse linear layers
-    (:mod:`workloads.decompose.sparsity`)."""
+    (:mod:`workloads.decompose.sparsity`); ``images``: the images every request carries
+    to a vision-language model (:func:`costmodels.steps.vision_step.with_images`)."""
     check_precision(hardware.gpu_id, weight_dtype, kv_cache_dtype, catalog=hardware.catalog)
     kw: dict[str, Any] = dict(
         tp=tp,
@@ -75,8 +80,10 @@ def build_step_model(
 
         # the eager engine is the transformers-style model: masked SDPA on local layers
         hf = own and engine == "pytorch-eager"
-        return PatternStepModel(model, hardware.gpu_id, pattern=attn_pattern, hf_masked=hf, **kw)
-    return StepModel(model, hardware.gpu_id, **kw)
+        step = PatternStepModel(model, hardware.gpu_id, pattern=attn_pattern, hf_masked=hf, **kw)
+    else:
+        step = StepModel(model, hardware.gpu_id, **kw)
+    return with_images(step, images)
 
 
 # --------------------------------------------------------------------------- simcli step
@@ -106,9 +113,12 @@ def resolve_step(options: StepOptions) -> StepScenario:
         model, hardware, tp=o.tp, pp=o.pp, engine=o.engine, attn_backend=o.attn_backend,
         weight_dtype=o.weight_dtype, kv_cache_dtype=o.kv_cache_dtype,
         weight_sparsity=o.weight_sparsity, activation_sparsity=o.activation_sparsity,
-        composition=resolve_composition(o.composition),
+        composition=resolve_composition(o.composition), images=image_load(o, model),
     )  # fmt: skip
-    return StepScenario(o, hardware, step, o.step_batch())
+    pn, pp, dc = o.step_batch()
+    if o.images_per_request:  # the images' tokens lead each prompt that starts here
+        pn = np.where(pp == 0, pn + image_fields(o, model)["image_tokens_per_request"], pn)
+    return StepScenario(o, hardware, step, (pn, pp, dc))
 
 
 def resolve_composition(path: Path | None) -> Composition | str:
@@ -185,6 +195,7 @@ def run_step(scenario: StepScenario) -> dict[str, Any]:
         "batch": o.batch,
         "prompt_len": o.prompt_len,
         "context_len": o.context_len,
+        **image_fields(o, sm.model),
         "prefill_seqs": int(args[0].size),
         "prefill_new_tokens": int(args[0].sum()),
         "decode_seqs": int(args[2].size),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from costmodels.steps.engines import EngineId
 from simcli.scenario import sparsity_options as so
@@ -19,6 +19,7 @@ from simcli.scenario.config_base import (
     count_field,
     tokens_field,
 )
+from simcli.scenario.image_options import IMAGE_FIELDS, check_image_size
 from simcli.scenario.serving_engine_options import (
     BLOCK_HELP,
     attn_backend_field,
@@ -96,6 +97,13 @@ class StepOptions(CommandConfig):
     )
     profile: Path | None = profile_field()
     composition: Path | None = composition_field()
+    images_per_request: int = IMAGE_FIELDS["images_per_request"]()
+    image_size: str = IMAGE_FIELDS["image_size"]()
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size(cls, v: str) -> str:
+        return check_image_size(v)
 
     @model_validator(mode="after")
     def _phase_inputs(self) -> StepOptions:

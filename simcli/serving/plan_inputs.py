@@ -107,6 +107,8 @@ class Workload(BaseModel):
         gt=0,
         description="closed loop: at most this many requests in flight (simcli.serving.load)",
     )
+    images_per_request: int = Field(default=0, ge=0, description="images per request")
+    image_size: str = Field(default="1024x1024", description="pixels per image, WxH")
 
     @field_validator("prompt_len", "output_len")
     @classmethod

@@ -271,6 +271,12 @@ class PlanResult:
                 if self.workload.max_concurrency is not None
                 else {}
             ),
+            # a vision-language model's images only (a text plan's output is unchanged)
+            **(
+                {"images_per_request": w.images_per_request, "image_size": w.image_size}
+                if (w := self.workload).images_per_request
+                else {}
+            ),
             "slo": self.slo.model_dump(),
             "slo_percentile": self.slo.percentile,
             **self.settings,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -566,6 +566,19 @@ def trace_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
 
 
+def with_image_tokens(requests: Iterable[Request], tokens: int) -> Iterator[Request]:
+    """``requests`` with ``tokens`` image placeholder tokens added to every prompt (a
+    vision-language model's images, :mod:`simcli.scenario.image_options`). A plain
+    iterator: the compiled loop does not price the vision encoder."""
+    for req in requests:
+        out = Request(
+            req.id, req.arrival_s, req.prompt_tokens + tokens, req.output_tokens,
+            req.prefix_key, req.prefix_tokens, priority=req.priority,
+        )  # fmt: skip
+        out.frontend_in_s, out.frontend_out_s = req.frontend_in_s, req.frontend_out_s
+        yield out
+
+
 __all__ = [
     "ARRIVED",
     "CANCELLED",
@@ -579,6 +592,7 @@ __all__ = [
     "RequestChunk",
     "RequestStream",
     "Sequence",
+    "with_image_tokens",
     "SyntheticSpec",
     "TraceError",
     "synthetic_requests",

@@ -56,6 +56,12 @@ class ServeConfig(BaseModel):
         "when one completes (vllm bench serve --max-concurrency; simcli.serving.load); "
         "None: open loop, every request sent at its arrival time",
     )
+    image_tokens_per_request: int = Field(
+        default=0,
+        ge=0,
+        description="a vision-language model's image tokens added to every prompt "
+        "(simcli.scenario.image_options); its encoder is priced by the step model",
+    )
     frontend: FrontendConfig = Field(
         default=FrontendConfig(),
         description="the engine's API server (simcli.serving.frontend): its time is in the "

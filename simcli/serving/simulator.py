@@ -55,6 +55,7 @@ from simcli.serving.requests import (
     RequestChunk,
     output_within_model_len,
     outputs_within_model_len,
+    with_image_tokens,
 )
 from simcli.serving.router import make_router
 from simcli.serving.schedulers import ENGINE_SCHEDULERS, make_scheduler
@@ -442,6 +443,8 @@ class Simulator:
             self.metrics.track_priority = True
         if self.config.frontend.active:  # the API server in front of the engines
             requests = with_frontend(requests, self.config.frontend, self.clients is None)
+        if self.config.image_tokens_per_request:  # a vision-language model's images
+            requests = with_image_tokens(requests, self.config.image_tokens_per_request)
         if fastpath.eligible(self, requests) and fastpath.worth_compiling(requests, compiled):
             self.now_s = fastpath.run(self, requests)
             if not self.arrived and not self.rejected_too_long:

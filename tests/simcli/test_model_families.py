@@ -25,10 +25,11 @@ def _json(args):
 
 
 HYBRIDS = [str(EXAMPLES / f"{n}.config.json") for n in ("nemotron-h-8b", "kimi-linear-48b-a3b")]
+VL = str(EXAMPLES / "qwen2.5-vl-7b.config.json")
 
 
 @pytest.mark.parametrize(
-    "model", [OSS, GEMMA3, str(EXAMPLES / "phi-3-mini-4k.config.json"), *HYBRIDS]
+    "model", [OSS, GEMMA3, str(EXAMPLES / "phi-3-mini-4k.config.json"), *HYBRIDS, VL]
 )
 def test_every_command_runs(model):
     assert _json(["models", "show", model])["num_params"] > 1e9
@@ -36,7 +37,8 @@ def test_every_command_runs(model):
                   "decode", "--batch", "16", "--context-len", "2000"])  # fmt: skip
     assert step["step_ms"] > 0
     big = ["--ignore-memory"] if "kimi" in model else []  # 49B on 8 GPUs: priced anyway
-    train = _json(["train", "--model", model, "--gpu", "h100-sxm", "--gpus", "8", "--tp", "8",
+    tp = "4" if model == VL else "8"  # Qwen2.5-VL-7B: 4 KV heads
+    train = _json(["train", "--model", model, "--gpu", "h100-sxm", "--gpus", "8", "--tp", tp,
                    "--seq-len", "2048", "--global-batch", "16", *big])  # fmt: skip
     assert train["attn_pattern"] == load_native(model)
     serve = _json(["serve", "--model", model, "--gpu", "h100-sxm", "--tp", "2", "--qps", "2",

@@ -1,0 +1,148 @@
+"""Time Hugging Face transformers' own Qwen2.5-VL vision encoder (``model.visual``) on
+images of several sizes, and the kernels it runs.
+
+    python3 -m calibrate.steps.hf_vision --config examples/models/qwen2.5-vl-7b.config.json
+        --out DIR [--warmup 3] [--steps 10] [--trace-dir DIR]
+
+The encoder is built from the config's ``vision_config`` with random weights in bf16
+(``Qwen2_5_VisionTransformerPretrainedModel._from_config``; no checkpoint), its attention
+implementation as transformers defaults it (``attn_impl`` records it), and run without
+gradients on ``pixel_values`` of the flattened patches and the ``grid_thw`` that Qwen2-VL's
+processor would give each image (the grid comes from simcli's ``smart_resize`` port, the
+``grid_*`` columns; patches per image = rows x columns). Rows: median forward time (CUDA
+events), the GPU-busy time of the traced forward summed per kernel class (``gemm``,
+``attention``, ``other``), kernel counts, peak memory. ``--trace-dir`` keeps a trimmed
+profiler trace per row. Imports the standard library, torch and transformers only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# (label, images, width px, height px): one image at growing sizes, then a batch
+CASES = (
+    ("448sq", 1, 448, 448),
+    ("1024sq", 1, 1024, 1024),
+    ("1280x720", 1, 1280, 720),
+    ("1920x1080", 1, 1920, 1080),
+    ("4x448sq", 4, 448, 448),
+    ("4x1024sq", 4, 1024, 1024),
+)
+MIN_PIXELS, MAX_PIXELS = 3136, 12845056
+
+
+def grid(vc: dict, w: int, h: int) -> tuple[int, int]:
+    """Qwen2-VL's smart_resize, in patches (workloads.vision.VisionEncoder.grid)."""
+    f = vc.get("patch_size", 14) * vc.get("spatial_merge_size", 2)
+    hb, wb = round(h / f) * f, round(w / f) * f
+    if hb * wb > MAX_PIXELS:
+        beta = math.sqrt(h * w / MAX_PIXELS)
+        hb, wb = max(f, math.floor(h / beta / f) * f), max(f, math.floor(w / beta / f) * f)
+    elif hb * wb < MIN_PIXELS:
+        beta = math.sqrt(MIN_PIXELS / (h * w))
+        hb, wb = math.ceil(h * beta / f) * f, math.ceil(w * beta / f) * f
+    p = vc.get("patch_size", 14)
+    return hb // p, wb // p
+
+
+def kernel_classes(trace_path: Path) -> dict[str, float]:
+    """GPU-busy microseconds per kernel class of the traced forwards (per forward)."""
+    with gzip.open(trace_path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    steps = max(1, len({e["name"] for e in events if e.get("cat") == "user_annotation"
+                        and str(e.get("name", "")).startswith("ProfilerStep#")}))  # fmt: skip
+    out = {"gemm_us": 0.0, "attention_us": 0.0, "other_us": 0.0, "kernels": 0.0}
+    for e in events:
+        if e.get("cat") != "kernel":
+            continue
+        name = str(e.get("name", "")).lower()
+        if any(s in name for s in ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")):
+            key = "gemm_us"
+        elif any(s in name for s in ("flash", "fmha", "attention", "sdpa")):
+            key = "attention_us"
+        else:
+            key = "other_us"
+        out[key] += float(e.get("dur", 0.0))
+        out["kernels"] += 1
+    return {k: v / steps for k, v in out.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--trace-dir", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+    import transformers
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as mq
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from calibrate.steps import tracing
+
+    cfg = json.loads(Path(args.config).read_text())
+    full = transformers.Qwen2_5_VLConfig(**cfg)
+    vc = full.vision_config
+    torch.manual_seed(0)
+    model = mq.Qwen2_5_VisionTransformerPretrainedModel._from_config(vc)
+    model = model.to(device="cuda", dtype=torch.bfloat16).eval()
+    attn_impl = getattr(model.config, "_attn_implementation", None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trace_dir = Path(args.trace_dir) if args.trace_dir else None
+    if trace_dir:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    vcd = cfg["vision_config"]
+    patch_dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
+    rows = []
+    for label, n, w, h in CASES:
+        gh, gw = grid(vcd, w, h)
+        thw = torch.tensor([[1, gh, gw]] * n, device="cuda")
+        pix = torch.randn(n * gh * gw, patch_dim, device="cuda", dtype=torch.bfloat16)
+
+        def fwd(pix=pix, thw=thw) -> None:
+            with torch.no_grad():
+                model(pix, grid_thw=thw)
+
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(args.warmup):
+            fwd()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(args.steps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fwd()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        row = {
+            "case": label, "images": n, "width_px": w, "height_px": h, "grid_h": gh,
+            "grid_w": gw, "patches": n * gh * gw, "attn_impl": attn_impl,
+            "ms": statistics.median(times), "ms_min": min(times),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        }  # fmt: skip
+        if trace_dir:
+            dst = trace_dir / f"hf_vision_{label}.json.gz"
+            tracing.capture(fwd, dst, steps=2, extra={"case": label})
+            row.update(kernel_classes(dst))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    (out / "hf_vision.json").write_text(json.dumps({"rows": rows, "when": time.time()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

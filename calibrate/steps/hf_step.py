@@ -178,12 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="",
                     help="PHASE:BATCH:SEQ,... instead of the default shapes; phase train, "
                     "train-bf16 (bf16 parameters: transformers' grouped_mm experts run "
-                    "torch._grouped_mm instead of their per-expert fp32 fallback) or prefill")  # fmt: skip
+                    "torch._grouped_mm, not a per-expert fp32 loop) or prefill")  # fmt: skip
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     shapes = SHAPES
     if args.shapes:
-        shapes = tuple((p, int(b), int(s)) for p, b, s in (x.split(":") for x in args.shapes.split(",")))
+        parts = (x.split(":") for x in args.shapes.split(","))
+        shapes = tuple((p, int(b), int(s)) for p, b, s in parts)
     plan = [(n, *s) for n in names for s in shapes]
     if args.list:
         for p in plan:

@@ -13,7 +13,10 @@ prompt, as HF does not stop at the config's positions), attention on flash. Noth
 simcli is fitted on these rows. Rows simcli cannot run yet say why (an MoE or hybrid
 prefill under pytorch-eager; gpt-oss's eager attention with sinks is not an op class of
 ours). The hybrids' rows (Qwen3-Next, Kimi-Linear, Nemotron-H) are in
-calibrate/data/hf-steps-hybrids-h200-sxm.
+calibrate/data/hf-steps-hybrids-h200-sxm; calibrate/data/hf-steps-bf16-h200-sxm holds
+training steps with bf16 parameters (``train-bf16``: ``--precision bf16``), where
+transformers' MoE experts run one grouped GEMM per projection instead of the per-expert
+loop they fall back to with fp32 parameters (``--experts-impl``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from calibrate.steps.hf_step import cut_layers
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "calibrate" / "data" / "hf-steps-h200-sxm" / "hf_step.csv"
 HYBRIDS = ROOT / "calibrate" / "data" / "hf-steps-hybrids-h200-sxm" / "hf_step.csv"
+BF16 = ROOT / "calibrate" / "data" / "hf-steps-bf16-h200-sxm" / "hf_step.csv"
 GIB = 1024**3
 
 
@@ -57,18 +61,20 @@ def _run(args: list[str]) -> dict | str:
 
 
 def rows() -> pd.DataFrame:
-    data = pd.concat([pd.read_csv(DATA), pd.read_csv(HYBRIDS)], ignore_index=True)
+    data = pd.concat([pd.read_csv(p) for p in (DATA, HYBRIDS, BF16)], ignore_index=True)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in data[data.status == "ok"].itertuples():
             cfg = str(cut_config(r.model, int(r.layers), Path(tmp)))
             row = {"model": r.model, "phase": r.phase, "seq_len": r.seq_len,
                    "attn_impl": r.attn_impl, "measured_ms": r.step_ms}  # fmt: skip
-            if r.phase == "train":
+            if r.phase.startswith("train"):
+                # train-bf16: bf16 parameters, so transformers' MoE experts run grouped_mm
+                bf16 = ["--precision", "bf16"] if r.phase == "train-bf16" else []
                 got = _run(["train", "--model", cfg, "--gpu", "h200-sxm", "--gpus", "1",
                             "--micro-batch", str(r.batch), "--global-batch", str(r.batch),
                             "--seq-len", str(r.seq_len), "--framework", "pytorch",
-                            "--attn-backend", "flash"])  # fmt: skip
+                            "--attn-backend", "flash", *bf16])  # fmt: skip
                 if isinstance(got, dict):
                     row["predicted_ms"] = got["iteration_s"] * 1e3
                     row["measured_peak_gib"] = r.peak_alloc_bytes / GIB

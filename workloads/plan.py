@@ -46,6 +46,15 @@ TP_COMMS: tuple[str, ...] = ("plain", "overlap", "ladder")
 MAX_PIPELINE_TASKS = 1 << 20
 
 
+# How --framework pytorch runs an MoE's experts (transformers' ``experts_implementation``)
+ExpertsImpl = Literal["auto", "loop", "grouped"]
+EXPERTS_IMPL_HELP = (
+    "--framework pytorch, MoE: loop = transformers' grouped_mm experts falling back, with fp32 "
+    "parameters, to two GEMMs forward and four backward per hit expert; grouped = one "
+    "torch._grouped_mm per projection (bf16 parameters, or torchtitan-style); auto: loop "
+    "under fp32 master weights (mixed precision), else grouped"
+)
+
 class TrainPlan(BaseModel):
     """How one training iteration is parallelised (one global batch, one optimizer step)."""
 
@@ -123,6 +132,7 @@ class TrainPlan(BaseModel):
         description="gradient buffer and DP reduction dtype (Megatron --grad-reduce-in-bf16, "
         "NeMo grad_sync_dtype); default fp32 under mixed precision, bf16 under pure bf16",
     )
+    experts_impl: ExpertsImpl = Field(default="auto", description=EXPERTS_IMPL_HELP)
     optimizer_offload: float = Field(
         default=0.0,
         ge=0.0,
@@ -252,6 +262,14 @@ class TrainPlan(BaseModel):
     def master_dtype(self) -> str:
         """Dtype of the weights the optimizer updates (fp32 master copy under mixed)."""
         return self._dtype_names[1]
+
+    @property
+    def experts_loop(self) -> bool:
+        """Whether an eager MoE's experts run transformers' per-expert loop: ``auto`` says
+        yes under fp32 master weights, where ``grouped_mm`` takes no fp32 weights."""
+        if self.experts_impl == "auto":
+            return self.master_dtype == "fp32"
+        return self.experts_impl == "loop"
 
     @property
     def dp_stride(self) -> int:

@@ -13,14 +13,12 @@ Every pipeline rank holds, at its peak moment (:func:`estimate_memory`):
   accounting of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
   Transformer Models", sec. 4 (eqs. 1-6), with context parallelism dividing the
   sequence; with recomputation one layer's recomputed activations are live as well.
-* **logits and loss buffers** on the last rank (vocabulary split by ``tp``).
-* **communication buffers**: the sequence-parallel all-gather buffer, ring-attention KV
-  double buffer, ZeRO-2 gradient buckets and ZeRO-3 prefetched parameters.
-* **overhead**: cuBLAS workspaces, allocator fragmentation, and memory outside the
-  PyTorch allocator (CUDA context, NCCL buffers).
+* **logits and loss buffers** on the last rank (vocabulary split by ``tp``);
+  **communication buffers**: the sequence-parallel all-gather buffer, ring-attention KV
+  double buffer, ZeRO-2 gradient buckets and ZeRO-3 prefetched parameters; **overhead**:
+  cuBLAS workspaces, allocator fragmentation, memory outside the PyTorch allocator.
 
-The peak per GPU is the maximum over pipeline ranks; the breakdown reported is the one
-of that rank at its peak moment.
+The peak per GPU is the maximum over pipeline ranks, with that rank's breakdown.
 
 Frameworks: ``megatron`` is Megatron-Core with Transformer Engine (flash attention,
 fused RoPE/SwiGLU/norms, a contiguous gradient buffer, the distributed optimizer as
@@ -68,6 +66,7 @@ from costmodels.steps.memory_constants import (
 )
 from hardware_specs.schema import GIB, GpuSpec
 from workloads.decompose.shard import shard_sizes
+from workloads.decompose.training import scores_kind
 from workloads.models import ModelConfig
 from workloads.plan import (
     CP_KINDS,
@@ -81,6 +80,7 @@ from workloads.plan import (
 
 Framework = Literal["megatron", "megatron-unfused", "pytorch", "pytorch-compile"]
 FRAMEWORKS: tuple[str, ...] = ("megatron", "megatron-unfused", "pytorch", "pytorch-compile")
+
 
 _PREC = {name: i for i, name in enumerate(PRECISIONS)}
 _RECOMPUTE = {name: i for i, name in enumerate(RECOMPUTE)}
@@ -180,7 +180,7 @@ def _shard(model: ModelConfig, tp):
 
 
 def _layer_acts(
-    model: ModelConfig, fw: str, sh, t_sp, prec, seq_len, unfused: bool = False,
+    model: ModelConfig, fw: str, sh, t_sp, prec, seq_len, unfused: int = 0,
     compiled: bool = False, tp=1,
 ):  # fmt: skip
     """Bytes per token of one layer on one TP rank: (stored with no recompute, stored
@@ -197,7 +197,7 @@ def _layer_acts(
         stats = 8.0 if model.norm == "layernorm" else 4.0  # fp32 mean+rstd / rstd
         # Korthikanti eq. 1 terms outside the TP regions: the two norm inputs (2sbh each)
         # and the QKV / FC1 GEMM inputs (2sbh each); dropout masks (sbh each) if any.
-        rep = 2 * (e * h + stats) + 2 * g * h + (2 * h if unfused else 0.0)
+        rep = 2 * (e * h + stats) + 2 * g * h + (2 * h if unfused == 1 else 0.0)
         attn = attn + np.where(prec == _FP8, 1.0, 0.0) * q_w  # TE's fp8 copy of O
         # fused bias-SwiGLU saves its input (gate and up, 2f) and FC2 its input (f);
         # GELU: FC1 output (GELU input) and GELU output - Korthikanti's 8sbh + 8sbh.
@@ -251,10 +251,11 @@ def _layer_acts(
     else:
         mlp = inter(sh["ffn"]) * (model.dense_layers / model.num_layers)
     # unfused, Korthikanti eq. 1: softmax output 2as, dropout mask as, dropout output 2as
+    # (transformers' eager attention with sinks, gpt-oss: its softmax output, e as)
     # per token (5as^2b per layer), over the whole sequence of keys. Flash attention
     # stores no s x s tensor, only the fp32 log-sum-exp per query row and head (Dao et
     # al. 2022, FlashAttention, sec. 3.1; FlashAttention-2, algorithm 1).
-    core = heads * seq_len * (e + 1 + e) if unfused else 4.0 * heads
+    core = heads * seq_len * ((e + 1 + e) if unfused == 1 else e) if unfused else 4.0 * heads
     if model.is_hybrid:  # attention, and the mixer's in_proj, conv, scan and norm outputs
         mx, n = model.mixer, model.num_layers  # (what its kernels save), in their shares
         mix = e * (mx.in_proj_width + mx.conv_dim + 2 * mx.inner) / np.asarray(tp) if mx else 0.0
@@ -305,7 +306,7 @@ def in_flight(schedule, pp, vpp, num_microbatches, rank):
 
 
 def _stage(
-    model: ModelConfig, fw: str, unfused: bool, a: dict, sh: dict, r, layers_r,
+    model: ModelConfig, fw: str, unfused: int, a: dict, sh: dict, r, layers_r,
     compiled: bool = False,
 ):  # fmt: skip
     """Bytes of pipeline rank ``r`` holding ``layers_r`` layers: (total, components at its
@@ -531,7 +532,7 @@ def layer_activation_bytes(
     t_sp = float(tp if (sp and tp > 1) else 1)
     prec = np.asarray(_code(precision, _PREC, "precision"))
     parts = _layer_acts(
-        model, fw, sh, t_sp, prec, seq_len, framework == "megatron-unfused",
+        model, fw, sh, t_sp, prec, seq_len, scores_kind(model, framework),
         framework == "pytorch-compile", np.asarray(tp),
     )  # fmt: skip
     kept = parts[_code(recompute, _RECOMPUTE, "recompute")]
@@ -555,7 +556,7 @@ def estimate_memory(
     a = _arrays(**plan_memory_fields(plan))
     sh = _shard(model, a["tp"])
     chunks = plan.layers_per_chunk(model.num_layers)
-    unfused = framework == "megatron-unfused"
+    unfused = scores_kind(model, framework)
     compiled = framework == "pytorch-compile"
     stages = []
     for r in range(plan.pp):
@@ -706,7 +707,7 @@ def memory_bytes_many(
     if np.any(a["pp"] * a["vpp"] > total):
         raise PlanError(f"pp*vpp exceeds num_layers={model.num_layers} for some plans")
     sh = _shard(model, a["tp"])
-    unfused = framework == "megatron-unfused"
+    unfused = scores_kind(model, framework)
     compiled = framework == "pytorch-compile"
     pp, vpp = a["pp"], a["vpp"]
     chunks = pp * vpp

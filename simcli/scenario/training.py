@@ -37,9 +37,11 @@ from simcli.training.to_train import to_train_fields
 from workloads.models import ModelConfig, load_model, moe_imbalance_field, with_moe_imbalance
 from workloads.ops import MAX_TOKENS
 from workloads.plan import (
+    EXPERTS_IMPL_HELP,
     PRECISIONS,
     RANK_ORDERS,
     CPKind,
+    ExpertsImpl,
     PlanError,
     PPSchedule,
     Precision,
@@ -281,6 +283,7 @@ class TrainConfig(BaseModel):
         description="Training software: megatron (fused kernels), pytorch (eager) or "
         "pytorch-compile (torch.compile'd blocks; fp8 = torchao float8).",
     )
+    experts_impl: ExpertsImpl = Field("auto", description=EXPERTS_IMPL_HELP)
     attn_backend: str = Field(
         "", description="Attention kernel family: flash | cudnn | flex | efficient; '': default."
     )
@@ -533,7 +536,11 @@ def resolve_train(config: TrainConfig) -> TrainScenario:
         optimizer_offload=config.optimizer_offload,
         activation_offload=config.activation_offload,
         rank_order=config.rank_order,
+        experts_impl=config.experts_impl,
     )
+    if config.experts_impl != "auto" and config.framework != "pytorch":
+        raise PlanError(f"--experts-impl {config.experts_impl} is transformers' eager experts; "
+                        "allowed: --framework pytorch, or --experts-impl auto")  # fmt: skip
     files = {
         "profile": config.profile,
         "hardware_file": config.hardware,

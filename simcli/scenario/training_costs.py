@@ -25,6 +25,9 @@ def scenario_step_costs(s: Any) -> StepCosts | None:
         s.model, s.plan, hw.cost_model, hw.system, s.attn_backend, s.framework, s.composition,
         weight_sparsity=w,
     )  # fmt: skip
+    sinks_eager = s.model.attention_sinks and s.framework == "pytorch"  # no SDPA: eager
+    if s.attn_pattern is not None and s.config.attn_pattern is None and sinks_eager:
+        return costs  # its scores materialised whatever the mask (hf_sinks_attention)
     if s.attn_pattern is not None and s.config.attn_pattern is None and (
         s.framework in HF_FRAMEWORKS
     ):

@@ -517,3 +517,41 @@ def test_eager_moe_training_runs_transformers_expert_loop():
     }  # fmt: skip
     fused = {o.name for o in op_groups(model, plan, framework="megatron")[0]}
     assert "expert_up" in fused and "hf_expert_up" not in fused
+
+
+def test_experts_impl_picks_loop_or_grouped():
+    """``auto`` is the loop under fp32 master weights and grouped under pure bf16 (where
+    transformers' grouped_mm runs); an explicit choice wins."""
+    model = get_model("mixtral-8x7b")
+    kw = dict(num_gpus=8, tp=8, global_batch=8, micro_batch=1, seq_len=2048)
+
+    def names(**extra):
+        return {o.name for o in op_groups(model, make_plan(model, **kw, **extra),
+                                          framework="pytorch")[0]}  # fmt: skip
+
+    assert "hf_expert_up" in names() and "expert_up" not in names()
+    assert "expert_up" in names(precision="bf16") and "hf_expert_up" not in names(precision="bf16")
+    assert "expert_up" in names(experts_impl="grouped")
+    assert "hf_expert_up" in names(precision="bf16", experts_impl="loop")
+
+
+def test_eager_attention_with_sinks_materialises_the_scores():
+    """gpt-oss under --framework pytorch: transformers' eager attention (no SDPA with
+    sinks), every layer over the whole s x s square; the fused engines keep flash."""
+    from pathlib import Path
+
+    from workloads.decompose.training import scores_kind
+    from workloads.models import load_model
+
+    cfg = Path(__file__).resolve().parents[2] / "examples" / "models" / "gpt-oss-20b.config.json"
+    model = load_model(cfg)
+    plan = make_plan(model, num_gpus=1, tp=1, global_batch=1, micro_batch=1, seq_len=2048)
+    fwd, bwd = op_groups(model, plan, framework="pytorch")[:2]
+    ops = by_name(fwd)
+    assert not any(o.op.op.value.startswith("attn") for o in fwd + bwd)
+    scores = ops["hf_attn_scores"].op
+    assert (scores.batch, scores.m, scores.n, scores.k) == (64, 2048, 2048, 64)
+    assert ops["hf_attn_context"].op.k == 2049  # the sliced probabilities' row stride
+    fused = op_groups(model, plan, framework="megatron")[0]
+    assert any(o.op.op.value == "attn_fwd" for o in fused)
+    assert scores_kind(model, "pytorch") == 2 and scores_kind(model, "megatron") == 0

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+import yaml
 
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose.engines import get_engine
@@ -399,8 +403,10 @@ def op_groups(
         elif fp8:  # the float8 casts below replace autocast's bf16 weight casts
             extra["layer_fwd"] = [o for o in extra["layer_fwd"] if o.name != "eager_weight_cast"]
         fwd, bwd = fwd + extra["layer_fwd"], bwd + extra["layer_bwd"]
-        if model.is_moe and not engine.compiled_layers:
+        if model.is_moe and not engine.compiled_layers and plan.experts_loop:
             fwd, bwd = hf_experts_loop(model, plan, fwd, bwd)
+        if model.attention_sinks and not engine.compiled_layers:
+            fwd, bwd = hf_sinks_attention(model, plan, fwd, bwd)
         first_f, first_b = first_f + extra["first_fwd"], first_b + extra["first_bwd"]
         last_f, last_b = last_f + extra["last_fwd"], last_b + extra["last_bwd"]
     elif engine.unfused_attention:
@@ -579,6 +585,77 @@ def _unfused_attention(
     out_f = [x for o in fwd for x in (core_f if o.op.op.value in ATTENTION else [o])]
     out_b = [x for o in bwd for x in (core_b if o.op.op.value in ATTENTION else [o])]
     return out_f, out_b
+
+
+def scores_kind(model: ModelConfig, framework: str) -> int:
+    """s x s attention scores a framework keeps for the backward: 1 Megatron's unfused
+    core attention, 2 transformers' eager one with sinks (gpt-oss: no SDPA path, its
+    softmax output), 0 none (flash attention)."""
+    sinks = framework == "pytorch" and model.attention_sinks
+    return 1 if framework == "megatron-unfused" else 2 if sinks else 0
+
+
+def hf_sinks_attention(
+    model: ModelConfig, plan: TrainPlan, fwd: list[LayerOp], bwd: list[LayerOp]
+) -> tuple[list[LayerOp], list[LayerOp]]:
+    """gpt-oss's attention as transformers runs it (:func:`sinks_attention_ops`) in place
+    of the fused attention ops: with sinks there is no SDPA path, so every layer (sliding
+    ones too: the window is only a mask) materialises its scores."""
+    heads = plan.micro_batch * model.num_heads // plan.tp
+    core_f, core_b = sinks_attention_ops(
+        heads, plan.seq_len // plan.cp, model.head_dim, Dtype(plan.activation_dtype),
+        sinks_traffic_factors(),
+    )  # fmt: skip
+    out_f = [x for o in fwd for x in (core_f if o.op.op.value in ATTENTION else [o])]
+    out_b = [x for o in bwd for x in (core_b if o.op.op.value in ATTENTION else [o])]
+    return out_f, out_b
+
+
+@lru_cache(maxsize=1)
+def sinks_traffic_factors() -> tuple[float, float]:
+    """Measured time of the eager kernels of :func:`sinks_attention_ops` over their
+    nominal traffic priced as copies, forward and backward (broadcast adds, the ``cat``
+    with an odd row width and strided slices run well below copy bandwidth), fitted on
+    transformers' function alone (``python -m calibrate.fit_eager_sinks --write``)."""
+    path = Path(str(resources.files("workloads") / "data" / "hf_sinks_attention.yaml"))
+    f = yaml.safe_load(path.read_text())["traffic_factor"]
+    return float(f["fwd"]), float(f["bwd"])
+
+
+def sinks_attention_ops(
+    bh: int, s: int, d: int, dt: Dtype, factors: tuple[float, float] = (1.0, 1.0)
+) -> tuple[list[LayerOp], list[LayerOp]]:
+    """transformers' ``eager_attention_forward`` with sinks over ``bh`` heads of ``s``
+    tokens, E = bh s^2 score elements (bf16 under autocast): the batched Q K^T,
+    ``* scaling``, ``+ mask``, ``cat`` with the sink logit, the row max, the subtraction
+    (4, 4, 4, 2, 4 bytes per element read + written), softmax, and the batched P V on
+    ``probs[..., :-1]``, a slice whose rows are s + 1 apart (priced as a GEMM of depth
+    s + 1: CUTLASS's align-1 kernels in the traces). Backward: the slice's zero-filled
+    gradient and its copy (6 E), softmax backward, the max's reduction and the scale's
+    multiply (6 E), two GEMMs per forward GEMM. ``factors`` scale the forward and
+    backward traffic (:func:`sinks_traffic_factors`)."""
+    elems = bh * s * s
+
+    def gemm(name: str, m: int, n: int, k: int) -> LayerOp:
+        return LayerOp(name, Op(op=OpKind.gemm, dtype=dt, m=m, n=n, k=k, batch=bh))
+
+    ff, fb = factors
+    softmax = Op(op=OpKind.softmax, dtype=dt, m=bh * s, n=s + 1)
+    softmax_bwd = Op(op=OpKind.softmax, dtype=dt, m=bh * s * 3 // 2, n=s + 1)
+    core_f = [
+        gemm("hf_attn_scores", s, s, d),
+        _traffic("hf_attn_scale_mask_cat_max_sub", ff * 18.0 * elems, 5),
+        LayerOp("hf_attn_softmax", softmax),
+        gemm("hf_attn_context", s, d, s + 1),
+    ]
+    core_b = [
+        gemm("hf_attn_context_dgrad", s, s, d), gemm("hf_attn_context_vgrad", s, d, s + 1),
+        _traffic("hf_attn_slice_bwd", fb * 6.0 * elems, 2),
+        LayerOp("hf_attn_softmax_bwd", softmax_bwd),
+        _traffic("hf_attn_max_scale_bwd", fb * 6.0 * elems, 2),
+        gemm("hf_attn_scores_qgrad", s, d, s), gemm("hf_attn_scores_kgrad", s, d, s),
+    ]  # fmt: skip
+    return core_f, core_b
 
 
 def _fp8_casts(

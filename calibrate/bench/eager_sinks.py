@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 HEADS = (8, 16, 32, 64)
-SEQS = (1024, 2048, 4096)
+SEQS = (1024, 2048, 4096, 8192)
 HEAD_DIM = 64
 
 

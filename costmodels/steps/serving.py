@@ -285,11 +285,11 @@ class StepModel(VllmMemory, SummaryPricing):
                 m.norm == "rmsnorm"
                 and m.position == "rope"
                 and m.gated_mlp
-                and not m.is_moe
+                and not (m.is_hybrid or m.is_mla)
             ):
                 raise StepError(
-                    f"engine pytorch-eager models dense Llama-style models (RMSNorm, RoPE, "
-                    f"gated MLP); {m.id} is not one; allowed: --engine vllm"
+                    f"engine pytorch-eager models Llama-style models (RMSNorm, RoPE, gated "
+                    f"MLP, dense or MoE); {m.id} is not one; allowed: --engine vllm"
                 )
         self.engine, self.tp, self.pp, self.dtype = engine, tp, pp, dtype
         self.weight_dtype, self.kv_cache_dtype = weight_dtype, kv_dt

@@ -35,6 +35,7 @@ from costmodels.steps.training import Phase, StepCosts, cp_comm_s, recompute_pha
 from hardware_specs.registry import builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import tp_shard
+from workloads.decompose.training import sinks_attention_ops, sinks_traffic_factors
 from workloads.models import ModelConfig
 from workloads.ops import Op, OpKind, ops_frame
 from workloads.plan import TrainPlan
@@ -594,8 +595,12 @@ class PatternStepModel(StepModel):
         )
         pre, dec = [], []
         span = local_span(self.pattern)
+        # transformers' eager attention with sinks (gpt-oss): seconds per prompt length
+        self._sinks_eager = hf_masked and self.model.attention_sinks
         for n in lens.tolist():
-            if hf_masked:
+            if self._sinks_eager:  # no SDPA: the s x s scores, priced whole (_attention)
+                pre.append(self._sinks_prefill_s(n))
+            elif hf_masked:
                 pre.append(hf_attention_scale(self.model, n)[0])
             elif span is not None and span >= n:
                 pre.append(1.0)  # the window (or chunk) covers the whole prompt
@@ -610,6 +615,15 @@ class PatternStepModel(StepModel):
         self._pre_ratio = np.array(pre) if hf_masked else np.minimum(np.array(pre), 1.0)
         self._dec_ratio = np.minimum(np.array(dec), 1.0)
 
+    def _sinks_prefill_s(self, n: int) -> float:
+        """transformers' eager attention with sinks over one prompt of ``n`` tokens
+        (:func:`workloads.decompose.training.sinks_attention_ops`, forward)."""
+        heads = self.model.num_heads // self.tp
+        ops = sinks_attention_ops(heads, n, self.model.head_dim, Dtype(self.dtype),
+                                  sinks_traffic_factors())[0]  # fmt: skip
+        t = self.cost_model.predict_many(ops_frame([o.op for o in ops]))
+        return float(sum(x * o.count for o, x in zip(ops, t, strict=True)))
+
     def _ratio(self, table: np.ndarray, length: float) -> float:
         return float(np.interp(np.log(max(length, 1.0)), self._log_lens, table))
 
@@ -617,7 +631,13 @@ class PatternStepModel(StepModel):
         self, pn: np.ndarray, pp: np.ndarray, n_dec: int, ctx_sum: int, exact: bool
     ) -> tuple[float | None, float | None, bool]:
         pre, dec, in_grid = super()._attention(pn, pp, n_dec, ctx_sum, exact)
-        if pre is not None:
+        if pre is not None and self._sinks_eager:  # each prompt's own s x s scores
+            lens = np.log(np.maximum((pn + pp).astype(float), 1.0))
+            pre = float(np.exp(np.interp(lens, self._log_lens, np.log(self._pre_ratio))).sum())
+            # measured kernels already: the eager steps' attention factor (fitted on SDPA
+            # in traced steps, applied by _attn_layer_s) is taken out again
+            pre /= self._attn_factors(True)[0] * self.model.num_layers / self.model.attention_layers
+        elif pre is not None:
             pre *= self._ratio(self._pre_ratio, float((pn + pp).max()))
         if dec is not None:
             dec *= self._ratio(self._dec_ratio, ctx_sum / n_dec + 1.0)

@@ -227,11 +227,15 @@ def test_model_that_does_not_fit_raises():
         sm.kv_capacity_tokens(16, 0.2)
 
 
-def test_eager_engine_is_single_gpu_llama_only():
+def test_eager_engine_is_single_gpu_llama_style_only():
     with pytest.raises(StepError, match="tp=1"):
         StepModel("llama3-8b", "h100-sxm", engine="pytorch-eager", tp=2)
     with pytest.raises(StepError, match="Llama-style"):
-        StepModel("mixtral-8x7b", "h100-sxm", engine="pytorch-eager")
+        StepModel("deepseek-v3", "h100-sxm", engine="pytorch-eager")  # MLA
+    # an MoE runs (transformers' grouped experts with bf16 weights)
+    moe = StepModel("mixtral-8x7b", "h200-sxm", engine="pytorch-eager")
+    fused = StepModel("mixtral-8x7b", "h200-sxm")
+    assert moe.step_ms([512], [0], []) > fused.step_ms([512], [0], [])
 
 
 # --- the CLI -------------------------------------------------------------------------------

@@ -474,7 +474,8 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
     layer ops price. Derived from the tensors each eager kernel reads and writes:
 
     - the residual stream stays fp32 (fp32 embedding, RMSNorm computes in fp32), X = 4Th;
-    - RMSNorm as pow, mean, two muls (7X instead of a fused X);
+    - RMSNorm as pow, mean, two muls (7X instead of a fused X), for each of the layer's
+      norms (Gemma 2/3: four), and per-head q/k norms where the model has them;
     - autocast casts every Linear's input to bf16 (q, k, v, gate, up: 1.5X each) and
       every weight fp32 -> bf16 once per forward (6 bytes per parameter), and the bf16
       weight gradients back to fp32 (6 bytes per parameter) in backward;
@@ -497,10 +498,14 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
     k = 2.0 * t * max(1, model.num_kv_heads // tp) * model.head_dim
     f = 2.0 * t * model.ffn_hidden_size / tp
     casts = 3 + (2 if model.gated_mlp else 1)
+    norms = model.norms_per_layer
     layer_params = params_per_tp_rank(model, tp)["layer"]
     shard = plan.data_parallel * plan.cp if plan.zero == 3 else 1
     fwd = [
-        _traffic("eager_rmsnorm", 2 * 6.0 * x, 8),
+        # every RMSNorm of the layer (Gemma 2/3: four), and q/k norms (bf16 q and k read
+        # as fp32: cast, pow, mean, mul, cast back, weight: 18 bytes per bf16 byte)
+        _traffic("eager_rmsnorm", norms * 6.0 * x, 4 * norms),
+        *([_traffic("eager_qk_norm", 9.0 * (q + k), 12)] if model.qk_norm else []),
         _traffic("eager_input_casts", casts * 1.5 * x, casts),
         _traffic("eager_rope", 16.0 * (q + k), 10),
         _traffic("eager_attn_out_copy", 2.0 * q),

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from costmodels.ops import sparse_attention as sa
+from costmodels.steps.dsa_indexer import indexer_cost
 from costmodels.steps.hf_attention import hf_attention_scale
 from costmodels.steps.kv_layout import KvLayout
 from costmodels.steps.serving import StepModel
@@ -35,6 +36,7 @@ from costmodels.steps.training import Phase, StepCosts, cp_comm_s, recompute_pha
 from hardware_specs.registry import builtin_catalog
 from hardware_specs.schema import DTYPE_BYTES, Dtype
 from workloads.decompose import tp_shard
+from workloads.decompose.mla import indexer_cache_bytes
 from workloads.decompose.training import sinks_attention_ops, sinks_traffic_factors
 from workloads.models import ModelConfig
 from workloads.ops import Op, OpKind, ops_frame
@@ -569,7 +571,15 @@ class PatternStepModel(StepModel):
         # the base constructor may ask for KV sizes before the pattern is set
         lay = kv_layout(getattr(self, "pattern", None), self.model.attention_layers)
         state = self.state_tokens_per_seq  # 0 without mixers
-        return replace(lay, state_tokens=state) if state else lay
+        lay = replace(lay, state_tokens=state) if state else lay
+        ix = indexer_cache_bytes(self.model)  # DSA: the indexer's fp8 keys beside the latent
+        if ix:
+            mla = self.model.kv_elements_per_token_per_layer * DTYPE_BYTES[
+                Dtype(getattr(self, "kv_cache_dtype", "bf16"))
+            ]
+            lay = replace(lay, bytes_factor=lay.bytes_factor * (1.0 + ix / mla),
+                          note=lay.note + f"; DSA's indexer keys add {ix} B per token per layer")
+        return lay
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -614,6 +624,26 @@ class PatternStepModel(StepModel):
         self._log_lens = np.log(lens.astype(float))
         self._pre_ratio = np.array(pre) if hf_masked else np.minimum(np.array(pre), 1.0)
         self._dec_ratio = np.minimum(np.array(dec), 1.0)
+        try:  # a GPU of a --hardware file, not in the built-in catalog: bf16
+            fp8 = Dtype.fp8 in builtin_catalog().gpu(gpu).peak_dense_tflops
+        except (KeyError, ValueError):
+            fp8 = False
+        self._indexer = indexer_cost(self.model, self.cost_model, fp8)  # DSA's scoring pass
+
+    def _with_indexer(self, pre, dec, pn, pp, n_dec: int, ctx_sum: int):
+        """(pre, dec) with DSA's indexer scoring added (:mod:`costmodels.steps.dsa_indexer`);
+        the pattern's ratios below scale only the attention kernels, so it is added to
+        what they leave: returned as the share that survives that scaling."""
+        ix = self._indexer
+        if ix is None:
+            return pre, dec
+        if pre is not None:
+            r = self._ratio(self._pre_ratio, float((pn + pp).max()))
+            pre = pre + ix.prefill_s(pn, pp) / r if r > 0 else pre
+        if dec is not None:
+            r = self._ratio(self._dec_ratio, ctx_sum / n_dec + 1.0)
+            dec = dec + ix.decode_s(n_dec, ctx_sum) / r if r > 0 else dec
+        return pre, dec
 
     def _sinks_prefill_s(self, n: int) -> float:
         """transformers' eager attention with sinks over one prompt of ``n`` tokens
@@ -631,6 +661,7 @@ class PatternStepModel(StepModel):
         self, pn: np.ndarray, pp: np.ndarray, n_dec: int, ctx_sum: int, exact: bool
     ) -> tuple[float | None, float | None, bool]:
         pre, dec, in_grid = super()._attention(pn, pp, n_dec, ctx_sum, exact)
+        pre, dec = self._with_indexer(pre, dec, pn, pp, n_dec, ctx_sum)
         if pre is not None and self._sinks_eager:  # each prompt's own s x s scores
             lens = np.log(np.maximum((pn + pp).astype(float), 1.0))
             pre = float(np.exp(np.interp(lens, self._log_lens, np.log(self._pre_ratio))).sum())

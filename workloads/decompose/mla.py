@@ -85,7 +85,38 @@ def mla_templates(
         kv_e = e if kv_dtype is None else DTYPE_BYTES[Dtype(kv_dtype)]
         out.append(traffic("kv_cache_write", (c + r) * (e + kv_e)))
     out.append(gemm("kv_b_proj", c, heads * (nope + dv), dtype))
+    out += _indexer_templates(model, dtype, serving, e)
     out += [attention, gemm("o_proj", heads * dv, h, dtype)]
+    return out
+
+
+# DSA's indexer key cache per token per layer: fp8 keys and one fp32 scale per 128
+# (vLLM's DeepseekV32IndexerCache: index_head_dim + index_head_dim // 128 * 4 bytes)
+def indexer_cache_bytes(model: ModelConfig) -> int:
+    """Bytes a token's indexer key costs per layer (0 without DSA)."""
+    d = model.index_head_dim or 0
+    return d + -(-d // 128) * 4 if d else 0
+
+
+def _indexer_templates(model: ModelConfig, dtype: str, serving: bool, e: int) -> list[OpTemplate]:
+    """DSA's lightning indexer per token (DeepSeek-V3.2; HF ``Indexer``, vLLM's
+    ``Indexer``, replicated over TP): ``wq_b`` from the query latent to ``n`` heads of
+    ``d``, ``wk`` and its LayerNorm, ``weights_proj`` (a weight per head), RoPE on the
+    rope part of q and k, and the fp8 key into its cache. The scoring of every cached key
+    (quadratic) is the step model's (:mod:`costmodels.steps.dsa_indexer`)."""
+    if not model.index_n_heads or not model.index_head_dim:
+        return []
+    n, d, h = model.index_n_heads, model.index_head_dim, model.hidden_size
+    r = model.qk_rope_head_dim or 0
+    out = [
+        gemm("indexer_wq_b", model.q_lora_rank or h, n * d, dtype, label="indexer"),
+        gemm("indexer_wk", h, d, dtype, label="indexer"),
+        elementwise("indexer_k_norm", "layernorm", d, dtype, label="indexer"),
+        gemm("indexer_weights_proj", h, n, dtype, label="indexer"),
+        traffic("indexer_rope", 2.0 * (n + 1) * r * e, "indexer"),
+    ]
+    if serving:  # read the bf16 key, write fp8 and its scale
+        out.append(traffic("indexer_cache_write", d * e + indexer_cache_bytes(model), "indexer"))
     return out
 
 

@@ -87,6 +87,7 @@ from costmodels.steps.composition import Composition, shipped_composition
 from costmodels.steps.engines import ENGINE_IDS, EngineError, load_engine
 from costmodels.steps.mixer_scan import scale_serving
 from costmodels.steps.serving_grid import (
+    EAGER_HOST_DISPATCH_S,
     Pricer,
     StepError,
     attention_frame,
@@ -131,16 +132,6 @@ GRAPH_KERNEL_FLOOR_S = 1.0e-6
 # (1,323 kernels) took ~1.0 us per kernel longer eagerly than replayed from a graph when
 # GPU-bound (prefill 2x512: 33.0 vs 31.8 ms; 1x512: 18.7 vs 17.4 ms; nvidia-h200).
 STREAM_KERNEL_FLOOR_S = 2.0e-6
-# Host time per dispatched torch call of the eager engine: the median over the six eager
-# (not graph) decode steps in calibrate/data/steps-h100/eager-decode, each solved for the
-# constant that makes `launch_queue_s` reproduce its measured time (host-bound steps:
-# 21.5-27.9 ms for 1,259 calls). Re-derive with `derive_host_dispatch_s()`; the prefill rows
-# it is validated on are not used. The spread (16.7-21.8 us) is drift of the VM's host
-# speed within one session; the median is robust to it. It is a property of the host CPU
-# and the PyTorch version, not of the GPU: on a later H100 lease whose host was faster,
-# eager decode and eager prefill 1x512 timed alternately took the same host time per step
-# (15.0 ms each, ~11.9 us per call).
-EAGER_HOST_DISPATCH_S = 20.93e-6
 
 # --- grids ----------------------------------------------------------------------------------
 TOKEN_GRID_MAX = 131072

@@ -225,6 +225,17 @@ def bracket(grid: list, x: float) -> tuple[int, float]:
     return i, (x - g0) / (grid[i + 1] - g0)
 
 
+# Host time per dispatched torch call of the eager engine: the median over the six eager
+# (not graph) decode steps in calibrate/data/steps-h100/eager-decode, each solved for the
+# constant that makes `launch_queue_s` reproduce its measured time (host-bound steps:
+# 21.5-27.9 ms for 1,259 calls). Re-derive with `derive_host_dispatch_s()`; the prefill rows
+# it is validated on are not used. The spread (16.7-21.8 us) is drift of the VM's host
+# speed within one session; the median is robust to it. It is a property of the host CPU
+# and the PyTorch version, not of the GPU: on a later H100 lease whose host was faster,
+# eager decode and eager prefill 1x512 timed alternately took the same host time per step
+# (15.0 ms each, ~11.9 us per call).
+EAGER_HOST_DISPATCH_S = 20.93e-6
+
 def launch_queue_s(
     host_s: float,
     head: np.ndarray,

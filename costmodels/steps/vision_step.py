@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import yaml
 
+from costmodels.steps.serving_grid import EAGER_HOST_DISPATCH_S
 from workloads.decompose.vision import vision_encoder_ops
 from workloads.ops import Dtype, ops_frame
 from workloads.vision import ImageLoad
 
-# One torch call's host dispatch in an eager forward (costmodels.steps.serving's
-# EAGER_HOST_DISPATCH_S, measured on the eager serving steps)
-HOST_DISPATCH_S = 20.93e-6
+# One torch call's host dispatch in an eager forward (measured on the eager serving steps)
+HOST_DISPATCH_S = EAGER_HOST_DISPATCH_S
 
 
 @lru_cache(maxsize=1)

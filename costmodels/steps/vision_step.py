@@ -15,7 +15,6 @@ same host-dispatch queue as an eager step (:func:`dispatch_s`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -99,7 +98,8 @@ def encoder_kernels(step: Any, images: ImageLoad, n_requests: int) -> tuple[np.n
 
 class VisionSteps:
     """Mixed in before a step model's class by :func:`with_images`: every iteration also
-    pays the encoder over the images of the prefills that start in it."""
+    pays the encoder over the images of the prefills that start in it (added to each of
+    the step model's entry points, whose own pricing does not see it)."""
 
     images: ImageLoad
     _vision_memo: dict[int, float]
@@ -114,43 +114,42 @@ class VisionSteps:
         return memo[n_requests]
 
     @staticmethod
-    def _starting(pn: np.ndarray, pp: np.ndarray) -> int:
+    def _starting(pn: Any, pp: Any) -> int:
         return int(np.count_nonzero((np.asarray(pp) == 0) & (np.asarray(pn) > 0)))
 
-    def _evaluate(self, pn: np.ndarray, pp: np.ndarray, n_dec: int, ctx_sum: int, **kw: Any):
-        ev = super()._evaluate(pn, pp, n_dec, ctx_sum, **kw)  # type: ignore[misc]
-        extra = self.vision_s(self._starting(pn, pp))
-        return replace(ev, total=ev.total + extra) if extra else ev
+    def step_s(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:
+        base = super().step_s(prefill_new, prefill_past, decode_ctx)  # type: ignore[misc]
+        return base + self.vision_s(self._starting(prefill_new, prefill_past))
+
+    def exact_step_s(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:
+        base = super().exact_step_s(prefill_new, prefill_past, decode_ctx)  # type: ignore[misc]
+        return base + self.vision_s(self._starting(prefill_new, prefill_past))
+
+    def step_s_summary(
+        self, prefill_new: list[int], prefill_past: list[int], n_decode: int, decode_ctx_sum: int
+    ) -> float:
+        base = super().step_s_summary(prefill_new, prefill_past, n_decode, decode_ctx_sum)  # type: ignore[misc]
+        starting = sum(1 for n, p in zip(prefill_new, prefill_past, strict=True) if p == 0 and n)
+        return base + self.vision_s(starting)
 
     def breakdown(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> dict[str, float]:
-        """The step model's breakdown with the encoder as ``vision_encoder`` (taken out of
-        the host / host-stall remainder it would otherwise land in)."""
+        """The step model's breakdown and the encoder as ``vision_encoder``."""
         out = super().breakdown(prefill_new, prefill_past, decode_ctx)  # type: ignore[misc]
-        pn, pp, _ = self._args(prefill_new, prefill_past, decode_ctx)  # type: ignore[attr-defined]
-        extra = self.vision_s(self._starting(pn, pp))
+        extra = self.vision_s(self._starting(prefill_new, prefill_past))
         if extra:
-            for key in ("host", "host_stall"):
-                if key in out:
-                    out[key] -= extra
-                    if out[key] <= 1e-12:
-                        del out[key]
-                    break
             out["vision_encoder"] = extra
         return out
 
     def stage_s(self, prefill_new: Any, prefill_past: Any, decode_ctx: Any) -> float:
-        """With pp > 1 the encoder runs on the first stage; it is added to the slowest
+        """The encoder runs on the first stage; with pp > 1 it is added to the slowest
         stage (an upper bound when another stage is slower than the first)."""
         base = super().stage_s(prefill_new, prefill_past, decode_ctx)  # type: ignore[misc]
-        if getattr(self, "pp", 1) == 1:
-            return base  # step_s, which _evaluate already charged
-        pn, pp, _ = self._args(prefill_new, prefill_past, decode_ctx)  # type: ignore[attr-defined]
-        return base + self.vision_s(self._starting(pn, pp))
+        return base + self.vision_s(self._starting(prefill_new, prefill_past))
 
 
 def with_images(step: Any, images: ImageLoad | None) -> Any:
-    """``step`` pricing the images of ``images`` (unchanged without images). Its scalar
-    fast paths and the compiled loop's tables are turned off: they skip ``_evaluate``."""
+    """``step`` pricing the images of ``images`` (unchanged without images). The compiled
+    loop's tables are turned off: its kernel prices steps without the encoder."""
     if images is None or images.per_request == 0:
         return step
     if step.model.vision is None:
@@ -162,7 +161,6 @@ def with_images(step: Any, images: ImageLoad | None) -> Any:
     step.__class__ = type(f"Vision{cls.__name__}", (VisionSteps, cls), {})
     step.images = images
     step._vision_memo = {}
-    step._summary_fast = False
     step._summary_tabled = False
     step.vision_s(1)  # a TP that does not split the encoder fails here, in one line
     return step

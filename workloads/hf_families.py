@@ -102,6 +102,7 @@ def family_fields(model_type: str, cfg: dict[str, Any], layers: int, where: str)
         # alternates sliding and full layers (sliding first, HF Gemma2Config).
         gemma3 = model_type != "gemma2"
         out.update(
+            final_logit_softcap=cfg.get("final_logit_softcapping"),
             activation="geglu",
             norms_per_layer=4,
             qk_norm=gemma3,

@@ -111,6 +111,9 @@ class ModelConfig(BaseModel):
         default=2, ge=1, le=4, description="norms per layer: 2 pre-norms, 4 with Gemma's "
         "post-attention and post-MLP norms, 1 in Nemotron-H's single-mixer blocks"
     )  # fmt: skip
+    final_logit_softcap: float | None = Field(
+        default=None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2)"
+    )
     attention_sinks: bool = Field(
         default=False, description="a learned sink logit per query head (gpt-oss)"
     )

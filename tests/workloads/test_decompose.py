@@ -555,3 +555,22 @@ def test_eager_attention_with_sinks_materialises_the_scores():
     fused = op_groups(model, plan, framework="megatron")[0]
     assert any(o.op.op.value == "attn_fwd" for o in fused)
     assert scores_kind(model, "pytorch") == 2 and scores_kind(model, "megatron") == 0
+
+
+def test_gemma2_final_softcap_is_priced_eagerly():
+    """Gemma 2's final logit soft-capping (config final_logit_softcapping) runs as three
+    eager kernels over the logits and their backward under --framework pytorch."""
+    from pathlib import Path
+
+    from workloads.models import load_model
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "models"
+    g2, g3 = (load_model(root / f"{n}.config.json") for n in ("gemma-2-9b", "gemma-3-27b"))
+    assert g2.final_logit_softcap == 30.0 and g3.final_logit_softcap is None
+    plan = make_plan(g2, num_gpus=1, tp=1, global_batch=1, micro_batch=1, seq_len=2048)
+    last_f, last_b = op_groups(g2, plan, framework="pytorch")[4:6]
+    cap = by_name(last_f)["eager_logit_softcap"]
+    assert cap.count == 3 and cap.op.bytes == 2 * 2048 * g2.vocab_size  # 6 passes / 3 / 2
+    assert "eager_logit_softcap_bwd" in by_name(last_b)
+    plan3 = make_plan(g3, num_gpus=1, tp=1, global_batch=1, micro_batch=1, seq_len=2048)
+    assert "eager_logit_softcap" not in by_name(op_groups(g3, plan3, framework="pytorch")[4])

@@ -533,6 +533,12 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
         embedding = accumulate * vocab * h / shard
         first_bwd.append(_traffic("eager_embedding_grad_accumulate", embedding))
         last_acc.append(_traffic("eager_lm_head_grad_accumulate", accumulate * head / shard))
+    # Gemma 2's final soft-capping, eagerly: logits / cap, tanh, * cap (each reads and
+    # writes the bf16 logits); backward: the two scalings' grads and tanh's (reads its
+    # output and the grad): 7 logits-sized passes
+    cap = model.final_logit_softcap is not None
+    softcap_f = [_traffic("eager_logit_softcap", 6.0 * logits, 3)] if cap else []
+    softcap_b = [_traffic("eager_logit_softcap_bwd", 7.0 * logits, 3)] if cap else []
     return {
         "layer_fwd": fwd,
         "layer_bwd": bwd,
@@ -542,11 +548,13 @@ def eager_extra_ops(model: ModelConfig, plan: TrainPlan) -> dict[str, list[Layer
             _traffic("eager_final_norm", 6.0 * x + 1.5 * x, 6),
             _traffic("eager_lm_head_weight_cast", 6.0 * head / shard),
             _traffic("eager_cross_entropy", 7.0 * logits - 3.0 * logits, 2),
+            *softcap_f,
         ],
         "last_bwd": [
             _traffic("eager_final_norm_bwd", (6.0 * x + 1.5 * x) * EAGER_BACKWARD_RATIO, 6),
             _traffic("eager_lm_head_wgrad_cast", 6.0 * head),
             _traffic("eager_cross_entropy_bwd", 11.0 * logits - 3.0 * logits, 3),
+            *softcap_b,
             *last_acc,
         ],
     }

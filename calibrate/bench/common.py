@@ -302,6 +302,26 @@ def bench(
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
+def cuda_event_times_ms(fn: Callable[[], Any], reps: int, warmup: int = 2) -> list[float]:
+    """Milliseconds of ``reps`` calls of ``fn`` after ``warmup`` untimed ones, each between
+    two CUDA events and synchronised (the whole-call timer of the step and function
+    benchmarks: host launch time included, unlike :func:`bench`'s kernel timers)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
 def synchronize(ctx: Context) -> None:
     if ctx.is_cuda:
         import torch

@@ -21,6 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
+from .common import cuda_event_times_ms
+
 HEADS = (8, 16, 32, 64)
 SEQS = (1024, 2048, 4096, 8192)
 HEAD_DIM = 64
@@ -64,18 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return torch.matmul(p[..., :-1], v)
 
     def timed(fn, n):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(n):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b))
-        return statistics.median(ts)
+        return statistics.median(cuda_event_times_ms(fn, n, warmup=3))
 
     scaling = HEAD_DIM**-0.5
     rows = []

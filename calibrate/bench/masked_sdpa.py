@@ -31,20 +31,7 @@ SEQS = (1024, 2048, 4096, 8192, 16384)
 
 
 def _time(fn, reps: int) -> float:
-    import torch
-
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return median(out)
+    return median(C.cuda_event_times_ms(fn, reps))
 
 
 def measure(d: int, h: int, hkv: int, s: int, variant: str, reps: int) -> dict:

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as mq
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from calibrate.bench.common import cuda_event_times_ms
     from calibrate.steps import tracing
 
     cfg = json.loads(Path(args.config).read_text())
@@ -115,17 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 model(pix, grid_thw=thw)
 
         torch.cuda.reset_peak_memory_stats()
-        for _ in range(args.warmup):
-            fwd()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(args.steps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fwd()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
+        times = cuda_event_times_ms(fwd, args.steps, warmup=args.warmup)
         row = {
             "case": label, "images": n, "width_px": w, "height_px": h, "grid_h": gh,
             "grid_w": gw, "patches": n * gh * gw, "attn_impl": attn_impl,

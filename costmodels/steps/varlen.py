@@ -143,12 +143,15 @@ class VarlenCoster:
                         if lo.op.op not in ATTENTION:
                             lin.append((len(ops), i, lo.count * mult, phase))
                             ops.append(self._placed(lo.op, nodes))
-            template = {
-                lo.op.op: lo.op
+            attn_los = [
+                lo
                 for lo in layer_forward_ops(model, 1, tp * 16, tp, sp, "bf16", attn_backend)
                 + layer_backward_ops(model, 1, tp * 16, tp, sp, "bf16", attn_backend)
                 if lo.op.op in ATTENTION
-            }
+            ]
+            template = {lo.op.op: lo.op for lo in attn_los}
+            # a hybrid's mean layer runs attention in the attention layers' share only
+            self._attn_share = float(attn_los[0].count) if attn_los else 1.0
             lengths = _geometric(16, max(16, max_len), 4)
             attn_start = len(ops)
             for L in (int(x) for x in lengths):
@@ -180,7 +183,7 @@ class VarlenCoster:
             lin_b = np.zeros(len(tokens))
             for idx, i, mult, phase in lin:
                 (lin_f if phase == "f" else lin_b)[i] += times[idx] * mult
-            per_doc = self.layers / np.maximum(1, ATTN_PACK_TOKENS // lengths)
+            per_doc = self.layers * self._attn_share / np.maximum(1, ATTN_PACK_TOKENS // lengths)
             kv_heads = max(1, model.num_kv_heads // tp)
             self.grids[tp] = _TPGrid(
                 tokens=tokens.astype(float),

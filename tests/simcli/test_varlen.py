@@ -394,3 +394,22 @@ def test_cli_model_that_does_not_fit_is_one_line(run):
     args = ("--model", "llama3-70b", "--gpu", GPU, "--gpus", "8", "--lengths", "1024")
     line = one_error_line(run(*args, "--tokens-per-step", "65536"))
     assert "leaving no memory for activations" in line
+
+
+def test_hybrid_attention_runs_in_its_attention_layers_only():
+    """Nemotron-H-8B's 4 attention layers of 52: a document's attention costs 4/52 of what
+    every-layer attention would, its mixers are token-linear."""
+    from pathlib import Path
+
+    from workloads.models import load_model
+
+    cfg = Path(__file__).resolve().parents[2] / "examples" / "models" / "nemotron-h-8b.config.json"
+    model = load_model(cfg)
+    cm = get_cost_model(GPU, num_gpus=8)
+    hybrid = V.VarlenCoster(model, cm, 8, (1,), 32768)
+    assert hybrid._attn_share == pytest.approx(4 / 52)
+    dense = model.model_copy(update={"mixer": None, "mixer_layers": 0, "attention_free_layers": 0,
+                                     "mlp_free_layers": 0, "id": "nemotron-dense"})  # fmt: skip
+    every = V.VarlenCoster(dense, cm, 8, (1,), 32768)
+    ratio = hybrid.grids[1].attn_f / every.grids[1].attn_f
+    assert np.allclose(ratio, 4 / 52, rtol=1e-6)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from workloads.hf_families import FAMILY_TYPES, FamilyError, text_config
+from workloads.hf_families import FAMILY_TYPES, FamilyError, layer_attention, text_config
 from workloads.hf_hybrids import HYBRID_TYPES, family_extra, hybrid_config
 from workloads.mixers import LinearMixer
 from workloads.vision import VisionEncoder
@@ -709,7 +709,8 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     ``qwen_moe_fields`` and ``deepseek_fields``; gpt_oss, gemma2, gemma3(_text), phi3 ... as
     in :mod:`workloads.hf_families` (their sliding-window layers included); the linear /
     state-space hybrids as in :mod:`workloads.hf_hybrids`.
-    Mistral's sliding window is not read: its attention spans the full context.
+    A Mistral / Mixtral ``sliding_window`` shorter than the positions puts that window on
+    every layer (Mistral 7B v0.1: 4096; later releases set none).
     """
     path = Path(path)
     where = f"config {path}"
@@ -785,6 +786,10 @@ def load_hf_config(path: str | Path) -> ModelConfig:
         elif model_type in ("qwen3", "qwen3_moe"):
             fields["qk_norm"] = True
         try:
+            if model_type in ("mistral", "mixtral"):  # Mistral 7B v0.1's window
+                kinds = layer_attention(cfg, fields["num_layers"], where)
+                window = cfg.get("sliding_window") if kinds else None
+                fields.update(layer_attention=kinds, sliding_window=window)
             fields.update(family_extra(model_type, cfg, req, fields["num_layers"], where))
         except FamilyError as exc:
             raise ModelError(str(exc)) from None

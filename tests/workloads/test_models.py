@@ -468,3 +468,14 @@ def test_hf_invalid_values_one_line(tmp_path):
     with pytest.raises(ModelError, match="num_kv_heads") as info:
         load_model(str(write(tmp_path, LLAMA3_8B | {"num_key_value_heads": 7})))
     assert "\n" not in str(info.value)
+
+
+def test_mistral_v01_window_on_every_layer(tmp_path):
+    """Mistral 7B v0.1's sliding_window 4096 (shorter than its 32768 positions) puts a
+    window on every layer, as vLLM and transformers run it; a config without one (Nemo)
+    keeps full attention."""
+    v01 = load_model(str(write(tmp_path, MISTRAL_7B_V01)))
+    assert v01.native_attn_pattern == "window:4096" and v01.sliding_layers == 32
+    assert get_model("mistral-7b").native_attn_pattern == "window:4096"
+    nemo = load_model(str(write(tmp_path, MISTRAL_NEMO)))
+    assert nemo.native_attn_pattern is None and nemo.sliding_window is None

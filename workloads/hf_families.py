@@ -92,6 +92,7 @@ def family_fields(model_type: str, cfg: dict[str, Any], layers: int, where: str)
             num_experts=_req(cfg, "num_local_experts", where),
             experts_per_token=_req(cfg, "num_experts_per_tok", where),
             attention_sinks=True,
+            checkpoint_weights=(cfg.get("quantization_config") or {}).get("quant_method"),
             router_bias=True,
             mlp_bias=True,
             layer_attention=layer_attention(cfg, layers, where),

@@ -114,6 +114,9 @@ class ModelConfig(BaseModel):
     final_logit_softcap: float | None = Field(
         default=None, gt=0, description="logits = cap * tanh(logits / cap) (Gemma 2)"
     )
+    checkpoint_weights: str | None = Field(
+        default=None, description="how the released checkpoint stores weights (gpt-oss: mxfp4)"
+    )
     attention_sinks: bool = Field(
         default=False, description="a learned sink logit per query head (gpt-oss)"
     )

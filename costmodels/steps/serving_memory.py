@@ -72,7 +72,15 @@ class VllmMemory:
                     f"pp={self.pp}: weights {self.weight_bytes_per_gpu(stage) / GIB:.1f} GiB "
                     f"+ runtime {self._non_torch_bytes() / GIB:.2f} GiB per GPU > "
                     f"{cap / GIB:.1f} GiB; allowed: a larger --tp or --pp, or a bigger GPU"
+                    + self._checkpoint_hint()
                 )
+
+    def _checkpoint_hint(self) -> str:
+        """A model whose release stores its weights quantised, priced in another format."""
+        ck = self.model.checkpoint_weights
+        if ck and ck != self.weight_dtype and ck in ("mxfp4", "fp8", "int8", "int4"):
+            return f", or its checkpoint's --weight-dtype {ck}"
+        return ""
 
     def stage_layers(self) -> list[int]:
         """Layers per pipeline stage, as vLLM splits them (``get_pp_indices``: the
@@ -101,7 +109,7 @@ class VllmMemory:
             return self._sparse_bytes(n, layers, self.tp, elt)
         if not fmt.quantised:
             return float(n * elt)
-        q = quantised_params_per_layer(self.model, self.tp) * layers
+        q = quantised_params_per_layer(self.model, self.tp, fmt) * layers
         return float((n - q) * elt + q * fmt.bytes_per_weight)
 
     @property
@@ -116,7 +124,7 @@ class VllmMemory:
             return self._sparse_bytes(n, m.num_layers, 1, elt)
         if not fmt.quantised:
             return float(n * elt)
-        q = quantised_params_per_layer(m, 1) * m.num_layers
+        q = quantised_params_per_layer(m, 1, fmt) * m.num_layers
         return float((n - q) * elt + q * fmt.bytes_per_weight)
 
     def _non_torch_bytes(self) -> float:

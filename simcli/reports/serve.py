@@ -59,7 +59,8 @@ SUMMARY_SCHEMA: dict[str, str] = {
     "engine_version_family": "the engine versions the profile describes",
     "attn_backend_prefill": "op backend pricing prefill attention (the engine's on the GPU)",
     "attn_backend_decode": "op backend pricing decode attention (the engine's on the GPU)",
-    "weight_dtype": "weight precision: bf16 | fp16 | fp8 (W8A8) | int8 | int4 (weight-only)",
+    "weight_dtype": "weight precision: bf16 | fp16 | fp8 (W8A8) | int8 | int4 (weight-only) | "
+    "mxfp4 (MoE experts only)",
     "kv_cache_dtype": "KV-cache element type as stored (bf16 | fp16 | fp8)",
     **SPARSITY_SCHEMA,
     "replicas": "replicas (disaggregated: prefill + decode)",

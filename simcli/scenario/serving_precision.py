@@ -10,12 +10,12 @@ from typing import Any, Literal
 from hardware_specs.registry import load_catalog
 
 # Serving precision (workloads.decompose.quant); the choices are the fields' Literals.
-WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4"]
 KvCacheDtype = Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 WEIGHT_DTYPE_HELP = (
     "Weight precision: bf16 | fp16 (unquantised; the activations run in it too) | fp8 "
     "(W8A8, fp8 GEMMs) | int8 | int4 (weight-only W8A16/W4A16, group-128 scales, "
-    "Marlin-style kernels)."
+    "Marlin-style kernels) | mxfp4 (the MoE experts only, 4.25 bits, as gpt-oss ships them)."
 )
 KV_CACHE_DTYPE_HELP = (
     "KV-cache element type, vLLM's --kv-cache-dtype: auto (the activation dtype) | bf16 | "

@@ -56,6 +56,11 @@ def build_step_model(
     (:mod:`workloads.decompose.sparsity`); ``images``: the images every request carries
     to a vision-language model (:func:`costmodels.steps.vision_step.with_images`)."""
     check_precision(hardware.gpu_id, weight_dtype, kv_cache_dtype, catalog=hardware.catalog)
+    if weight_dtype == "mxfp4" and not model.is_moe:
+        raise ValueError(
+            f"--weight-dtype mxfp4 stores MoE experts; {model.id} has none; allowed: bf16, "
+            "fp16, fp8, int8, int4"
+        )
     kw: dict[str, Any] = dict(
         tp=tp,
         pp=pp,

@@ -164,7 +164,7 @@ class PlanSpace(BaseModel):
         default=None, description="attention op backend (None: the engine's per GPU)"
     )
     hardware: Path | None = Field(default=None, description="extra hardware spec file")
-    weight_dtype: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field(
+    weight_dtype: Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4"] = Field(
         default="bf16", description="weight precision (workloads.decompose.quant)"
     )
     kv_cache_dtype: Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(

@@ -25,8 +25,11 @@ def test_storage_bytes_per_weight_include_group_scales():
     assert weight_format("fp8").bytes_per_weight == 1.0  # per-tensor scale
     assert weight_format("bf16").bytes_per_weight == weight_format("fp16").bytes_per_weight == 2
     assert weight_only_bytes(4) == weight_format("int4").bytes_per_weight
-    assert [n for n, f in WEIGHT_FORMATS.items() if f.weight_only] == ["int8", "int4"]
-    with pytest.raises(ModelError, match="allowed: bf16, fp16, fp8, int8, int4"):
+    assert [n for n, f in WEIGHT_FORMATS.items() if f.weight_only] == ["int8", "int4", "mxfp4"]
+    # OCP MX: e2m1 elements with one e8m0 scale per 32, the MoE experts only
+    assert weight_format("mxfp4").bytes_per_weight * 8 == pytest.approx(4.25)
+    assert weight_format("mxfp4").experts_only and not weight_format("int4").experts_only
+    with pytest.raises(ModelError, match="allowed: bf16, fp16, fp8, int8, int4, mxfp4"):
         weight_format("int3")
 
 

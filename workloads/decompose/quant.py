@@ -16,6 +16,11 @@ quantised); what the kernels cost is :mod:`costmodels.ops.gemm`'s and the step m
   packed integer weights with one fp16 scale per group of 128 input channels (GPTQ's
   default; Marlin's README counts the 0.125 bits per weight of these scales), dequantised
   to bf16 in registers; the GEMM runs on the bf16 tensor cores.
+- ``mxfp4``: the MoE experts only, as gpt-oss ships them (its ``quantization_config``:
+  ``quant_method`` ``mxfp4``, attention, router, embedding and LM head left in bf16): 4-bit
+  e2m1 weights with one e8m0 (1-byte) scale per 32 (OCP Microscaling spec v1.0), 4.25 bits
+  per weight; on Hopper and Ampere vLLM dequantises them inside its MoE kernels (Marlin /
+  Triton), so the expert GEMMs run as weight-only W4A16.
 
 Only the linear layers inside the transformer blocks are quantised (:data:`QUANTISED_GEMMS`:
 QKV, output, MLP/expert up and down projections); the embedding, LM head, norms and MoE
@@ -55,6 +60,7 @@ class WeightFormat:
     weight_only: bool  # dequantised to the activation dtype inside the GEMM
     group_size: int = 0  # input channels per scale (0: per-tensor, negligible)
     scale_bytes: float = 2.0  # bytes per scale (fp16)
+    experts_only: bool = False  # only the MoE experts are stored so (mxfp4)
 
     @property
     def bytes_per_weight(self) -> float:
@@ -73,7 +79,15 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     "fp8": WeightFormat("fp8", 8, "fp8", False),
     "int8": WeightFormat("int8", 8, None, True, group_size=128),
     "int4": WeightFormat("int4", 4, None, True, group_size=128),
+    "mxfp4": WeightFormat("mxfp4", 4, None, True, group_size=32, scale_bytes=1.0,
+                          experts_only=True),  # fmt: skip
 }
+EXPERT_GEMMS = ("expert_up", "expert_down")
+
+
+def quantised_gemms(fmt: WeightFormat) -> tuple[str, ...]:
+    """The GEMM templates ``fmt`` stores quantised."""
+    return EXPERT_GEMMS if fmt.experts_only else QUANTISED_GEMMS
 KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -107,31 +121,37 @@ def kv_storage_dtype(kv_cache_dtype: str | None, activation_dtype: str) -> str:
     return "fp8" if kv.startswith("fp8") else kv
 
 
-def quantised_params_per_layer(model: ModelConfig, tp: int) -> int:
+def quantised_params_per_layer(model: ModelConfig, tp: int, fmt: WeightFormat | None = None) -> int:
     """Weights of one layer on one TP rank that a quantised checkpoint stores quantised:
     the QKV and output projections and every expert's (or the MLP's) up and down matrices;
-    biases, norms and the MoE router stay unquantised."""
+    biases, norms and the MoE router stay unquantised. ``fmt`` with ``experts_only``
+    (mxfp4): the routed experts alone."""
     sz = shard_sizes(model, tp)
     h, d = model.hidden_size, model.head_dim
+    experts_only = fmt is not None and fmt.experts_only
     if model.is_mla or model.num_dense_layers or model.shared_ffn_hidden_size:
         # MLA's projections (its latent norms stay unquantised); the mean layer's routed
         # experts, shared expert and dense MLP (the router stays unquantised)
+        if experts_only:
+            return int(model.num_experts * sz["expert"])
         norms = (model.kv_lora_rank or 0) + (model.q_lora_rank or 0)
         attn = sz["attn"] - norms if model.is_mla else sz["attn"]
         router = model.router_params * model.moe_layers / model.num_layers
         return int(attn + model.num_experts * sz["expert"] + sz["shared"] - router)
     attn = h * (sz["heads"] + 2 * sz["kv_heads"]) * d + sz["heads"] * d * h
     per_expert = (3 if model.gated_mlp else 2) * h * sz["ffn_e"]
-    return int(attn + model.num_experts * per_expert)
+    return int((0 if experts_only else attn) + model.num_experts * per_expert)
 
 
 __all__ = [
+    "EXPERT_GEMMS",
     "FP8_QUANT_BYTES_PER_ELEMENT",
     "KV_CACHE_DTYPES",
     "QUANTISED_GEMMS",
     "WEIGHT_FORMATS",
     "WeightFormat",
     "kv_storage_dtype",
+    "quantised_gemms",
     "quantised_params_per_layer",
     "weight_format",
     "weight_only_bytes",

@@ -23,9 +23,9 @@ from workloads.decompose.mixer import mixer_decode_templates
 from workloads.decompose.mla import attention_dims
 from workloads.decompose.quant import (
     FP8_QUANT_BYTES_PER_ELEMENT,
-    QUANTISED_GEMMS,
     WeightFormat,
     kv_storage_dtype,
+    quantised_gemms,
     weight_format,
 )
 from workloads.decompose.shard import TPShard, positive_int, tp_shard
@@ -133,7 +133,7 @@ def quantise_gemms(
         return list(tpls)
     out: list[OpTemplate] = []
     for t in tpls:
-        if t.op != "gemm" or t.name not in QUANTISED_GEMMS:
+        if t.op != "gemm" or t.name not in quantised_gemms(fmt):
             out.append(t)
             continue
         if fmt.weight_only:

@@ -155,3 +155,46 @@ def test_energy_meter_streams_the_stored_weights(h100):
     assert bf16.weight_bytes == 2.0 * h100["bf16"].model.num_params
     assert int4.weight_bytes == h100["int4"].weight_bytes_total < bf16.weight_bytes / 2.5
     assert (bf16.dtype, int4.dtype, fp8.dtype) == ("bf16", "bf16", "fp8")
+
+
+def test_gpt_oss_mxfp4_experts_match_the_model_card():
+    """gpt-oss ships its MoE experts in MXFP4 (4-bit e2m1 + one e8m0 scale per 32: 4.25
+    bits), the rest in bf16; OpenAI's gpt-oss model card lists checkpoints of 60.8 GiB
+    (120b) and 12.8 GiB (20b). Validation only: nothing is fitted to it."""
+    from pathlib import Path
+
+    from costmodels.steps.serving import StepModel
+    from workloads.decompose.quant import weight_format
+    from workloads.models import load_model
+
+    assert weight_format("mxfp4").bytes_per_weight == pytest.approx(4.25 / 8)
+    root = Path(__file__).resolve().parents[3] / "examples" / "models"
+    for name, gib in (("gpt-oss-120b", 60.8), ("gpt-oss-20b", 12.8)):
+        m = load_model(root / f"{name}.config.json")
+        assert m.checkpoint_weights == "mxfp4"
+        sm = StepModel(m, "h200-sxm", weight_dtype="mxfp4")
+        assert sm.weight_bytes_total / 2**30 == pytest.approx(gib, abs=0.05)
+    # quantised experts run as weight-only GEMMs; attention stays bf16
+    from workloads.decompose import tp_shard
+    from workloads.decompose.serving import serving_templates
+
+    tpls = serving_templates(m, tp_shard(m, 1), weight_dtype="mxfp4")["layer"]
+    bits = {t.name: t.weight_bits for t in tpls if t.op == "gemm"}
+    assert bits["expert_up"] == bits["expert_down"] == 4 and not bits.get("qkv_proj")
+
+
+def test_mxfp4_needs_experts_and_fits_gpt_oss_120b_on_one_h100():
+    from pathlib import Path
+
+    from simcli.scenario.hardware import resolve_hardware
+    from simcli.scenario.step import build_step_model
+    from workloads.models import get_model, load_model
+
+    hw = resolve_hardware("h100-sxm", 1)
+    with pytest.raises(ValueError, match="mxfp4 stores MoE experts"):
+        build_step_model(get_model("llama3-8b"), hw, tp=1, weight_dtype="mxfp4")
+    cfg = Path(__file__).resolve().parents[3] / "examples" / "models" / "gpt-oss-120b.config.json"
+    m = load_model(cfg)
+    with pytest.raises(Exception, match="checkpoint's --weight-dtype mxfp4"):
+        build_step_model(m, hw, tp=1)
+    assert build_step_model(m, hw, tp=1, weight_dtype="mxfp4").kv_capacity_tokens(16, 0.9) > 0

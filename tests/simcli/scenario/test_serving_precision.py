@@ -80,7 +80,7 @@ def test_step_kv_fit_uses_the_cache_dtype():
         (
             ("step", "--model", "llama3-8b", "--gpu", "h100-sxm", "--phase", "decode",
              "--context-len", "10", "--weight-dtype", "int2"),
-            "error: unknown --weight-dtype 'int2'; allowed: bf16, fp16, fp8, int8, int4",
+            "error: unknown --weight-dtype 'int2'; allowed: bf16, fp16, fp8, int8, int4, mxfp4",
         ),
         (
             ("serve", "--model", "llama3-8b", "--gpu", "h100-sxm", "--qps", "1",

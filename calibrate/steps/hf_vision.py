@@ -36,6 +36,12 @@ CASES = (
     ("4x1024sq", 4, 1024, 1024),
 )
 MIN_PIXELS, MAX_PIXELS = 3136, 12845056
+# --prefill: (label, text tokens, width px, height px) of one request's whole prefill
+PREFILL_CASES = (
+    ("512+448sq", 512, 448, 448),
+    ("512+1024sq", 512, 1024, 1024),
+    ("2048+1280x720", 2048, 1280, 720),
+)
 
 
 def grid(vc: dict, w: int, h: int) -> tuple[int, int]:
@@ -81,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--trace-dir", default=None)
+    ap.add_argument("--prefill", action="store_true",
+                    help="time the whole model's prefill of a prompt with an image")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.prefill:
+        return prefill_main(args)
 
     import torch
     import transformers
@@ -132,6 +142,64 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     (out / "hf_vision.json").write_text(json.dumps({"rows": rows, "when": time.time()}, indent=1))
+    return 0
+
+
+def prefill_main(args) -> int:
+    """The whole Qwen2.5-VL (random bf16 weights, all layers) prefilling one request: text
+    tokens, then the image's placeholder tokens between vision start/end markers; one
+    forward without gradients and without a cache (transformers computes the mRoPE
+    positions, runs the encoder, scatters its output into the embeddings)."""
+    import torch
+    import transformers
+
+    from calibrate.bench.common import cuda_event_times_ms
+    from calibrate.steps import tracing
+
+    cfg = json.loads(Path(args.config).read_text())
+    config = transformers.Qwen2_5_VLConfig(**cfg)
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration._from_config(config)
+    model = model.to(device="cuda", dtype=torch.bfloat16).eval()
+    vc, vcd = config.vision_config, cfg["vision_config"]
+    patch_dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size**2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trace_dir = Path(args.trace_dir) if args.trace_dir else None
+    rows = []
+    for label, text, w, h in PREFILL_CASES:
+        gh, gw = grid(vcd, w, h)
+        n_img = gh * gw // vc.spatial_merge_size**2
+        ids = [11] * (text // 2) + [cfg["vision_start_token_id"]] + [cfg["image_token_id"]] * n_img
+        ids += [cfg["vision_end_token_id"]] + [11] * (text - text // 2 - 2)
+        input_ids = torch.tensor([ids], device="cuda")
+        pix = torch.randn(gh * gw, patch_dim, device="cuda", dtype=torch.bfloat16)
+        thw = torch.tensor([[1, gh, gw]], device="cuda")
+
+        def fwd(input_ids=input_ids, pix=pix, thw=thw) -> None:
+            with torch.no_grad():
+                model(input_ids=input_ids, pixel_values=pix, image_grid_thw=thw, use_cache=False)
+
+        torch.cuda.reset_peak_memory_stats()
+        times = cuda_event_times_ms(fwd, args.steps, warmup=args.warmup)
+        row = {
+            "case": label, "text_tokens": text, "width_px": w, "height_px": h,
+            "image_tokens": n_img, "prompt_tokens": len(ids), "ms": statistics.median(times),
+            "ms_min": min(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "attn_impl": getattr(model.config, "_attn_implementation", None),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        }  # fmt: skip
+        if trace_dir:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            dst = trace_dir / f"hf_vlm_prefill_{label}.json.gz"
+            tracing.capture(fwd, dst, steps=1, extra={"case": label})
+            row.update(kernel_classes(dst))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    (out / "hf_vlm_prefill.json").write_text(
+        json.dumps({"rows": rows, "when": time.time()}, indent=1)
+    )
     return 0
 
 

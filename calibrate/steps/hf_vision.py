@@ -38,9 +38,9 @@ CASES = (
 MIN_PIXELS, MAX_PIXELS = 3136, 12845056
 # --prefill: (label, text tokens, width px, height px) of one request's whole prefill
 PREFILL_CASES = (
-    ("512+448sq", 512, 448, 448),
-    ("512+1024sq", 512, 1024, 1024),
-    ("2048+1280x720", 2048, 1280, 720),
+    ("t512_448sq", 512, 448, 448),
+    ("t512_1024sq", 512, 1024, 1024),
+    ("t2048_1280x720", 2048, 1280, 720),
 )
 
 

@@ -16,7 +16,9 @@ least squares on the relative error of the two single-image forwards at 448 and 
 Held out: the 1280x720 and 1920x1080 images and both four-image batches.
 
 ``--write`` stores ``costmodels/data/vision_encoder.yaml``. Prints per-row errors and the
-held-out MAPE of the forward time.
+held-out MAPE of the forward time, then the whole model's prefills of a prompt with one
+image (``hf_vlm_prefill.json``, ``hf_vision --prefill``: transformers' Qwen2.5-VL-7B, all
+layers) against ``simcli step --engine pytorch-eager --images-per-request 1``, never fitted.
 """
 
 from __future__ import annotations
@@ -60,6 +62,24 @@ def predict_ms(step: SimpleNamespace, r: dict, host: dict[str, float]) -> float:
     return 1e3 * vision_step.dispatch_s(g, c, sync)
 
 
+def prefill_rows() -> list[dict]:
+    """The measured whole prefills next to ``step``'s price of the same request on an H200
+    (eager engine: transformers' model, its encoder included)."""
+    from simcli.scenario.hardware import resolve_hardware
+    from simcli.scenario.step import build_step_model
+
+    model = load_model(CONFIG)
+    hw = resolve_hardware("h200-sxm", 1)
+    out = []
+    for r in json.loads((DATA / "hf_vlm_prefill.json").read_text())["rows"]:
+        img = ImageLoad(1, r["width_px"], r["height_px"])
+        step = build_step_model(model, hw, tp=1, engine="pytorch-eager", images=img)
+        tokens = r["text_tokens"] + img.tokens(model.vision)
+        ms = 1e3 * step.step_s(np.array([tokens]), np.array([0]), np.zeros(0, np.int64))
+        out.append({**r, "predicted_ms": ms, "error_pct": 100 * (ms / r["ms"] - 1)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true")
@@ -100,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
             errs["forward"].append(abs(ms / r["ms"] - 1))
     mape = {k: round(100 * float(np.mean(v)), 1) for k, v in errs.items() if v}
     print(f"held-out MAPE of the forward: {mape['forward']}%")
+    pre = prefill_rows()
+    for r in pre:
+        print(f"prefill {r['case']:>15}: measured {r['ms']:7.1f} ms  priced "
+              f"{r['predicted_ms']:7.1f} ms  {r['error_pct']:+6.1f}%")  # fmt: skip
+    print(f"whole-prefill MAPE: {np.mean([abs(r['error_pct']) for r in pre]):.1f}%")
     if args.write:
         head = (
             "# Host costs of transformers' eager Qwen2.5-VL vision encoder beyond one dispatch\n"

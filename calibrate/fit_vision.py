@@ -65,15 +65,13 @@ def predict_ms(step: SimpleNamespace, r: dict, host: dict[str, float]) -> float:
 def prefill_rows() -> list[dict]:
     """The measured whole prefills next to ``step``'s price of the same request on an H200
     (eager engine: transformers' model, its encoder included)."""
-    from simcli.scenario.hardware import resolve_hardware
-    from simcli.scenario.step import build_step_model
+    from costmodels.steps.serving import StepModel
 
     model = load_model(CONFIG)
-    hw = resolve_hardware("h200-sxm", 1)
     out = []
     for r in json.loads((DATA / "hf_vlm_prefill.json").read_text())["rows"]:
         img = ImageLoad(1, r["width_px"], r["height_px"])
-        step = build_step_model(model, hw, tp=1, engine="pytorch-eager", images=img)
+        step = vision_step.with_images(StepModel(model, "h200-sxm", engine="pytorch-eager"), img)
         tokens = r["text_tokens"] + img.tokens(model.vision)
         ms = 1e3 * step.step_s(np.array([tokens]), np.array([0]), np.zeros(0, np.int64))
         out.append({**r, "predicted_ms": ms, "error_pct": 100 * (ms / r["ms"] - 1)})

@@ -8,7 +8,7 @@ H200: the encoder of ``examples/models/qwen2.5-vl-7b.config.json``, random bf16 
 SDPA as transformers defaults it; one image of 448x448, 1024x1024, 1280x720 and
 1920x1080 px, four of 448x448 and 1024x1024). The kernels are priced by the shipped H200
 calibration (:func:`costmodels.steps.vision_step.encoder_kernels`); the host launches
-each after :data:`~costmodels.steps.vision_step.HOST_DISPATCH_S` (measured on the eager
+each after :data:`~costmodels.steps.serving_grid.EAGER_HOST_DISPATCH_S` (measured on the eager
 serving steps, not refitted here) and syncs once per block. Two constants are fitted:
 ``per_window_call`` (the Python loop iteration around each window's SDPA call beyond its
 dispatch) and ``per_forward`` (rotary table and window index built on the host), by
@@ -50,16 +50,8 @@ def rows() -> list[dict]:
 
 def predict_ms(step: SimpleNamespace, r: dict, host: dict[str, float]) -> float:
     """The priced eager forward of row ``r`` with host constants ``host``."""
-    vision_step.eager_host.cache_clear()
-    saved = vision_step.eager_host
-    vision_step.eager_host = lambda: host  # type: ignore[assignment]
-    try:
-        g, c, sync = vision_step.encoder_kernels(
-            step, ImageLoad(1, r["width_px"], r["height_px"]), r["images"]
-        )
-    finally:
-        vision_step.eager_host = saved
-    return 1e3 * vision_step.dispatch_s(g, c, sync)
+    img = ImageLoad(1, r["width_px"], r["height_px"])
+    return 1e3 * vision_step.dispatch_s(*vision_step.encoder_kernels(step, img, r["images"], host))
 
 
 def prefill_rows() -> list[dict]:

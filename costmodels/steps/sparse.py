@@ -630,21 +630,6 @@ class PatternStepModel(StepModel):
             fp8 = False
         self._indexer = indexer_cost(self.model, self.cost_model, fp8)  # DSA's scoring pass
 
-    def _with_indexer(self, pre, dec, pn, pp, n_dec: int, ctx_sum: int):
-        """(pre, dec) with DSA's indexer scoring added (:mod:`costmodels.steps.dsa_indexer`);
-        the pattern's ratios below scale only the attention kernels, so it is added to
-        what they leave: returned as the share that survives that scaling."""
-        ix = self._indexer
-        if ix is None:
-            return pre, dec
-        if pre is not None:
-            r = self._ratio(self._pre_ratio, float((pn + pp).max()))
-            pre = pre + ix.prefill_s(pn, pp) / r if r > 0 else pre
-        if dec is not None:
-            r = self._ratio(self._dec_ratio, ctx_sum / n_dec + 1.0)
-            dec = dec + ix.decode_s(n_dec, ctx_sum) / r if r > 0 else dec
-        return pre, dec
-
     def _sinks_prefill_s(self, n: int) -> float:
         """transformers' eager attention with sinks over one prompt of ``n`` tokens
         (:func:`workloads.decompose.training.sinks_attention_ops`, forward)."""
@@ -661,7 +646,6 @@ class PatternStepModel(StepModel):
         self, pn: np.ndarray, pp: np.ndarray, n_dec: int, ctx_sum: int, exact: bool
     ) -> tuple[float | None, float | None, bool]:
         pre, dec, in_grid = super()._attention(pn, pp, n_dec, ctx_sum, exact)
-        pre, dec = self._with_indexer(pre, dec, pn, pp, n_dec, ctx_sum)
         if pre is not None and self._sinks_eager:  # each prompt's own s x s scores
             lens = np.log(np.maximum((pn + pp).astype(float), 1.0))
             pre = float(np.exp(np.interp(lens, self._log_lens, np.log(self._pre_ratio))).sum())
@@ -672,4 +656,9 @@ class PatternStepModel(StepModel):
             pre *= self._ratio(self._pre_ratio, float((pn + pp).max()))
         if dec is not None:
             dec *= self._ratio(self._dec_ratio, ctx_sum / n_dec + 1.0)
+        ix = self._indexer  # DSA's scoring pass, beside the pattern's attention kernels
+        if ix is not None and pre is not None:
+            pre += ix.prefill_s(pn, pp)
+        if ix is not None and dec is not None:
+            dec += ix.decode_s(n_dec, ctx_sum)
         return pre, dec, in_grid

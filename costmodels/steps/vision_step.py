@@ -28,9 +28,6 @@ from workloads.decompose.vision import vision_encoder_ops
 from workloads.ops import Dtype, ops_frame
 from workloads.vision import ImageLoad
 
-# One torch call's host dispatch in an eager forward (measured on the eager serving steps)
-HOST_DISPATCH_S = EAGER_HOST_DISPATCH_S
-
 
 @lru_cache(maxsize=1)
 def eager_host() -> dict[str, float]:
@@ -64,11 +61,14 @@ def dispatch_s(kernel_s: np.ndarray, host_s: np.ndarray, sync_before: np.ndarray
     return end
 
 
-def encoder_kernels(step: Any, images: ImageLoad, n_requests: int) -> tuple[np.ndarray, ...]:
+def encoder_kernels(
+    step: Any, images: ImageLoad, n_requests: int, host: dict[str, float] | None = None
+) -> tuple[np.ndarray, ...]:
     """(seconds, host seconds before, sync before) of each kernel of one encoder forward
     over ``n_requests`` requests' images on ``step``'s first-stage GPUs, in launch order.
     The eager engine (transformers) syncs once per block (its window split reads the
-    segment lengths to the host) and pays a Python loop iteration per window."""
+    segment lengths to the host) and pays a Python loop iteration per window (``host``:
+    its host constants, default :func:`eager_host`'s fitted ones)."""
     enc = step.model.vision
     eager = step.engine == "pytorch-eager"
     dtype = Dtype(step.dtype) if step.dtype in ("bf16", "fp16") else Dtype.bf16
@@ -78,10 +78,10 @@ def encoder_kernels(step: Any, images: ImageLoad, n_requests: int) -> tuple[np.n
     t = np.asarray(step.cost_model.predict_many(ops_frame([o.op for o in ops])), dtype=float)
     counts = [int(o.count) for o in ops]
     g = np.repeat(t, counts)
-    c = np.full(g.size, HOST_DISPATCH_S)
+    c = np.full(g.size, EAGER_HOST_DISPATCH_S)  # one torch call's dispatch
     sync = np.zeros(g.size, dtype=bool)
     if eager:
-        extra = eager_host()
+        extra = host if host is not None else eager_host()
         starts = np.cumsum([0, *counts[:-1]])
         first_call_of_block = True
         for o, i, n in zip(ops, starts, counts, strict=True):
@@ -167,5 +167,5 @@ def with_images(step: Any, images: ImageLoad | None) -> Any:
 
 
 __all__ = [
-    "HOST_DISPATCH_S", "VisionSteps", "dispatch_s", "eager_host", "encoder_kernels", "with_images",
+    "VisionSteps", "dispatch_s", "eager_host", "encoder_kernels", "with_images",
 ]  # fmt: skip

@@ -18,7 +18,7 @@ from costmodels.steps.serving import StepModel
 from costmodels.steps.serving_memory import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_SEQS, GIB
 from costmodels.steps.vision_step import with_images
 from simcli.scenario.hardware import Hardware, resolve_hardware
-from simcli.scenario.image_options import image_fields, image_load
+from simcli.scenario.image_options import image_fields, image_load, image_tokens
 from simcli.scenario.serving_precision import activation_dtype, check_precision
 from simcli.scenario.sparsity_options import sparsity_fields
 from simcli.scenario.step_options import StepOptions
@@ -122,7 +122,7 @@ def resolve_step(options: StepOptions) -> StepScenario:
     )  # fmt: skip
     pn, pp, dc = o.step_batch()
     if o.images_per_request:  # the images' tokens lead each prompt that starts here
-        pn = np.where(pp == 0, pn + image_fields(o, model)["image_tokens_per_request"], pn)
+        pn = np.where(pp == 0, pn + image_tokens(o, model), pn)
     return StepScenario(o, hardware, step, (pn, pp, dc))
 
 

@@ -163,6 +163,13 @@ def traffic(
     )  # fmt: skip
 
 
+def copy_traffic(name: str, traffic_bytes: float, kernels: int = 1) -> LayerOp:
+    """Memory-bound eager kernels as ``copy`` ops, ``kernels`` of them sharing
+    ``traffic_bytes`` (reads + writes; a copy of b bytes moves 2b)."""
+    per = max(1, int(traffic_bytes / (2 * kernels)))
+    return LayerOp(name, Op(op=OpKind.copy, dtype="bf16", bytes=per), count=kernels)
+
+
 def copy_bytes(name: str, bytes_per_unit: int, dtype: str, label: str = "") -> OpTemplate:
     """A ``copy`` reading ``bytes_per_unit * x`` bytes (MoE permutes)."""
 

@@ -49,6 +49,7 @@ from workloads.decompose.templates import (
     region,
     sharded_elementwise,
 )
+from workloads.decompose.templates import copy_traffic as _traffic
 from workloads.models import ModelConfig, ModelError
 from workloads.ops import BACKENDS, ELEMENTWISE_KINDS, Op, OpKind
 
@@ -418,12 +419,6 @@ def op_groups(
         fwd = fwd + _fp8_casts(model, plan, "fwd", scaling)
         bwd = bwd + _fp8_casts(model, plan, "bwd", scaling)
     return [fwd, bwd, first_f, first_b, last_f, last_b]
-
-
-def _traffic(name: str, traffic_bytes: float, kernels: int = 1) -> LayerOp:
-    """Memory-bound eager kernels as ``copy`` ops: a copy of b bytes moves 2b."""
-    per = max(1, int(traffic_bytes / (2 * kernels)))
-    return LayerOp(name, Op(op=OpKind.copy, dtype=Dtype.bf16, bytes=per), count=kernels)
 
 
 # The fused layer's grouped expert GEMMs, which transformers' experts loop replaces.

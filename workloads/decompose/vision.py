@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-from workloads.decompose.templates import LayerOp
+from workloads.decompose.templates import LayerOp, copy_traffic
 from workloads.ops import Dtype, Op, OpKind
 from workloads.vision import ImageLoad, VisionEncoder
 
@@ -40,10 +40,7 @@ def _ew(name: str, kind: OpKind, m: int, n: int, dtype: Dtype) -> LayerOp:
 
 
 def _traffic(name: str, traffic_bytes: float, kernels: int = 1) -> list[LayerOp]:
-    """Memory-bound kernels as ``copy`` ops (a copy of b bytes moves 2b), ``kernels`` of
-    them sharing ``traffic_bytes``."""
-    per = max(1, int(traffic_bytes / (2 * kernels)))
-    return [LayerOp(name, Op(op=OpKind.copy, dtype=Dtype.bf16, bytes=per), kernels)]
+    return [copy_traffic(name, traffic_bytes, kernels)]
 
 
 def _norm(name: str, rows: int, h: int, dtype: Dtype, eager: bool) -> list[LayerOp]:
